@@ -1,0 +1,223 @@
+"""Typed parameters: the schema of ``params.yaml``.
+
+Every section of ``params.yaml`` is a dataclass below; defaults live here, in one visible place.
+:func:`load_params` rejects unknown keys and wrong types with the key's dotted path, before any
+compute. PyYAML reads ``5e-05`` (the form ``dvc exp run -S lr=5e-5`` writes) as a string; a float
+field accepts such a string when it parses as a float (YAML 1.2 would read it as a float).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ParamsError(ValueError):
+    """A params file is malformed: the message names the file and the key's dotted path."""
+
+
+@dataclass
+class TargetParams:
+    path: str = "embedded"
+    gguf_file: str | None = None
+    trust_remote_code: bool = False
+    dtype: str = "float32"
+
+
+@dataclass
+class DataParams:
+    source: str = "chitchat"
+    max_conversations: int = 1400
+    val: int = 60
+    test: int = 40
+    publish: int = 300
+    on_bad_line: str = "error"
+
+
+@dataclass
+class ExtractParams:
+    max_length: int = 512
+    aux_layers: list[int] | None = None
+    dtype: str = "bfloat16"
+    batch_size: int = 4
+    shard_samples: int = 256
+
+
+@dataclass
+class VocabParams:
+    draft_vocab_size: int = 8192
+
+
+@dataclass
+class StandInParams:
+    draft_vocab_size: int = 6144
+    order: str = "frequency"
+    lr: float = 1e-3
+    epochs: int = 2
+
+
+@dataclass
+class RemapParams:
+    source: str = "models/stand_in"
+    min_shared_fraction: float = 0.5
+
+
+@dataclass
+class TrainParams:
+    ttt_length: int = 4
+    step_decay: float = 0.8
+    batch_tokens: int = 2048
+    epochs: int = 2
+    warmup_ratio: float = 0.03
+    weight_decay: float = 0.0
+    grad_clip: float = 0.5
+    eval_every: int = 100
+    max_steps: int = 0
+
+
+@dataclass
+class TrainScratchParams:
+    lr: float = 1e-3
+
+
+@dataclass
+class TrainFinetuneParams:
+    gate_margin: float = 0.5
+    gate_min_acc: float = 0.05
+    gate_override: bool = False
+
+
+@dataclass
+class EvalParams:
+    num_draft_tokens: int = 4
+    max_new_tokens: int = 128
+    chat_prompts: int = 20
+    humaneval_prompts: int = 20
+
+
+@dataclass
+class Params:
+    lr: float = 3e-4
+    seed: int = 0
+    target: TargetParams = field(default_factory=TargetParams)
+    data: DataParams = field(default_factory=DataParams)
+    extract: ExtractParams = field(default_factory=ExtractParams)
+    vocab: VocabParams = field(default_factory=VocabParams)
+    stand_in: StandInParams = field(default_factory=StandInParams)
+    remap: RemapParams = field(default_factory=RemapParams)
+    train: TrainParams = field(default_factory=TrainParams)
+    train_scratch: TrainScratchParams = field(default_factory=TrainScratchParams)
+    train_finetune: TrainFinetuneParams = field(default_factory=TrainFinetuneParams)
+    eval: EvalParams = field(default_factory=EvalParams)
+
+
+def _coerce(value: Any, tp: Any, path: str, source: str) -> Any:
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        (inner,) = [a for a in args if a is not type(None)]
+        return _coerce(value, inner, path, source)
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ParamsError(f"{source}: '{path}' must be a mapping, got {type(value).__name__}")
+        return _build(tp, value, path, source)
+    if origin is list:
+        if not isinstance(value, list):
+            raise ParamsError(f"{source}: '{path}' must be a list, got {value!r}")
+        return [_coerce(v, args[0], f"{path}[{i}]", source) for i, v in enumerate(value)]
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ParamsError(f"{source}: '{path}' must be true or false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ParamsError(f"{source}: '{path}' must be an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool):
+            raise ParamsError(f"{source}: '{path}' must be a number, got {value!r}")
+        if isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, str):  # '5e-05' as written by `dvc exp run -S`, read by PyYAML
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise ParamsError(f"{source}: '{path}' must be a number, got {value!r}")
+    if tp is str:
+        if not isinstance(value, str):
+            raise ParamsError(f"{source}: '{path}' must be a string, got {value!r}")
+        return value
+    raise TypeError(f"unsupported schema type {tp!r} at {path}")  # a bug in this module
+
+
+def _build(cls: type, raw: dict, prefix: str, source: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(raw) - names)
+    if unknown:
+        where = ", ".join(f"'{prefix + '.' if prefix else ''}{k}'" for k in unknown)
+        raise ParamsError(f"{source}: unknown key {where} (allowed: {', '.join(sorted(names))})")
+    kwargs = {
+        k: _coerce(v, hints[k], f"{prefix + '.' if prefix else ''}{k}", source)
+        for k, v in raw.items()
+    }
+    return cls(**kwargs)
+
+
+def parse_params(raw: dict | None, source: str = "params.yaml") -> Params:
+    """Validate a raw params mapping against the schema.
+
+    Raises:
+        ParamsError: on an unknown key or a wrong type; the message names ``source`` and the
+            key's dotted path (e.g. ``params.yaml: 'train.lr' must be a number``).
+    """
+    return _build(Params, raw or {}, "", source)
+
+
+def load_params(path: str | Path = "params.yaml") -> Params:
+    """Read and validate ``params.yaml``.
+
+    Raises:
+        ParamsError: the file is missing, is not YAML, or fails :func:`parse_params`.
+    """
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ParamsError(f"{path}: no such params file") from None
+    except yaml.YAMLError as e:
+        raise ParamsError(f"{path}: not valid YAML: {e}") from None
+    if raw is not None and not isinstance(raw, dict):
+        raise ParamsError(f"{path}: the top level must be a mapping")
+    return parse_params(raw, str(path))
+
+
+def flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
+    """Flatten a params dataclass (or dict) to the dotted keys ``dvc exp show`` uses."""
+    if dataclasses.is_dataclass(obj):
+        obj = dataclasses.asdict(obj)
+    out: dict[str, Any] = {}
+    for k, v in obj.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def params_hash(obj: Any) -> str:
+    """A short, stable hash of resolved params (sha256 of the sorted flat JSON), for run tags."""
+    blob = json.dumps(flatten(obj), sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:12]
