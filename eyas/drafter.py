@@ -62,7 +62,8 @@ class DrafterConfig:
 
     @classmethod
     def for_target(cls, target_config, draft_vocab_size: int, aux_layer_ids=None) -> "DrafterConfig":
-        """A drafter shaped like one layer of ``target_config`` (a transformers PretrainedConfig)."""
+        """A drafter shaped like one layer of ``target_config`` (a transformers PretrainedConfig,
+        or a namespace of the feature manifest's ``target_config``)."""
         tc = target_config
         head_dim = getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads
         rope = getattr(tc, "rope_parameters", None) or {}

@@ -8,17 +8,23 @@ file under a final name.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
+import math
 import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
+
+
+_UMASK = os.umask(0)
+os.umask(_UMASK)
 
 
 @contextlib.contextmanager
@@ -33,9 +39,21 @@ def atomic_path(dest: str | Path) -> Iterator[Path]:
         yield tmp
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp creates 0600; give the usual permissions
         os.replace(tmp, dest)
+        _fsync_dir(dest.parent)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def _fsync_dir(d: Path) -> None:
+    """Make a rename durable (best effort: not every filesystem allows opening a directory)."""
+    with contextlib.suppress(OSError):
+        fd = os.open(d, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def write_text(path: str | Path, text: str) -> None:
@@ -44,16 +62,59 @@ def write_text(path: str | Path, text: str) -> None:
 
 
 def write_json(path: str | Path, obj) -> None:
-    """Atomic JSON: sorted keys, indent 2, trailing newline (stable hashes for DVC)."""
-    write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=_jsonable) + "\n")
+    """Atomic JSON: sorted keys, indent 2, trailing newline (stable hashes for DVC). NaN and inf
+    (e.g. a conditional accuracy with no eligible positions) become ``null``: strict JSON readers
+    reject them."""
+    text = json.dumps(_finite(json.loads(json.dumps(obj, default=_jsonable))), indent=2, sort_keys=True,
+                      allow_nan=False)
+    write_text(path, text + "\n")
 
 
-def _jsonable(x):
-    if isinstance(x, torch.Tensor):
-        return x.tolist()
-    if isinstance(x, Path):
-        return str(x)
-    raise TypeError(f"not JSON serialisable: {type(x).__name__}")
+def _finite(x):
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_finite(v) for v in x]
+    return x
+
+
+def _jsonable(o: Any) -> Any:
+    if hasattr(o, "tolist"):  # numpy arrays/scalars, torch tensors
+        return o.tolist()
+    if hasattr(o, "item"):
+        return o.item()
+    if isinstance(o, os.PathLike):
+        return os.fspath(o)
+    if dataclasses.is_dataclass(o) and not isinstance(o, type):
+        return dataclasses.asdict(o)
+    if isinstance(o, (set, frozenset)):
+        return sorted(o)
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+def _tsv_cell(v: Any) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        return repr(v)  # shortest round-trip form
+    s = str(v.item() if hasattr(v, "item") else v)
+    return s.replace("\t", " ").replace("\r", " ").replace("\n", " ")
+
+
+def write_tsv(path: str | os.PathLike, rows: list[dict[str, Any]]) -> None:
+    """Write a DVC plots file (e.g. ``x: step``): a header from the first row's keys, one line
+    per row, tab-separated, ``\\n`` line endings, atomic (facts 1.2: stage-level ``plots``
+    with ``cache: false``). Missing values are empty cells; an empty ``rows`` writes an empty
+    file."""
+    if not rows:
+        write_text(path, "")
+        return
+    cols = list(rows[0].keys())
+    lines = ["\t".join(cols)]
+    lines += ["\t".join(_tsv_cell(r.get(c)) for c in cols) for r in rows]
+    write_text(path, "\n".join(lines) + "\n")
 
 
 def read_json(path: str | Path) -> dict:
@@ -96,6 +157,7 @@ def atomic_dir(dest: str | Path) -> Iterator[Path]:
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent))
     try:
         yield tmp
+        os.chmod(tmp, 0o777 & ~_UMASK)
         if dest.exists():
             old = dest.with_name(f".{dest.name}.old")
             shutil.rmtree(old, ignore_errors=True)

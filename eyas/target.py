@@ -63,12 +63,29 @@ class Target:
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
+    def config_summary(self) -> dict:
+        """The target shape a drafter is built from (recorded in the feature manifest)."""
+        c = self.model.config
+        rope = getattr(c, "rope_parameters", None) or {}
+        return {
+            "hidden_size": c.hidden_size,
+            "intermediate_size": c.intermediate_size,
+            "num_attention_heads": c.num_attention_heads,
+            "num_key_value_heads": getattr(c, "num_key_value_heads", c.num_attention_heads),
+            "head_dim": getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads,
+            "num_hidden_layers": c.num_hidden_layers,
+            "vocab_size": c.vocab_size,
+            "rms_norm_eps": float(c.rms_norm_eps),
+            "rope_theta": float(rope.get("rope_theta") or getattr(c, "rope_theta", None) or 10000.0),
+            "max_position_embeddings": int(c.max_position_embeddings),
+        }
+
     def head_weights(self) -> dict[str, torch.Tensor]:
         """{'embed_tokens': [V, H], 'lm_head': [V, H]} as float32 CPU tensors (tied models give
-        the same values twice)."""
+        the same values twice, as separate tensors)."""
         return {
-            "embed_tokens": self.model.get_input_embeddings().weight.detach().float().cpu(),
-            "lm_head": self.model.get_output_embeddings().weight.detach().float().cpu(),
+            "embed_tokens": self.model.get_input_embeddings().weight.detach().float().cpu().clone(),
+            "lm_head": self.model.get_output_embeddings().weight.detach().float().cpu().clone(),
         }
 
     @torch.no_grad()

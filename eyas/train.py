@@ -24,6 +24,56 @@ from eyas.ttt import PackedLoader, autocast, evaluate, head_rows_for, summarise,
 log = logging.getLogger(__name__)
 
 
+def new_drafter(manifest: dict, mapping, embed_tokens: torch.Tensor, seed: int) -> Eagle3Drafter:
+    """A randomly initialised drafter shaped for the target that produced ``manifest`` (a feature
+    manifest), using its aux layers, the vocab ``mapping`` and the target's ``embed_tokens``."""
+    from types import SimpleNamespace
+
+    from eyas.drafter import DrafterConfig
+
+    torch.manual_seed(seed)
+    cfg = DrafterConfig.for_target(SimpleNamespace(**manifest["target_config"]), mapping.draft_vocab_size,
+                                   aux_layer_ids=manifest["aux_layers"])
+    drafter = Eagle3Drafter(cfg)
+    drafter.set_embedding(embed_tokens)
+    drafter.set_vocab(mapping.d2t, mapping.t2d)
+    return drafter
+
+
+class GateError(RuntimeError):
+    """Fine-tuning a trained drafter started at chance level: training would be wasted."""
+
+
+def step0_gate(draft_vocab_size: int, margin: float, min_acc: float, override: bool,
+               tracker=None) -> Callable[[dict], None]:
+    """A gate for :func:`train_drafter`: before the first update, a drafter fine-tuned from a
+    trained source must beat chance. It fires when val ``loss_0 > ln(draft_vocab_size) - margin``
+    or ``acc_0 < min_acc``; ``override`` turns the error into a warning.
+
+    Raises (from the returned callable):
+        GateError: naming the numbers and the usual causes.
+    """
+    chance = math.log(draft_vocab_size)
+
+    def gate(m: dict) -> None:
+        fired = m["loss_0"] > chance - margin or m["acc_0"] < min_acc
+        if tracker is not None:
+            tracker.log_metrics({"gate/fired": float(fired), "gate/chance_loss": chance})
+        if not fired:
+            return
+        msg = (f"step-0 gate: val loss_0 {m['loss_0']:.3f} (chance ln({draft_vocab_size}) = {chance:.3f}, "
+               f"margin {margin}) and acc_0 {m['acc_0']:.3f} (floor {min_acc}) say this trained drafter "
+               f"predicts at chance on these features. Likely causes: a vocab mapping that does not "
+               f"match its lm_head rows (run the remap stage; compare d2t with `eyas inspect --vocab`), "
+               f"aux hidden-state layer ids that differ from the extraction, or a different target "
+               f"model/version. Set train_finetune.gate_override: true to train anyway.")
+        if not override:
+            raise GateError(msg)
+        log.warning("%s (overridden)", msg)
+
+    return gate
+
+
 class NonFiniteLossError(FloatingPointError):
     """The training loss became NaN/inf; the message names the step and the batch's samples."""
 
@@ -86,7 +136,7 @@ def train_drafter(drafter: Eagle3Drafter, *, train_store: FeatureStore, val_stor
                 loss, metrics, counts = ttt_forward(drafter, batch, head_rows, tp.ttt_length, tp.step_decay)
             if not torch.isfinite(loss):
                 raise NonFiniteLossError(
-                    f"non-finite loss {float(loss)} at optimizer step {step + 1} (epoch {epoch}); "
+                    f"non-finite loss {loss.item()} at optimizer step {step + 1} (epoch {epoch}); "
                     f"batch samples (shard, index): {batch.sample_ids[:8]}")
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -96,10 +146,10 @@ def train_drafter(drafter: Eagle3Drafter, *, train_store: FeatureStore, val_stor
             step += 1
             tokens += int(batch.input_ids.numel())
             add_counts(last_epoch_counts, counts)
-            tracker.log_metrics({"train/loss": float(loss), "train/grad_norm": float(grad_norm),
+            tracker.log_metrics({"train/loss": loss.item(), "train/grad_norm": grad_norm.item(),
                                  "train/lr": sched.get_last_lr()[0],
                                  **{f"train/{k}": v for k, v in metrics.items()}}, step=step)
-            curve.append({"step": step, "split": "train", "loss": float(loss), **metrics})
+            curve.append({"step": step, "split": "train", "loss": loss.item(), **metrics})
             if step % tp.eval_every == 0 and step < total:
                 val = ev()
                 tracker.log_metrics({f"val/{k}": v for k, v in val.items()}, step=step)

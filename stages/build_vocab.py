@@ -1,0 +1,38 @@
+"""DVC stage `build-vocab`: the draft vocabulary (d2t/t2d) from the train split's assistant tokens.
+
+Reads params `vocab`; reads `data/features/train/`; writes `models/vocab/` (vocab.safetensors with
+d2t, t2d, counts; vocab.json) and `metrics/vocab.json`. Run: `python -m stages.build_vocab`.
+"""
+
+from __future__ import annotations
+
+from eyas.config import load_params
+from eyas.features import FeatureStore
+from eyas.io import write_json
+from eyas.tracking import start_stage_run
+from eyas.vocab import build_mapping, count_tokens, save_mapping, validate_mapping
+from stages.common import FEATURES, METRICS, VOCAB
+
+
+def main() -> None:
+    p = load_params()
+    with start_stage_run("build-vocab", p) as tracker:
+        store = FeatureStore.open(FEATURES / "train")
+        ids, mask = store.token_stats()
+        counts = count_tokens(ids, mask, store.manifest["vocab_size"])
+        mapping, info = build_mapping(counts, p.vocab.draft_vocab_size, order="target_id")
+        validate_mapping(mapping.d2t, mapping.t2d, mapping.vocab_size, p.vocab.draft_vocab_size,
+                         source="build-vocab")
+        info["features_manifest"] = {"num_tokens": store.manifest["num_tokens"],
+                                     "target": store.manifest["target"]}
+        save_mapping(VOCAB, mapping, counts, info)
+        metrics = {k: info[k] for k in ("coverage", "distinct_tokens", "padded", "draft_vocab_size",
+                                        "assistant_tokens")}
+        write_json(METRICS / "vocab.json", metrics)
+        tracker.log_metrics({k: float(v) for k, v in metrics.items()})
+        tracker.log_dict(info, "vocab_report.json")
+        print(f"build-vocab: {metrics}")
+
+
+if __name__ == "__main__":
+    main()

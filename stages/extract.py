@@ -1,0 +1,110 @@
+"""DVC stage `extract`: run the target over each split and store EAGLE-3 features.
+
+Reads params `target`, `extract`; reads `data/conversations/{train,val,publish}.jsonl`; writes
+`data/features/<split>/` (sharded safetensors + manifest.json), `data/features/target_head.safetensors`
+(the target's embedding and lm_head) and `metrics/extract.json`.
+Run from the repository root: `python -m stages.extract`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+
+import torch
+from tqdm import tqdm
+
+from eyas import features, layers
+from eyas.config import load_params
+from eyas.data import read_jsonl, render_with_loss_mask
+from eyas.io import save_safetensors, write_json
+from eyas.target import load_target
+from eyas.tracking import start_stage_run
+from stages.common import CONVERSATIONS, FEATURES, METRICS
+
+SPLITS = ("train", "val", "publish")
+
+
+def extract_split(target, convs: list[dict], out_dir, p, aux_ids: list[int], provenance: dict) -> dict:
+    """Render, run and store one split; returns its manifest."""
+    e = p.extract
+    rendered, truncated = [], 0
+    for c in convs:
+        r = render_with_loss_mask(target.tokenizer, c["messages"], e.max_length)
+        truncated += r["truncated"]
+        rendered.append(r)
+    empty = sum(1 for r in rendered if sum(r["loss_mask"]) == 0)
+    full = sum(1 for r in rendered if all(r["loss_mask"]))
+    if (empty + full) * 2 > len(rendered):
+        raise features.FeatureError(
+            f"{out_dir}: loss mask is all zeros for {empty} and all ones for {full} of "
+            f"{len(rendered)} samples: the chat template or the assistant roles are wrong")
+    rendered = [r for r in rendered if sum(r["loss_mask"]) > 0]
+    rendered.sort(key=lambda r: len(r["input_ids"]))  # length bucketing: little padding
+    writer = features.ShardWriter(out_dir, e.shard_samples, getattr(torch, e.dtype))
+    dev = target.device
+    for i in tqdm(range(0, len(rendered), e.batch_size), desc=f"extract {out_dir.name}", unit="batch"):
+        chunk = rendered[i : i + e.batch_size]
+        T = max(len(r["input_ids"]) for r in chunk)
+        ids = torch.zeros(len(chunk), T, dtype=torch.int64)
+        att = torch.zeros(len(chunk), T, dtype=torch.int64)
+        for j, r in enumerate(chunk):
+            ids[j, : len(r["input_ids"])] = torch.tensor(r["input_ids"])
+            att[j, : len(r["input_ids"])] = 1
+        out = target.capture(ids.to(dev), att.to(dev), aux_ids)
+        for j, r in enumerate(chunk):
+            n = len(r["input_ids"])
+            writer.add(ids[j, :n], torch.tensor(r["loss_mask"]), out["aux_hidden"][j, :n],
+                       out["final_hidden"][j, :n], out["target_argmax"][j, :n])
+    return writer.finish(truncated_samples=truncated, dropped_no_supervised_tokens=empty,
+                         max_length=e.max_length, **provenance)
+
+
+def main() -> None:
+    p = load_params()
+    with start_stage_run("extract", p) as tracker:
+        t0 = time.time()
+        target = load_target(p.target.path, p.target.gguf_file, p.target.dtype, p.target.trust_remote_code)
+        load_s = time.time() - t0
+        cfg = target.config
+        aux_ids = layers.resolve(p.extract.aux_layers, target.num_layers)
+        template = target.tokenizer.chat_template or ""
+        provenance = {
+            "target": target.identity,
+            "tokenizer_sha256": hashlib.sha256(
+                "".join(sorted(map(str, target.tokenizer.get_vocab().items()))).encode()).hexdigest(),
+            "chat_template_sha256": hashlib.sha256(template.encode()).hexdigest(),
+            "aux_layers": aux_ids,
+            "aux_layers_default": p.extract.aux_layers is None or aux_ids == layers.default_hf_indices(target.num_layers),
+            "num_layers": target.num_layers,
+            "hidden_size": cfg.hidden_size,
+            "vocab_size": cfg.vocab_size,
+            "target_config": target.config_summary(),
+        }
+        FEATURES.mkdir(parents=True, exist_ok=True)
+        save_safetensors(target.head_weights(), features.head_path(FEATURES))
+        per_split = {}
+        for split in SPLITS:
+            t1 = time.time()
+            convs = read_jsonl(CONVERSATIONS / f"{split}.jsonl")
+            m = extract_split(target, convs, FEATURES / split, p, aux_ids, provenance)
+            dt = time.time() - t1
+            per_split[split] = {"samples": m["num_samples"], "tokens": m["num_tokens"],
+                                "supervised_tokens": m["supervised_tokens"],
+                                "truncated_samples": m["truncated_samples"],
+                                "seconds": round(dt, 1), "tokens_per_second": round(m["num_tokens"] / dt, 1)}
+            print(f"extract {split}: {per_split[split]}")
+        bpt = features.bytes_per_token(len(aux_ids), cfg.hidden_size, getattr(torch, p.extract.dtype))
+        metrics = {"splits": per_split, "bytes_per_token": bpt, "aux_layers": aux_ids,
+                   "target_load_seconds": round(load_s, 1),
+                   "total_tokens": sum(s["tokens"] for s in per_split.values())}
+        metrics["feature_gib"] = round(metrics["total_tokens"] * bpt / 2**30, 3)
+        write_json(METRICS / "extract.json", metrics)
+        tracker.log_metrics({"bytes_per_token": bpt, "total_tokens": metrics["total_tokens"],
+                             **{f"{s}/tokens_per_second": v["tokens_per_second"] for s, v in per_split.items()}})
+        tracker.log_dict(metrics, "extract.json")
+        print(f"extract: {metrics['total_tokens']} tokens, {bpt} bytes/token, {metrics['feature_gib']} GiB")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,86 @@
+"""DVC stage `remap`: move a pretrained drafter's lm_head onto the new vocab mapping.
+
+Reads params `seed`, `remap`, `train` (TTT settings for the step-0 check); reads the drafter at
+`remap.source`, `models/vocab/`, `data/features/`; writes `models/remapped/` and
+`metrics/remap.json` (compatibility report and step-0 val loss/acc: the source under its own
+mapping, the naive load that keeps rows in place, and the remapped drafter).
+Run: `python -m stages.remap`.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+from eyas.config import load_params
+from eyas.export import save_drafter
+from eyas.features import FeatureStore, check_compatible
+from eyas.io import write_json
+from eyas.remap import naive_lm_head, remap_lm_head
+from eyas.target import pick_device
+from eyas.tracking import start_stage_run
+from eyas.ttt import PackedLoader, evaluate, head_rows_for
+from eyas.drafter import Eagle3Drafter
+from eyas.vocab import VocabMapping, load_mapping
+from eyas.export import load_drafter
+from stages.common import FEATURES, METRICS, VOCAB, target_head
+
+OUT = Path("models/remapped")
+
+
+def with_vocab(src: Eagle3Drafter, mapping: VocabMapping, lm_head) -> Eagle3Drafter:
+    """A copy of ``src`` with a new draft vocab (``mapping``) and lm_head rows ``lm_head``."""
+    cfg = copy.deepcopy(src.config)
+    cfg.draft_vocab_size = mapping.draft_vocab_size
+    out = Eagle3Drafter(cfg)
+    state = {k: v for k, v in src.state_dict().items() if k not in ("lm_head.weight", "d2t", "t2d")}
+    out.load_state_dict(state, strict=False)
+    out.lm_head.weight.data.copy_(lm_head)
+    out.set_vocab(mapping.d2t, mapping.t2d)
+    return out
+
+
+def main() -> None:
+    p = load_params()
+    with start_stage_run("remap", p) as tracker:
+        val = FeatureStore.open(FEATURES / "val")
+        m = val.manifest
+        src = load_drafter(p.remap.source, num_target_layers=m["num_layers"])
+        check_compatible(m, aux_layers=src.config.resolved_aux_layers(), hidden_size=src.config.target_hidden_size,
+                         vocab_size=src.config.vocab_size, source=f"drafter {p.remap.source}")
+        head = target_head()
+        src.set_embedding(head["embed_tokens"])
+        new_map, counts = load_mapping(VOCAB)
+        old_map = VocabMapping(src.d2t.clone(), src.t2d.clone())
+        rows, report = remap_lm_head(src.lm_head.weight.data, old_map, new_map, head["lm_head"], counts, p.seed)
+        shared_frac = report["shared_tokens"] / new_map.draft_vocab_size
+        report["shared_fraction"] = shared_frac
+        if shared_frac < p.remap.min_shared_fraction:
+            raise SystemExit(f"remap: the source drafter shares only {report['shared_tokens']} of "
+                             f"{new_map.draft_vocab_size} draft tokens ({shared_frac:.1%} < "
+                             f"remap.min_shared_fraction {p.remap.min_shared_fraction}); it was built for "
+                             f"another target or data. Train from scratch or lower the threshold.")
+        remapped = with_vocab(src, new_map, rows)
+        naive = with_vocab(src, new_map, naive_lm_head(src.lm_head.weight.data, new_map.draft_vocab_size))
+
+        dev = pick_device()
+        loader = PackedLoader(val, p.train.batch_tokens, p.seed, shuffle=False)
+        step0 = {}
+        for name, d in (("source_own_mapping", src), ("naive_rows_in_place", naive), ("remapped", remapped)):
+            d.to(dev)
+            r = evaluate(d, loader, head_rows_for(head["lm_head"], d).to(dev), p.train.ttt_length,
+                         p.train.step_decay, dev)
+            step0[name] = {"loss_0": r["loss_0"], "acc_0": r["acc_0"]}
+        save_drafter(remapped.cpu(), OUT, extra_files={"remap_report.json": report})
+        metrics = {**report, "step0_val": step0, "source": p.remap.source,
+                   "compatibility": {"vocab_size": m["vocab_size"], "target_hidden_size": m["hidden_size"],
+                                     "aux_layers": m["aux_layers"], "ok": True}}
+        write_json(METRICS / "remap.json", metrics)
+        tracker.log_metrics({**{f"{n}/{k}": v for n, r in step0.items() for k, v in r.items()},
+                             **{k: float(v) for k, v in report.items() if isinstance(v, (int, float))}})
+        tracker.log_dict(metrics, "remap_report.json")
+        print(f"remap: {report}\nstep-0 val: {step0}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,42 @@
+"""DVC stage `stand-in-drafter`: stands in for a PUBLISHED drafter in the embedded default.
+
+It is trained on a disjoint data slice (`publish`) with its own, differently sized vocab whose
+draft ids are ordered by frequency, as some published drafters are, so `remap` has real work to do.
+Reads params `seed`, `train`, `stand_in`; reads `data/features/{publish,val}/`; writes
+`models/stand_in/` (servable checkpoint) and `metrics/stand_in.json`.
+Run: `python -m stages.stand_in`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from eyas.config import load_params
+from eyas.features import FeatureStore
+from eyas.target import pick_device
+from eyas.tracking import start_stage_run
+from eyas.train import new_drafter, train_drafter
+from eyas.vocab import build_mapping, count_tokens
+from stages.common import FEATURES, finish_training, target_head
+
+
+def main() -> None:
+    p = load_params()
+    s = p.stand_in
+    with start_stage_run("stand-in-drafter", p) as tracker:
+        pub, val = FeatureStore.open(FEATURES / "publish"), FeatureStore.open(FEATURES / "val")
+        ids, mask = pub.token_stats()
+        mapping, info = build_mapping(count_tokens(ids, mask, pub.manifest["vocab_size"]),
+                                      s.draft_vocab_size, order=s.order)
+        head = target_head()
+        drafter = new_drafter(pub.manifest, mapping, head["embed_tokens"], p.seed + 1)
+        tp = dataclasses.replace(p.train, epochs=s.epochs)
+        result = train_drafter(drafter, train_store=pub, val_store=val, lm_head=head["lm_head"], tp=tp,
+                               lr=s.lr, seed=p.seed + 1, tracker=tracker, device=pick_device())
+        finish_training("stand-in", drafter, result, Path("models/stand_in"), tracker,
+                        extra={"vocab": info})
+
+
+if __name__ == "__main__":
+    main()

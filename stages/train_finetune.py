@@ -1,0 +1,43 @@
+"""DVC stage `train-finetune`: TTT fine-tuning of the remapped pretrained drafter.
+
+Reads params `lr` (top level, so `dvc exp run -S lr=5e-5` reruns only this stage and its eval),
+`seed`, `train`, `train_finetune`; reads `data/features/`, `models/remapped/`; writes
+`models/finetune/`, `metrics/train_finetune.json`, `plots/train_finetune/`. Before the first update
+a step-0 gate stops a run whose val loss is at chance (eyas.train.step0_gate).
+Run: `python -m stages.train_finetune`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from eyas.config import load_params
+from eyas.export import load_drafter
+from eyas.features import FeatureStore, check_compatible
+from eyas.target import pick_device
+from eyas.tracking import start_stage_run
+from eyas.train import step0_gate, train_drafter
+from stages.common import FEATURES, finish_training, target_head
+
+
+def main() -> None:
+    p = load_params()
+    f = p.train_finetune
+    with start_stage_run("train-finetune", p) as tracker:
+        train, val = FeatureStore.open(FEATURES / "train"), FeatureStore.open(FEATURES / "val")
+        drafter = load_drafter("models/remapped", num_target_layers=train.manifest["num_layers"])
+        c = drafter.config
+        check_compatible(train.manifest, aux_layers=c.resolved_aux_layers(), hidden_size=c.target_hidden_size,
+                         vocab_size=c.vocab_size, source="models/remapped")
+        head = target_head()
+        drafter.set_embedding(head["embed_tokens"])
+        gate = step0_gate(c.draft_vocab_size, f.gate_margin, f.gate_min_acc, f.gate_override, tracker)
+        result = train_drafter(drafter, train_store=train, val_store=val, lm_head=head["lm_head"],
+                               tp=p.train, lr=p.lr, seed=p.seed, tracker=tracker, device=pick_device(),
+                               gate=gate)
+        m = finish_training("train-finetune", drafter, result, Path("models/finetune"), tracker)
+        print(f"train-finetune: val {m['val']}")
+
+
+if __name__ == "__main__":
+    main()
