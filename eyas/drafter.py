@@ -240,6 +240,9 @@ class Eagle3Drafter(nn.Module):
         x = self.midlayer.attn_input(self.embed_tokens(input_ids), hidden)
         q, k, v = attn.qkv(x, positions)
         cache.append((k, v))
+        if use_flex_attention(q):
+            o = flex_ttt_attention(q, cache, doc_ids)
+            return self.midlayer.finish(hidden, attn.out(o))
         k0, v0 = attn._expand_kv(cache[0][0]), attn._expand_kv(cache[0][1])
         scale = 1.0 / math.sqrt(self.config.head_dim)
         T = q.shape[2]
@@ -279,6 +282,60 @@ class Eagle3Drafter(nn.Module):
     def state_dict_for_export(self) -> dict[str, torch.Tensor]:
         """The tensors of the served checkpoint: everything but the (target's) embedding."""
         return {k: v for k, v in self.state_dict().items() if not k.startswith("embed_tokens")}
+
+
+# --- TTT attention on CUDA: one block-sparse flex_attention call per step ----------------------
+# Keys of step k are [step-0 keys | step-1 keys | ... | step-k keys] (each T long); query t may see
+# step-0 key j when j <= t in the same document, and key t of every later step (the diagonal).
+# The block mask skips every all-masked 128x128 tile, so the cost is the causal part plus one
+# tile per diagonal block: no [T, T] score matrix and no Python loop over diagonal keys.
+# The CPU path above is the reference (and what the tests check); EYAS_ATTN=dense forces it.
+
+_flex_fn = None
+_flex_broken = False
+
+
+def use_flex_attention(q: torch.Tensor) -> bool:
+    import os
+
+    if _flex_broken or q.device.type != "cuda" or os.environ.get("EYAS_ATTN", "flex") != "flex":
+        return False
+    try:
+        import torch.nn.attention.flex_attention  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def ttt_block_mask(doc_ids: torch.Tensor, num_steps: int):
+    """The flex_attention BlockMask of a TTT step with ``num_steps`` key sets of length T."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    B, T = doc_ids.shape
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        j = kv_idx % T
+        first = kv_idx < T
+        causal = (j <= q_idx) & (doc_ids[b, q_idx] == doc_ids[b, j])
+        return (first & causal) | (~first & (j == q_idx))
+
+    return create_block_mask(mask_mod, B, None, T, num_steps * T, device=doc_ids.device, _compile=True)
+
+
+def flex_ttt_attention(q: torch.Tensor, cache: list, doc_ids: torch.Tensor) -> torch.Tensor:
+    """TTT attention of q [B, nh, T, hd] over the cached (k, v) of steps 0..k: [B, nh, T, hd]."""
+    global _flex_fn
+    from torch.nn.attention.flex_attention import flex_attention
+
+    if _flex_fn is None:
+        _flex_fn = torch.compile(flex_attention)
+    n = len(cache)
+    k = cache[0][0] if n == 1 else torch.cat([kv[0] for kv in cache], dim=2)
+    v = cache[0][1] if n == 1 else torch.cat([kv[1] for kv in cache], dim=2)
+    v = v.to(q.dtype)
+    k = k.to(q.dtype)
+    return _flex_fn(q, k, v, block_mask=ttt_block_mask(doc_ids, n),
+                    enable_gqa=q.shape[1] != k.shape[1])
 
 
 class KVCache:

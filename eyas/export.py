@@ -101,6 +101,14 @@ def check_served_tensors(tensors: dict[str, torch.Tensor], c: DrafterConfig, sou
     Raises:
         ExportError: naming ``source`` and the missing / unknown / mis-shaped key.
     """
+    fc = tensors.get("fc.weight")
+    if fc is not None and fc.dim() == 2 and fc.shape[1] != c.num_aux * c.target_hidden_size:
+        # the most common silent mismatch (wrong layer count / wrong target): say it in those terms
+        raise ExportError(
+            f"{source}: fc.weight input width {fc.shape[1]} != n_aux ({c.num_aux}, HF layers "
+            f"{c.resolved_aux_layers()}) x target_hidden_size ({c.target_hidden_size}) = "
+            f"{c.num_aux * c.target_hidden_size}; the config's aux layers or target_hidden_size do not "
+            f"match the weights")
     missing = [k for k in SERVED_KEYS if k not in tensors]
     unknown = sorted(set(tensors) - set(SERVED_KEYS))
     if missing:
@@ -143,8 +151,12 @@ def config_from_hf(cfg: dict, num_target_layers: int | None, source: str) -> Dra
     ``eyas`` record (foreign checkpoints).
 
     Raises:
-        ExportError: a required key is missing.
+        ExportError: a required key is missing, or the config asks for an architecture variant the
+            eyas drafter does not implement: ``num_hidden_layers`` != 1, ``norm_before_residual:
+            true`` (speculators/vLLM: the residual is the hidden_norm'ed h; eyas and SGLang keep
+            the un-normed h, eagle3-facts.md §1.4), ``norm_before_fc`` or ``fc_norm`` true.
     """
+    check_supported_variant(cfg, source)
     try:
         H = cfg["hidden_size"]
         L = (cfg.get("eyas") or {}).get("num_target_layers") or num_target_layers
@@ -170,21 +182,63 @@ def config_from_hf(cfg: dict, num_target_layers: int | None, source: str) -> Dra
         raise ExportError(f"{source}: config.json lacks key {e.args[0]!r}") from None
 
 
+def check_supported_variant(cfg: dict, source: str) -> None:
+    """Refuse config flags that change the drafter's architecture away from what eyas (and
+    SGLang's ``llama_eagle3.py``) compute.
+
+    Raises:
+        ExportError: naming ``source`` and the flag.
+    """
+    if cfg.get("num_hidden_layers", 1) != 1:
+        raise ExportError(f"{source}: num_hidden_layers {cfg['num_hidden_layers']}; eyas drafters have "
+                          f"exactly one decoder layer (midlayer)")
+    if cfg.get("norm_before_residual") is True:
+        raise ExportError(
+            f"{source}: norm_before_residual: true (the speculators training default: the residual is "
+            f"hidden_norm(h)). eyas' drafter keeps the UN-normed residual, as SGLang's llama_eagle3.py "
+            f"does; loading these weights would silently compute a different function")
+    for flag in ("norm_before_fc", "fc_norm"):
+        if cfg.get(flag) is True:
+            raise ExportError(f"{source}: {flag}: true is an EAGLE-3 variant eyas does not implement")
+
+
+def detect_layout(cfg: dict, tensor_names) -> str:
+    """``"speculators"`` (``Eagle3Speculator``, ``layers.0.*``) or ``"eagle"`` (eyas / EAGLE /
+    SpecForge: ``LlamaForCausalLMEagle3``, ``midlayer.*``). The config's ``architectures`` decides;
+    without one, the tensor names do."""
+    archs = cfg.get("architectures") or []
+    if "Eagle3Speculator" in archs or cfg.get("speculators_model_type"):
+        return "speculators"
+    names = list(tensor_names)
+    if not archs and any(n.startswith("layers.0.") for n in names) and \
+            not any(n.startswith("midlayer.") for n in names):
+        return "speculators"
+    return "eagle"
+
+
 def load_drafter(path: str | Path, num_target_layers: int | None = None) -> Eagle3Drafter:
-    """Load an eyas / EAGLE / SpecForge-layout drafter (``midlayer.*``) from a directory.
+    """Load a drafter from a directory: the eyas / EAGLE / SpecForge layout (``midlayer.*``,
+    ``LlamaForCausalLMEagle3``) or the speculators layout (``layers.0.*``, ``Eagle3Speculator``;
+    converted by :func:`eyas.speculators_format.read_speculators`).
 
     The embedding is NOT loaded (set it from the target with ``set_embedding``); an
-    ``embed_tokens.weight`` in the file is ignored.
+    ``embed_tokens.weight`` in the file is ignored, and so are speculators' ``verifier_*`` copies
+    of the target's head.
 
     Raises:
         FileNotFoundError: no config.json / model.safetensors.
-        ExportError: wrong keys, shapes or vocab mapping.
+        ExportError: wrong keys, shapes or vocab mapping; an unsupported variant
+            (``norm_before_residual: true`` ...).
     """
     path = Path(path)
     cfg = read_json(path / "config.json")
-    c = config_from_hf(cfg, num_target_layers, str(path / "config.json"))
     tensors = load_safetensors(path / "model.safetensors")
-    tensors = {k.removeprefix("model."): v for k, v in tensors.items() if "embed_tokens" not in k}
+    if detect_layout(cfg, tensors) == "speculators":
+        from eyas.speculators_format import read_speculators
+        cfg, tensors = read_speculators(path)
+    c = config_from_hf(cfg, num_target_layers, str(path / "config.json"))
+    tensors = {k.removeprefix("model."): v for k, v in tensors.items()
+               if "embed_tokens" not in k and not k.startswith("verifier_")}
     check_served_tensors(tensors, c, source=str(path / "model.safetensors"))
     drafter = Eagle3Drafter(c)
     missing, unexpected = drafter.load_state_dict(tensors, strict=False)

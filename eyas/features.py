@@ -45,9 +45,15 @@ class ShardWriter:
 
     Call :meth:`add` per sample and :meth:`finish` with the manifest fields at the end; the
     manifest is written last so an interrupted extraction never looks complete.
+
+    With ``background=True`` shards are concatenated and written (fsync + rename, as always) by
+    ``writers`` threads while the caller keeps computing; at most ``max_pending`` shards wait in
+    memory. :meth:`finish` waits for every write and re-raises the first error. Shard names and
+    the manifest's shard order are fixed at submission, so the output is identical either way.
     """
 
-    def __init__(self, out_dir: str | Path, shard_samples: int, dtype: torch.dtype):
+    def __init__(self, out_dir: str | Path, shard_samples: int, dtype: torch.dtype,
+                 background: bool = False, writers: int = 2, max_pending: int = 4):
         self.out = Path(out_dir)
         if self.out.exists():
             shutil.rmtree(self.out)
@@ -59,6 +65,19 @@ class ShardWriter:
         self.num_samples = 0
         self.num_tokens = 0
         self.supervised_tokens = 0
+        self.bytes_written = 0
+        self._queue = None
+        self._threads: list = []
+        self._errors: list[BaseException] = []
+        if background:
+            import queue
+            import threading
+
+            self._queue = queue.Queue(maxsize=max_pending)
+            for _ in range(max(1, writers)):
+                t = threading.Thread(target=self._worker, daemon=True)
+                t.start()
+                self._threads.append(t)
 
     def add(self, input_ids, loss_mask, aux_hidden, final_hidden, target_argmax) -> None:
         """One sample: input_ids/loss_mask/target_argmax [T]; aux_hidden [T, n_aux*H]; final_hidden [T, H]."""
@@ -75,19 +94,59 @@ class ShardWriter:
         if len(self.buf) >= self.shard_samples:
             self._flush()
 
+    @staticmethod
+    def _tensors(buf: list[dict]) -> dict:
+        lengths = torch.tensor([b["input_ids"].numel() for b in buf], dtype=torch.int64)
+        tensors = {k: torch.cat([b[k] for b in buf]) for k in buf[0]}
+        tensors["offsets"] = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
+        return tensors
+
+    def _write(self, buf: list[dict], name: str) -> None:
+        tensors = self._tensors(buf)
+        save_safetensors(tensors, self.out / name)
+        self.bytes_written += sum(t.numel() * t.element_size() for t in tensors.values())
+
+    def _worker(self) -> None:
+        while True:
+            item = self._queue.get()
+            try:
+                if item is None:
+                    return
+                if not self._errors:
+                    self._write(*item)
+            except BaseException as e:  # noqa: BLE001 - re-raised by finish()
+                self._errors.append(e)
+            finally:
+                self._queue.task_done()
+
     def _flush(self) -> None:
         if not self.buf:
             return
-        lengths = torch.tensor([b["input_ids"].numel() for b in self.buf], dtype=torch.int64)
-        tensors = {k: torch.cat([b[k] for b in self.buf]) for k in self.buf[0]}
-        tensors["offsets"] = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
+        if self._errors:
+            raise self._errors[0]
         name = f"shard-{len(self.shards):05d}.safetensors"
-        save_safetensors(tensors, self.out / name)
-        self.shards.append({"file": name, "samples": len(self.buf), "tokens": int(lengths.sum())})
-        self.buf = []
+        tokens = sum(b["input_ids"].numel() for b in self.buf)
+        self.shards.append({"file": name, "samples": len(self.buf), "tokens": int(tokens)})
+        buf, self.buf = self.buf, []
+        if self._queue is not None:
+            self._queue.put((buf, name))
+        else:
+            self._write(buf, name)
+
+    def close(self) -> None:
+        """Wait for pending background writes; re-raise the first error."""
+        if self._queue is not None:
+            for _ in self._threads:
+                self._queue.put(None)
+            for t in self._threads:
+                t.join()
+            self._queue, self._threads = None, []
+        if self._errors:
+            raise self._errors[0]
 
     def finish(self, **manifest_fields) -> dict:
         self._flush()
+        self.close()
         if self.num_samples == 0:
             raise FeatureError(f"{self.out}: no samples to write")
         manifest = {
@@ -102,6 +161,44 @@ class ShardWriter:
         }
         write_json(self.out / MANIFEST, manifest)
         return manifest
+
+
+class HostCopy:
+    """Device -> host copies that overlap compute: each :meth:`submit` casts the tensors on the
+    device, copies them into fresh pinned host buffers on a side stream (``non_blocking``) and
+    returns a handle; :meth:`HostCopy.Handle.wait` blocks until that copy is done. Pinned buffers
+    come from PyTorch's caching host allocator and are recycled once the writer drops them.
+    On CPU tensors it is a plain (synchronous) conversion."""
+
+    class Handle:
+        def __init__(self, tensors: dict, event):
+            self.tensors, self.event = tensors, event
+
+        def wait(self) -> dict:
+            if self.event is not None:
+                self.event.synchronize()
+            return self.tensors
+
+    def __init__(self, device: torch.device | str):
+        dev = torch.device(device)
+        self.cuda = dev.type == "cuda"
+        self.stream = torch.cuda.Stream(device=dev) if self.cuda else None
+
+    def submit(self, tensors: dict[str, torch.Tensor], dtypes: dict[str, torch.dtype] | None = None) -> "HostCopy.Handle":
+        dtypes = dtypes or {}
+        if not self.cuda:
+            return HostCopy.Handle({k: v.to(dtypes.get(k, v.dtype)).cpu() for k, v in tensors.items()}, None)
+        src = {k: v.to(dtypes.get(k, v.dtype)) for k, v in tensors.items()}  # cast on the device
+        self.stream.wait_stream(torch.cuda.current_stream())
+        out = {}
+        with torch.cuda.stream(self.stream):
+            for k, v in src.items():
+                v.record_stream(self.stream)
+                out[k] = torch.empty(v.shape, dtype=v.dtype, pin_memory=True)
+                out[k].copy_(v, non_blocking=True)
+            ev = torch.cuda.Event()
+            ev.record(self.stream)
+        return HostCopy.Handle(out, ev)
 
 
 @dataclass

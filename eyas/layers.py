@@ -99,10 +99,14 @@ def from_config(cfg: dict, num_layers: int) -> list[int] | None:
 def describe(ids: list[int] | None, num_layers: int) -> dict:
     """Human-readable meaning of the layers per convention (for ``eyas inspect``)."""
     hf = resolve(ids, num_layers)
+    default = normalise(ids, num_layers) is None
     return {
         "hf_hidden_states_indices": hf,
         "outputs_of_decoder_layers": to_sglang(hf),
         "sglang_eagle_config_ids": to_sglang(hf),
         "vllm_top_level_ids": hf,
-        "is_default": normalise(ids, num_layers) is None,
+        "is_default": default,
+        # SGLang PR #25454 applies the +1 only when the first id is 1 (eagle3-facts.md §3 trap 2):
+        # custom ids whose SGLang form starts elsewhere are read differently across SGLang versions
+        "sglang_version_ambiguous": (not default) and to_sglang(hf)[0] != 1,
     }

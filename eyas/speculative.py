@@ -260,16 +260,16 @@ def speculative_generate(target_model, drafter, prompt_ids: list[int], *, num_dr
     hs = proposer.needs_features
     aux_ids = _aux_layers(model, proposer, aux_layer_ids) if hs else None
 
-    def target(ids: list[int]):
-        """Run ``ids`` through the target at the next positions of ``cache``:
-        -> (argmax ids [len(ids)], aux features [1, len(ids), n_aux*H] or None)."""
-        out = _forward(model, ids, cache, output_hidden_states=hs)
+    def target(ids: list[int], last_only: bool = False):
+        """Run ``ids`` through the target at the next positions of ``cache``: -> (argmax ids
+        [len(ids)] (only the last with ``last_only``), aux [1, len(ids), n_aux*H] or None)."""
+        out = _forward(model, ids, cache, last_only, output_hidden_states=hs)
         aux = torch.cat([out.hidden_states[i] for i in aux_ids], dim=-1) if hs else None
         return out.logits[0].argmax(-1).tolist(), aux
 
     # 1. prefill: the target reads the prompt and emits the first new token x_n
     cache = DynamicCache()
-    greedy, aux = target(prompt_ids)
+    greedy, aux = target(prompt_ids, last_only=True)
     x = greedy[-1]
     tokens, n_done = [x], len(prompt_ids)  # n_done: positions the target's cache holds
     # 2. drafter prefill on pairs (g_t, x_{t+1}) of the prompt

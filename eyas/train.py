@@ -19,7 +19,9 @@ from transformers import get_cosine_schedule_with_warmup
 from eyas.config import TrainParams
 from eyas.drafter import Eagle3Drafter
 from eyas.features import FeatureStore
-from eyas.ttt import PackedLoader, autocast, evaluate, head_rows_for, summarise, add_counts, ttt_forward
+from eyas import distributed as dist_utils
+from eyas.ttt import (PackedLoader, add_counts, autocast, evaluate, head_rows_for, summarise,
+                      supervised_counts, ttt_forward)
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +80,18 @@ class NonFiniteLossError(FloatingPointError):
     """The training loss became NaN/inf; the message names the step and the batch's samples."""
 
 
+class _TTTModule(torch.nn.Module):
+    """``ttt_forward`` as a module's forward, so DDP can wrap it (its gradient hooks and the
+    bucketed all-reduce overlapping backward need the call to go through ``forward``)."""
+
+    def __init__(self, drafter: Eagle3Drafter):
+        super().__init__()
+        self.drafter = drafter
+
+    def forward(self, batch, head_rows, ttt_length, step_decay, step_norms=None):
+        return ttt_forward(self.drafter, batch, head_rows, ttt_length, step_decay, step_norms=step_norms)
+
+
 @dataclass
 class TrainResult:
     step0_val: dict   # val metrics before the first optimizer step
@@ -103,11 +117,14 @@ def train_drafter(drafter: Eagle3Drafter, *, train_store: FeatureStore, val_stor
         NonFiniteLossError: at the first non-finite loss, naming the step and samples.
     """
     torch.manual_seed(seed)
+    # under torchrun: one process group, this rank's device, DDP; otherwise all of this is a no-op
+    rank, world, device = dist_utils.init_distributed(device)
     drafter.to(device).train()
     head_rows = head_rows_for(lm_head, drafter).to(device)
     train_loader = PackedLoader(train_store, tp.batch_tokens, seed)
     val_loader = PackedLoader(val_store, tp.batch_tokens, seed, shuffle=False)
-    ev = lambda: evaluate(drafter, val_loader, head_rows, tp.ttt_length, tp.step_decay, device)
+    ev = lambda: evaluate(drafter, val_loader, head_rows, tp.ttt_length, tp.step_decay, device,
+                          rank=rank, world=world)
 
     curve: list[dict] = []
     step0 = ev()
@@ -117,26 +134,36 @@ def train_drafter(drafter: Eagle3Drafter, *, train_store: FeatureStore, val_stor
         gate(step0)
 
     params = [p for p in drafter.parameters() if p.requires_grad]
+    model = _TTTModule(drafter)
+    if world > 1:
+        # broadcasts rank 0's weights at construction; averages gradients during backward
+        model = torch.nn.parallel.DistributedDataParallel(model, broadcast_buffers=False)
     opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=tp.weight_decay)
-    per_epoch = [train_loader.num_batches(e) for e in range(tp.epochs)]
+    per_epoch = [train_loader.num_batches(e, world) for e in range(tp.epochs)]
     total = sum(per_epoch) if tp.max_steps <= 0 else min(tp.max_steps, sum(per_epoch))
     sched = get_cosine_schedule_with_warmup(opt, math.ceil(tp.warmup_ratio * total), total)
-    log.info("training %d steps (%s batches per epoch), peak lr %.2e", total, per_epoch, lr)
+    log.info("training %d steps (%s batches per epoch%s), peak lr %.2e", total, per_epoch,
+             f" per rank, {world} ranks" if world > 1 else "", lr)
 
     step, tokens, t0 = 0, 0, time.time()
     last_epoch_counts: dict = {}
     val = step0
     for epoch in range(tp.epochs):
         last_epoch_counts = {}
-        for batch in train_loader.batches(epoch):
+        for batch in train_loader.batches(epoch, rank=rank, world=world):
             if step >= total:
                 break
             batch = batch.to(device)
+            norms = None
+            if world > 1:  # normalise by the GLOBAL supervised count: DDP's mean is then exact
+                n_glob = dist_utils.all_reduce_sum(supervised_counts(batch, tp.ttt_length))
+                norms = n_glob.clamp(min=1).to(torch.float32) / world
             with autocast(device):
-                loss, metrics, counts = ttt_forward(drafter, batch, head_rows, tp.ttt_length, tp.step_decay)
-            if not torch.isfinite(loss):
+                loss, metrics, counts = model(batch, head_rows, tp.ttt_length, tp.step_decay, norms)
+            loss_g = loss.detach() if world == 1 else dist_utils.all_reduce_sum(loss.detach()) / world
+            if not torch.isfinite(loss_g):
                 raise NonFiniteLossError(
-                    f"non-finite loss {loss.item()} at optimizer step {step + 1} (epoch {epoch}); "
+                    f"non-finite loss {loss_g.item()} at optimizer step {step + 1} (epoch {epoch}); "
                     f"batch samples (shard, index): {batch.sample_ids[:8]}")
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -145,11 +172,15 @@ def train_drafter(drafter: Eagle3Drafter, *, train_store: FeatureStore, val_stor
             sched.step()
             step += 1
             tokens += int(batch.input_ids.numel())
+            if world > 1:
+                counts = dist_utils.all_reduce_counts(counts)
+                metrics = summarise(counts, tp.ttt_length)
             add_counts(last_epoch_counts, counts)
-            tracker.log_metrics({"train/loss": loss.item(), "train/grad_norm": grad_norm.item(),
+            loss_f = loss_g.item()
+            tracker.log_metrics({"train/loss": loss_f, "train/grad_norm": grad_norm.item(),
                                  "train/lr": sched.get_last_lr()[0],
                                  **{f"train/{k}": v for k, v in metrics.items()}}, step=step)
-            curve.append({"step": step, "split": "train", "loss": loss.item(), **metrics})
+            curve.append({"step": step, "split": "train", "loss": loss_f, **metrics})
             if step % tp.eval_every == 0 and step < total:
                 val = ev()
                 tracker.log_metrics({f"val/{k}": v for k, v in val.items()}, step=step)
@@ -158,6 +189,9 @@ def train_drafter(drafter: Eagle3Drafter, *, train_store: FeatureStore, val_stor
     val = ev()
     tracker.log_metrics({f"val/{k}": v for k, v in val.items()}, step=step)
     curve.append({"step": step, "split": "val", **val})
+    if world > 1:
+        tokens = int(dist_utils.all_reduce_counts({"tokens": tokens})["tokens"])
+        dist_utils.barrier()
     return TrainResult(step0_val=step0, final_val=val,
                        final_train=summarise(last_epoch_counts, tp.ttt_length) if last_epoch_counts else {},
                        steps=step, train_tokens=tokens, seconds=seconds, curve=curve)

@@ -22,6 +22,7 @@ equals the target's full-vocab argmax); ``full_acc_k`` correct at every step <= 
 from __future__ import annotations
 
 import math
+import os
 import random
 from dataclasses import dataclass
 from typing import Iterator
@@ -127,13 +128,22 @@ class PackedLoader:
         k = self.rows_per_batch
         return [rows[i:i + k] for i in range(0, len(rows), k)]
 
-    def num_batches(self, epoch: int) -> int:
-        return len(self.plan(epoch))
+    def num_batches(self, epoch: int, world: int = 1) -> int:
+        """Batches of ``epoch`` (per rank when ``world`` > 1: every rank runs the same number)."""
+        n = len(self.plan(epoch))
+        return n // world if world > 1 else n
 
-    def batches(self, epoch: int, start: int = 0) -> Iterator[Batch]:
-        """Yield the batches of ``epoch`` from index ``start`` (for resuming mid-epoch)."""
+    def batches(self, epoch: int, start: int = 0, rank: int = 0, world: int = 1,
+                even: bool = True) -> Iterator[Batch]:
+        """Yield the batches of ``epoch`` from index ``start`` (for resuming mid-epoch).
+
+        With ``world`` > 1, this rank's disjoint share ``plan[rank::world]`` (cut to
+        ``len(plan) // world`` batches when ``even``, so ranks take equally many steps)."""
+        plans = self.plan(epoch)
+        if world > 1:
+            plans = plans[rank::world][: len(plans) // world] if even else plans[rank::world]
         loaded: dict[int, dict] = {}
-        for plan_rows in self.plan(epoch)[start:]:
+        for plan_rows in plans[start:]:
             rows = []
             for refs in plan_rows:
                 row = []
@@ -158,10 +168,47 @@ def teacher_probs(final_hidden: torch.Tensor, head_rows: torch.Tensor) -> torch.
     return torch.matmul(final_hidden.to(head_rows.dtype), head_rows.T).float().softmax(-1)
 
 
+def step_mask(batch: Batch, k: int) -> torch.Tensor:
+    """Supervised positions of TTT step ``k`` (alignment in the module docstring): [B, T] bool."""
+    return shift_left(batch.loss_mask, 2 + k, False) & (shift_left(batch.doc_ids, 2 + k, -1) == batch.doc_ids)
+
+
+def supervised_counts(batch: Batch, ttt_length: int) -> torch.Tensor:
+    """Supervised positions per TTT step: [ttt_length] int64 (for global loss normalisation)."""
+    return torch.stack([step_mask(batch, k).sum() for k in range(ttt_length)])
+
+
+def _token_loss(logits: torch.Tensor, teacher: torch.Tensor):
+    """Per-position soft cross-entropy against ``teacher`` [B, T', V] (T' <= T: the positions that
+    have a teacher at this step) in fp32, and the draft argmax over all T positions."""
+    logp = logits.float().log_softmax(-1)
+    return -(teacher * logp[:, : teacher.shape[1]]).sum(-1), logp.argmax(-1)
+
+
+_compiled_token_loss = None
+
+
+def token_loss(logits: torch.Tensor, teacher: torch.Tensor):
+    """:func:`_token_loss`; on CUDA through torch.compile (one fused pass over the [T, V] logits
+    instead of materialising fp32 log-probabilities) unless ``EYAS_COMPILE=0``."""
+    global _compiled_token_loss
+    if logits.device.type != "cuda" or os.environ.get("EYAS_COMPILE", "1") == "0":
+        return _token_loss(logits, teacher)
+    if _compiled_token_loss is None:
+        _compiled_token_loss = torch.compile(_token_loss, dynamic=True)
+    return _compiled_token_loss(logits, teacher)
+
+
 def ttt_forward(drafter: Eagle3Drafter, batch: Batch, head_rows: torch.Tensor, ttt_length: int,
-                step_decay: float) -> tuple[torch.Tensor, dict[str, float], dict]:
+                step_decay: float, step_norms: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, dict[str, float], dict]:
     """Unroll ``ttt_length`` draft steps over a packed batch (alignment in the module docstring).
 
+    Args:
+        step_norms: optional [ttt_length] denominators of each step's loss. ``None``: this batch's
+            supervised positions (clamped to >= 1), i.e. each step's loss is a mean. Data-parallel
+            training passes ``max(N_k, 1) / world`` with N_k summed over ranks, so that averaging
+            the ranks' gradients gives exactly the gradient of the global batch.
     Returns:
         (weighted loss: scalar tensor with grad, metrics {'loss_k', 'acc_k', 'full_acc_k',
         'cond_acc_k'} as floats, counts {'tokens_k': supervised positions at step k, ...} for
@@ -171,34 +218,43 @@ def ttt_forward(drafter: Eagle3Drafter, batch: Batch, head_rows: torch.Tensor, t
     hidden = drafter.project(batch.aux_hidden.to(drafter.fc.weight.dtype))
     cache: list = []
     total = hidden.new_zeros((), dtype=torch.float32)
-    metrics: dict[str, float] = {}
-    counts: dict[str, float] = {}
     chain_ok = torch.ones_like(batch.loss_mask)
     chain_valid = torch.ones_like(batch.loss_mask)
+    per_step = []  # device tensors; read back once at the end (no host sync inside the unroll)
     for k in range(ttt_length):
         ids_in = shift_left(batch.input_ids, 1 + k, 0)
-        teacher = shift_left(p_all, 1 + k, 0.0)
+        # the teacher of index t is p_all[t+1+k]: a view, not a shifted copy; positions without
+        # one (t >= T-1-k) are never supervised (the step mask is False there)
+        teacher = p_all[:, 1 + k:]
         ref = shift_left(batch.target_argmax, 1 + k, -1)
-        mask = shift_left(batch.loss_mask, 2 + k, False) & (shift_left(batch.doc_ids, 2 + k, -1) == batch.doc_ids)
+        mask = step_mask(batch, k)
         hidden = drafter.ttt_step(hidden, ids_in, batch.positions + k, batch.doc_ids, cache)
-        logp = drafter.logits(hidden).float().log_softmax(-1)
+        tok_loss, draft_argmax = token_loss(drafter.logits(hidden), teacher)
         n = mask.sum()
-        loss_k = -(teacher * logp).sum(-1)[mask].sum() / n.clamp(min=1)
-        total = total + (step_decay ** k) * loss_k
+        loss_sum = tok_loss[mask[:, : tok_loss.shape[1]]].sum()
+        loss_k = loss_sum / n.clamp(min=1)
+        term = loss_k if step_norms is None else loss_sum / step_norms[k]
+        total = total + (step_decay ** k) * term
         with torch.no_grad():
-            correct = drafter.draft_to_target(logp.argmax(-1)) == ref
+            correct = drafter.draft_to_target(draft_argmax) == ref
             chain_valid = chain_valid & mask
             prev_ok = chain_ok & chain_valid
             chain_ok = chain_ok & correct
             now_ok = chain_ok & chain_valid
-            nf = float(n)
-            counts[f"tokens_{k}"] = nf
-            counts[f"loss_sum_{k}"] = float(loss_k) * nf
-            counts[f"correct_{k}"] = float((correct & mask).sum())
-            counts[f"chain_{k}"] = float(chain_valid.sum())
-            counts[f"chain_ok_{k}"] = float(now_ok.sum())
-            counts[f"chain_prev_ok_{k}"] = float(prev_ok.sum())
-    metrics.update(summarise(counts, ttt_length))
+            per_step.append(torch.stack([n.double(), loss_k.detach().double(),
+                                         (correct & mask).sum().double(), chain_valid.sum().double(),
+                                         now_ok.sum().double(), prev_ok.sum().double()]))
+    counts: dict[str, float] = {}
+    for k, row in enumerate(torch.stack(per_step).cpu().tolist() if per_step else []):
+        nf, lk, corr, chain, ok, prev = row
+        lk = float(torch.tensor(lk, dtype=torch.float32))  # the fp32 value float(loss_k) gave
+        counts[f"tokens_{k}"] = nf
+        counts[f"loss_sum_{k}"] = lk * nf
+        counts[f"correct_{k}"] = corr
+        counts[f"chain_{k}"] = chain
+        counts[f"chain_ok_{k}"] = ok
+        counts[f"chain_prev_ok_{k}"] = prev
+    metrics: dict[str, float] = dict(summarise(counts, ttt_length))
     return total, metrics, counts
 
 
@@ -224,17 +280,26 @@ def add_counts(acc: dict, new: dict) -> dict:
 
 @torch.no_grad()
 def evaluate(drafter: Eagle3Drafter, loader: PackedLoader, head_rows: torch.Tensor, ttt_length: int,
-             step_decay: float, device, max_batches: int | None = None) -> dict[str, float]:
-    """Metrics over (up to ``max_batches`` of) a loader, averaged exactly over supervised tokens."""
+             step_decay: float, device, max_batches: int | None = None, rank: int = 0,
+             world: int = 1) -> dict[str, float]:
+    """Metrics over (up to ``max_batches`` of) a loader, averaged exactly over supervised tokens.
+    With ``world`` > 1 each rank evaluates its share of the batches and the counts are summed
+    over ranks (every rank returns the same metrics)."""
     was_training = drafter.training
     drafter.eval()
     counts: dict = {}
-    for i, batch in enumerate(loader.batches(0)):
-        if max_batches is not None and i >= max_batches:
+    for i, batch in enumerate(loader.batches(0, rank=rank, world=world, even=False)):
+        if max_batches is not None and i * max(world, 1) + rank >= max_batches:
             break
         with autocast(device):
             _, _, c = ttt_forward(drafter, batch.to(device), head_rows, ttt_length, step_decay)
         add_counts(counts, c)
+    if world > 1:
+        from eyas.distributed import all_reduce_counts
+
+        keys = [f"{name}_{k}" for k in range(ttt_length) for name in
+                ("tokens", "loss_sum", "correct", "chain", "chain_ok", "chain_prev_ok")]
+        counts = all_reduce_counts({key: counts.get(key, 0.0) for key in keys})
     drafter.train(was_training)
     return summarise(counts, ttt_length)
 

@@ -41,8 +41,21 @@ def extract_split(target, convs: list[dict], out_dir, p, aux_ids: list[int], pro
             f"{len(rendered)} samples: the chat template or the assistant roles are wrong")
     rendered = [r for r in rendered if sum(r["loss_mask"]) > 0]
     rendered.sort(key=lambda r: len(r["input_ids"]))  # length bucketing: little padding
-    writer = features.ShardWriter(out_dir, e.shard_samples, getattr(torch, e.dtype))
+    dtype = getattr(torch, e.dtype)
     dev = target.device
+    # Overlap: batch i+1's forward runs while batch i's features cross to pinned host memory on a
+    # side stream and earlier shards are written (fsync'd) by writer threads.
+    writer = features.ShardWriter(out_dir, e.shard_samples, dtype, background=dev.type == "cuda")
+    host = features.HostCopy(dev)
+    pending = None  # (handle, chunk, ids) of the previous batch
+
+    def store(handle, chunk, ids):
+        out = handle.wait()
+        for j, r in enumerate(chunk):
+            n = len(r["input_ids"])
+            writer.add(ids[j, :n], torch.tensor(r["loss_mask"]), out["aux_hidden"][j, :n],
+                       out["final_hidden"][j, :n], out["target_argmax"][j, :n])
+
     for i in tqdm(range(0, len(rendered), e.batch_size), desc=f"extract {out_dir.name}", unit="batch"):
         chunk = rendered[i : i + e.batch_size]
         T = max(len(r["input_ids"]) for r in chunk)
@@ -51,11 +64,13 @@ def extract_split(target, convs: list[dict], out_dir, p, aux_ids: list[int], pro
         for j, r in enumerate(chunk):
             ids[j, : len(r["input_ids"])] = torch.tensor(r["input_ids"])
             att[j, : len(r["input_ids"])] = 1
-        out = target.capture(ids.to(dev), att.to(dev), aux_ids)
-        for j, r in enumerate(chunk):
-            n = len(r["input_ids"])
-            writer.add(ids[j, :n], torch.tensor(r["loss_mask"]), out["aux_hidden"][j, :n],
-                       out["final_hidden"][j, :n], out["target_argmax"][j, :n])
+        out = target.capture(ids.to(dev, non_blocking=True), att.to(dev, non_blocking=True), aux_ids)
+        handle = host.submit(out, {"aux_hidden": dtype, "final_hidden": dtype, "target_argmax": torch.int32})
+        if pending is not None:
+            store(*pending)
+        pending = (handle, chunk, ids)
+    if pending is not None:
+        store(*pending)
     return writer.finish(truncated_samples=truncated, dropped_no_supervised_tokens=empty,
                          max_length=e.max_length, **provenance)
 

@@ -109,9 +109,9 @@ def test_ngram_propose_lookup():
 @pytest.mark.parametrize("draft_vocab", [32, V])
 def test_eagle_random_drafter_is_lossless(target, k, draft_vocab):
     drafter = make_drafter(target, draft_vocab)
-    for p in prompts(4):
-        ref = greedy_generate(target, p, max_new_tokens=24, eos_id=None)
-        out = run(target, drafter, p, k, 24)
+    for p in prompts(3):
+        ref = greedy_generate(target, p, max_new_tokens=20, eos_id=None)
+        out = run(target, drafter, p, k, 20)
         assert out["tokens"] == ref
         steps = out["committed_per_step"]
         assert len(out["tokens"]) == 1 + sum(steps) and out["num_verify_steps"] == len(steps)
@@ -129,7 +129,7 @@ def test_greedy_reference_matches_hf_generate(target):
 @pytest.mark.parametrize("k", [1, 3])
 def test_oracle_high_acceptance_is_lossless(target, k):
     hist = [0] * (k + 1)
-    for p in prompts(4, seed=2):
+    for p in prompts(3, seed=2):
         ref = greedy_generate(target, p, max_new_tokens=30, eos_id=None)
         out = run(target, OracleProposer(ref), p, k, 30)
         assert out["tokens"] == ref

@@ -1,0 +1,215 @@
+"""Training throughput of eyas' TTT step for a Llama-3.1-8B-shaped EAGLE-3 drafter.
+
+Shapes as the peer benchmark (/work/shared/bench/peer_speculators.py): hidden 4096, 32/8 heads,
+head_dim 128, intermediate 14336, target vocab 128256, draft vocab 32000; packed documents
+(2048 tokens/step: 1024+640+384; 8192: 2048+1536+1024+1024+1024+768+512+256 packed into rows of
+2048, eyas' row length); bf16 autocast, fp32 master weights, AdamW, grad clip, cosine schedule;
+the step body of eyas.train.train_drafter (ttt_forward, finite check, backward, clip, step,
+loss.item()). Median of --steps after --warmup (which includes compilation).
+
+Exact FLOP count (the peer's): fc 6PT once; decoder linears 6PT per TTT step; lm_head 4PT per
+step (+2PT weight grad when trainable); teacher head (draft rows of the target lm_head) 2PT once;
+attention 12 * heads * head_dim * allowed (query, key) pairs.
+
+    python benchmarks/bench_train.py --tokens 2048 8192 --ttt 7 --out bench_train.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from benchmarks.common import PEAK_BF16_TFLOPS, median, sync, timed, write_result  # noqa: E402
+from eyas.drafter import DrafterConfig, Eagle3Drafter  # noqa: E402
+from eyas.ttt import Batch, autocast, ttt_forward  # noqa: E402
+
+DOCS = {2048: [[1024, 640, 384]],
+        8192: [[2048], [1536, 512], [1024, 1024], [1024, 768, 256]]}
+TINY_DOCS = {2048: [[64, 40, 24]], 8192: [[64, 64], [100, 28]]}
+
+
+def config(tiny: bool) -> DrafterConfig:
+    if tiny:
+        return DrafterConfig(hidden_size=64, intermediate_size=160, num_attention_heads=4, num_key_value_heads=2,
+                             head_dim=16, vocab_size=1000, draft_vocab_size=200, target_hidden_size=64,
+                             num_target_layers=8)
+    return DrafterConfig(hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8,
+                         head_dim=128, vocab_size=128256, draft_vocab_size=32000, target_hidden_size=4096,
+                         num_target_layers=32, rope_theta=500000.0, max_position_embeddings=131072)
+
+
+def make_batch(rows: list[list[int]], c: DrafterConfig, dev, seed: int) -> Batch:
+    g = torch.Generator().manual_seed(seed)
+    T = max(sum(r) for r in rows)
+    B = len(rows)
+    pos = torch.zeros(B, T, dtype=torch.long)
+    doc = torch.full((B, T), -1, dtype=torch.long)
+    for b, r in enumerate(rows):
+        a = 0
+        for i, n in enumerate(r):
+            pos[b, a:a + n] = torch.arange(n)
+            doc[b, a:a + n] = i
+            a += n
+    return Batch(input_ids=torch.randint(0, c.vocab_size, (B, T), generator=g),
+                 loss_mask=doc >= 0,
+                 aux_hidden=torch.randn(B, T, c.num_aux * c.target_hidden_size, generator=g).to(torch.bfloat16),
+                 final_hidden=torch.randn(B, T, c.target_hidden_size, generator=g).to(torch.bfloat16),
+                 target_argmax=torch.randint(0, c.vocab_size, (B, T), generator=g),
+                 positions=pos, doc_ids=doc, sample_ids=[]).to(dev)
+
+
+def exact_flops(c: DrafterConfig, rows, ttt: int, lm_head_trainable: bool) -> dict:
+    T = sum(sum(r) for r in rows)
+    a = c.num_attention_heads * c.head_dim
+    kv = c.num_key_value_heads * c.head_dim
+    p_dec = 2 * c.hidden_size * (a + 2 * kv) + a * c.hidden_size + 3 * c.hidden_size * c.intermediate_size
+    p_fc = c.num_aux * c.target_hidden_size * c.hidden_size
+    p_head = c.draft_vocab_size * c.hidden_size
+    causal = sum(n * (n + 1) // 2 for r in rows for n in r)
+    pairs = sum(causal + k * T for k in range(ttt))
+    parts = {"fc": 6 * p_fc * T, "decoder_linears": ttt * 6 * p_dec * T,
+             "lm_head": ttt * (6 if lm_head_trainable else 4) * p_head * T,
+             "teacher_head": 2 * c.draft_vocab_size * c.target_hidden_size * T,
+             "attention": 12 * c.num_attention_heads * c.head_dim * pairs}
+    return {"tokens": T, "pairs": pairs, "parts": parts, "exact": sum(parts.values()),
+            "exact_peer_convention_lm_frozen": sum(parts.values()) - (ttt * 2 * p_head * T if lm_head_trainable else 0)}
+
+
+def bench(c, dev, tokens: int, ttt: int, freeze_lm_head: bool, warmup: int, steps: int, tiny: bool) -> dict:
+    torch.manual_seed(0)
+    with torch.device(dev):  # initialise on the device (a 1B-parameter CPU init takes seconds)
+        d = Eagle3Drafter(c)
+    d.embed_tokens.weight.data.normal_(std=0.02)
+    g = torch.Generator().manual_seed(3)
+    perm = torch.randperm(c.vocab_size, generator=g)[: c.draft_vocab_size].sort().values
+    d.set_vocab(perm - torch.arange(c.draft_vocab_size), torch.zeros(c.vocab_size, dtype=torch.bool).index_fill_(0, perm, True))
+    d.to(dev).train()
+    if freeze_lm_head:
+        d.lm_head.weight.requires_grad_(False)
+    head_rows = (torch.randn(c.draft_vocab_size, c.target_hidden_size, generator=g) * 0.02).to(dev)
+    rows = (TINY_DOCS if tiny else DOCS)[tokens]
+    batches = [make_batch(rows, c, dev, s) for s in range(2)]
+    params = [p for p in d.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=1e-4, betas=(0.9, 0.95), weight_decay=0.0)
+    from transformers import get_cosine_schedule_with_warmup
+    sched = get_cosine_schedule_with_warmup(opt, 10, 10_000)
+    losses = []
+    it = [0]
+
+    def step():  # the body of eyas.train.train_drafter's loop
+        b = batches[it[0] % 2]
+        it[0] += 1
+        with autocast(dev):
+            loss, metrics, counts = ttt_forward(d, b, head_rows, ttt, 0.8)
+        if not torch.isfinite(loss):
+            raise FloatingPointError("non-finite loss")
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        gn = torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        sched.step()
+        losses.append(loss.item())
+        gn.item()
+
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    w, t = timed(step, warmup, steps)
+    fl = exact_flops(c, rows, ttt, not freeze_lm_head)
+    med = median(t)
+    out = {"tokens_per_step": fl["tokens"], "ttt": ttt, "lm_head": "frozen" if freeze_lm_head else "trainable",
+           "attn": os.environ.get("EYAS_ATTN", "flex") if dev.type == "cuda" else "dense",
+           "compile": os.environ.get("EYAS_COMPILE", "1"), "rows": rows,
+           "step_ms_median": med * 1e3, "step_ms_min": min(t) * 1e3, "step_ms_max": max(t) * 1e3,
+           "warmup_ms": [round(x * 1e3, 1) for x in w], "tokens_per_s": fl["tokens"] / med,
+           "mfu_exact": fl["exact"] / med / (PEAK_BF16_TFLOPS * 1e12),
+           "tflops_exact": fl["exact"] / med / 1e12, "flops": fl,
+           "losses": [round(x, 4) for x in losses], "n_timed": len(t)}
+    if dev.type == "cuda":
+        out["peak_alloc_GiB"] = torch.cuda.max_memory_allocated() / 2**30
+    print(f"eyas T={fl['tokens']} ttt={ttt} lm_head={out['lm_head']:9s} attn={out['attn']}: "
+          f"{out['step_ms_median']:.1f} ms  {out['tokens_per_s']:.0f} tok/s  MFU(exact) {out['mfu_exact']:.3f}  "
+          f"peak {out.get('peak_alloc_GiB', 0):.1f} GiB  warmup {out['warmup_ms'][:2]}", flush=True)
+    del d, opt, batches
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
+    return out
+
+
+def check_flex(c, dev, tokens: int, ttt: int) -> dict:
+    """ttt_forward loss/metrics and one ttt_step with flex attention vs the dense reference path
+    on the same weights and batch (CUDA, bf16 autocast)."""
+    import eyas.drafter as dr
+    torch.manual_seed(0)
+    with torch.device(dev):
+        d = Eagle3Drafter(c)
+    d.set_vocab(torch.zeros(c.draft_vocab_size, dtype=torch.long), torch.arange(c.vocab_size) < c.draft_vocab_size)
+    rows = DOCS[tokens] if c.hidden_size > 64 else TINY_DOCS[tokens]
+    b = make_batch(rows, c, dev, 7)
+    head = (torch.randn(c.draft_vocab_size, c.target_hidden_size) * 0.02).to(dev)
+    res = {}
+    for mode in ("dense", "flex"):
+        os.environ["EYAS_ATTN"] = mode
+        with torch.no_grad(), autocast(dev):
+            loss, m, _ = ttt_forward(d, b, head, ttt, 0.8)
+            h = d.project(b.aux_hidden.to(torch.float32))
+            cache, outs = [], []
+            for k in range(3):
+                h = d.ttt_step(h, b.input_ids, b.positions + k, b.doc_ids, cache)
+                outs.append(h.float())
+        res[mode] = (float(loss), m, outs)
+    os.environ["EYAS_ATTN"] = "flex"
+    rel = [float((a - f).norm() / a.norm()) for a, f in zip(res["dense"][2], res["flex"][2])]
+    out = {"loss_dense": res["dense"][0], "loss_flex": res["flex"][0],
+           "loss_rel_diff": abs(res["dense"][0] - res["flex"][0]) / abs(res["dense"][0]),
+           "ttt_step_rel_err": rel, "acc_0": [res["dense"][1]["acc_0"], res["flex"][1]["acc_0"]]}
+    print("flex vs dense:", out, flush=True)
+    del d
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tokens", type=int, nargs="+", default=[2048, 8192])
+    ap.add_argument("--ttt", type=int, default=7)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--dense-ablation", action="store_true", help="also time EYAS_ATTN=dense at 2048")
+    ap.add_argument("--tiny", action="store_true")
+    ap.add_argument("--out", default="bench_train.json")
+    a = ap.parse_args()
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    c = config(a.tiny)
+    doc = {"what": "eyas TTT training step, Llama-3.1-8B-shaped drafter, synthetic packed batches, 1 GPU",
+           "peak_bf16_tflops_assumed": PEAK_BF16_TFLOPS, "runs": [], "errors": []}
+    if dev.type == "cuda":
+        try:
+            doc["flex_check"] = check_flex(c, dev, 2048, 3)
+        except Exception as e:  # noqa: BLE001
+            import traceback; traceback.print_exc()
+            doc["errors"].append(f"flex_check: {e!r}")
+    for T in a.tokens:
+        for freeze in (False, True):
+            try:
+                doc["runs"].append(bench(c, dev, T, a.ttt, freeze, a.warmup, a.steps, a.tiny))
+            except Exception as e:  # noqa: BLE001
+                import traceback; traceback.print_exc()
+                doc["errors"].append(f"T={T} freeze={freeze}: {e!r}")
+            write_result(a.out, doc)
+    if a.dense_ablation and dev.type == "cuda":
+        os.environ["EYAS_ATTN"] = "dense"
+        try:
+            doc["runs"].append(bench(c, dev, 2048, a.ttt, True, 3, 10, a.tiny))
+        except Exception as e:  # noqa: BLE001
+            doc["errors"].append(f"dense ablation: {e!r}")
+        os.environ["EYAS_ATTN"] = "flex"
+    write_result(a.out, doc)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,48 @@
+"""The ``eyas`` command line (``pyproject.toml``: ``eyas = "eyas.cli:main"``).
+
+Subcommands:
+    eyas inspect PATH [--vocab DIR] [--num-target-layers N] [--json]
+        What a drafter checkpoint is and what SGLang / vLLM would do with it (eyas/inspect.py).
+        Exit status 1 when the checkpoint has errors for serving, 2 when it cannot be read, else 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def _inspect(args) -> int:
+    from eyas.inspect import inspect_checkpoint, render
+
+    try:
+        report = inspect_checkpoint(args.path, vocab_dir=args.vocab, num_target_layers=args.num_target_layers)
+    except (OSError, ValueError) as e:  # missing files, unreadable JSON/safetensors, a bad --vocab
+        sys.stderr.write(f"eyas inspect: error: {e}\n")
+        return 2
+    sys.stdout.write(json.dumps(report, indent=2, default=str) + "\n" if args.json else render(report))
+    return 1 if report["errors"] else 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="eyas", description="EAGLE-3 drafter tools")
+    sub = p.add_subparsers(dest="command", required=True)
+    ins = sub.add_parser("inspect", help="describe a drafter checkpoint and how the engines would load it")
+    ins.add_argument("path", help="checkpoint directory (config.json + model.safetensors)")
+    ins.add_argument("--vocab", default=None, help="a vocab directory (vocab.safetensors) to compare with")
+    ins.add_argument("--num-target-layers", type=int, default=None,
+                     help="the target's decoder-layer count L (needed when config.json has no eyas record)")
+    ins.add_argument("--json", action="store_true", help="print the report as JSON")
+    ins.set_defaults(func=_inspect)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the exit status (also used by ``python -m eyas.cli``)."""
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

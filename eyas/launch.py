@@ -1,0 +1,68 @@
+"""Run a stage module in one process, or under ``torchrun`` with ``nproc`` processes.
+
+    python -m eyas.launch stages.train_scratch            # nproc from params.yaml train.nproc
+    python -m eyas.launch --nproc 8 stages.train_scratch  # explicit
+
+``nproc``: an int, or ``auto`` (one process per visible CUDA device; 1 without CUDA). With
+nproc <= 1 the module runs in this process; otherwise this process is replaced by
+``python -m torch.distributed.run --standalone --nproc-per-node N -m MODULE ARGS...``.
+The environment variable ``EYAS_NPROC`` overrides params.yaml.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import runpy
+import sys
+from pathlib import Path
+
+
+def resolve_nproc(value) -> int:
+    if value in (None, "", "auto"):
+        try:
+            import torch
+
+            return max(1, torch.cuda.device_count()) if value == "auto" else 1
+        except ImportError:
+            return 1
+    n = int(value)
+    if n < 1:
+        raise ValueError(f"nproc must be >= 1 or 'auto', got {value!r}")
+    return n
+
+
+def nproc_from_params(path: str | Path = "params.yaml", section: str = "train"):
+    p = Path(path)
+    if not p.is_file():
+        return None
+    import yaml
+
+    doc = yaml.safe_load(p.read_text()) or {}
+    return (doc.get(section) or {}).get("nproc")
+
+
+def torchrun_argv(nproc: int, module: str, args: list[str]) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+            f"--nproc-per-node={nproc}", "-m", module, *args]
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--nproc", default=None, help="processes (int or 'auto'); default params train.nproc")
+    ap.add_argument("--params-section", default="train")
+    ap.add_argument("module")
+    ap.add_argument("args", nargs=argparse.REMAINDER)
+    a = ap.parse_args(argv)
+    raw = a.nproc or os.environ.get("EYAS_NPROC") or nproc_from_params(section=a.params_section)
+    n = resolve_nproc(raw)
+    if n <= 1 or "RANK" in os.environ:  # already inside torchrun: just run
+        sys.argv = [a.module, *a.args]
+        runpy.run_module(a.module, run_name="__main__", alter_sys=True)
+        return
+    argv2 = torchrun_argv(n, a.module, a.args)
+    os.execv(argv2[0], argv2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,208 @@
+"""The speculators (vLLM) drafter layout: read it into eyas names, write it for tests and export.
+
+Layout (eagle3-facts.md §1.4; ``vllm-project/speculators: src/speculators/models/eagle3/config.py``,
+``convert/eagle/eagle3_converter.py``):
+
+- ``config.json``: ``architectures ["Eagle3Speculator"]``, ``speculators_model_type "eagle3"``,
+  ``transformer_layer_config`` (a nested LlamaConfig: TARGET ``vocab_size``, ``num_hidden_layers``
+  1, the layer's shapes), ``draft_vocab_size``, ``target_hidden_size``,
+  ``eagle_aux_hidden_state_layer_ids`` at the TOP level (HF ``hidden_states`` indices, as vLLM reads
+  them), ``norm_before_residual``, ``norm_before_fc``, ``fc_norm``, ``norm_output``,
+  ``speculators_config``.
+- ``model.safetensors``: ``layers.0.*`` instead of ``midlayer.*``; ``fc``, ``norm``, ``lm_head``,
+  ``d2t``, ``t2d``; usually ``embed_tokens.weight`` (a frozen copy of the target's); sometimes
+  ``verifier_lm_head`` / ``verifier_norm`` (copies of the target's head).
+
+vLLM translates such a config with ``norm_before_residual`` defaulting to **True** when the key is
+missing (``transformers_utils/configs/speculators/algos.py: update_eagle3``); eyas' drafter keeps
+the un-normed residual (SGLang's ``llama_eagle3.py``), so ``true`` is refused on load.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+
+from eyas.io import atomic_dir, load_safetensors, read_json, save_safetensors, write_json
+
+log = logging.getLogger(__name__)
+
+ARCHITECTURE = "Eagle3Speculator"
+LAYER_PREFIX = "layers.0."
+EAGLE_LAYER_PREFIX = "midlayer."
+
+# keys of the nested LlamaConfig that describe the one decoder layer
+_LAYER_KEYS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
+               "head_dim", "rms_norm_eps", "rope_theta", "rope_parameters", "rope_scaling",
+               "max_position_embeddings", "vocab_size", "hidden_act", "num_hidden_layers")
+
+
+class SpeculatorsFormatError(ValueError):
+    """A speculators-layout checkpoint cannot be read as an eyas drafter."""
+
+
+def to_eyas_name(name: str) -> str:
+    """``layers.0.x`` -> ``midlayer.x`` (other names unchanged; ``model.`` prefix stripped)."""
+    name = name.removeprefix("model.")
+    return EAGLE_LAYER_PREFIX + name[len(LAYER_PREFIX):] if name.startswith(LAYER_PREFIX) else name
+
+
+def to_speculators_name(name: str) -> str:
+    """``midlayer.x`` -> ``layers.0.x`` (the speculators converter's rename)."""
+    return LAYER_PREFIX + name[len(EAGLE_LAYER_PREFIX):] if name.startswith(EAGLE_LAYER_PREFIX) else name
+
+
+def config_to_eagle(cfg: dict, source: str = "config.json") -> dict:
+    """A speculators ``config.json`` dict -> the flat ``LlamaForCausalLMEagle3``-style dict that
+    :func:`eyas.export.config_from_hf` reads.
+
+    The speculators flags (``norm_before_residual`` etc.) are carried over verbatim so the loader
+    can refuse unsupported variants; a missing ``norm_before_residual`` is recorded under
+    ``speculators_norm_before_residual_missing`` (vLLM would assume True, speculators' own model
+    config False).
+
+    Raises:
+        SpeculatorsFormatError: no ``transformer_layer_config``, more than one layer, or a layer
+            config that is not Llama (``model_type`` absent means Qwen3 to speculators).
+    """
+    tlc = cfg.get("transformer_layer_config")
+    if not isinstance(tlc, dict):
+        raise SpeculatorsFormatError(f"{source}: speculators config without a transformer_layer_config")
+    if tlc.get("num_hidden_layers", 1) != 1:
+        raise SpeculatorsFormatError(f"{source}: transformer_layer_config.num_hidden_layers "
+                                     f"{tlc['num_hidden_layers']}; eyas drafters have one layer")
+    mt = tlc.get("model_type")
+    if mt != "llama":
+        # speculators builds the layer config with Qwen3Config when model_type is absent; Qwen3
+        # layers carry q_norm/k_norm, which eyas' Llama midlayer does not have
+        raise SpeculatorsFormatError(
+            f"{source}: transformer_layer_config.model_type {mt!r}" +
+            (" (speculators then assumes Qwen3Config)" if mt is None else "") +
+            "; eyas drafters use a Llama decoder layer")
+    out = {k: tlc[k] for k in _LAYER_KEYS if k in tlc}
+    # speculators writes the layer config with to_diff_dict(): keys equal to LlamaConfig's defaults
+    # are ABSENT and mean LlamaConfig's defaults (rms_norm_eps 1e-6, not eyas' 1e-5)
+    full = _llama_defaults(tlc)
+    for k in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+              "rms_norm_eps", "max_position_embeddings", "vocab_size"):
+        out.setdefault(k, full[k])
+    if "rope_theta" not in out and not (out.get("rope_parameters") or {}).get("rope_theta"):
+        out["rope_theta"] = full["rope_theta"]
+    out["architectures"] = ["LlamaForCausalLMEagle3"]
+    out["model_type"] = "llama"
+    out["num_hidden_layers"] = 1
+    out["tie_word_embeddings"] = False
+    for k in ("draft_vocab_size", "target_hidden_size", "eagle_aux_hidden_state_layer_ids",
+              "norm_before_residual", "norm_before_fc", "fc_norm", "norm_output", "eyas"):
+        if cfg.get(k) is not None:
+            out[k] = cfg[k]
+    out["torch_dtype"] = cfg.get("torch_dtype") or tlc.get("torch_dtype") or tlc.get("dtype") or "float32"
+    if "norm_before_residual" not in cfg:
+        out["speculators_norm_before_residual_missing"] = True
+    out["source_format"] = "speculators"
+    return out
+
+
+# transformers' LlamaConfig defaults (``models/llama/configuration_llama.py``): what a key omitted
+# by speculators' ``to_diff_dict()`` means. Hard-coded so reading a checkpoint needs no transformers.
+LLAMA_DEFAULTS = {"hidden_size": 4096, "intermediate_size": 11008, "num_attention_heads": 32,
+                  "rms_norm_eps": 1e-6, "max_position_embeddings": 2048, "vocab_size": 32000,
+                  "rope_theta": 10000.0}
+
+
+def _llama_defaults(tlc: dict) -> dict:
+    """The values transformers' LlamaConfig gives the layer config (as speculators builds it):
+    LLAMA_DEFAULTS, ``num_key_value_heads`` = heads, ``head_dim`` = hidden // heads."""
+    out = {k: tlc.get(k, v) for k, v in LLAMA_DEFAULTS.items()}
+    out["num_key_value_heads"] = tlc.get("num_key_value_heads") or out["num_attention_heads"]
+    out["head_dim"] = tlc.get("head_dim") or out["hidden_size"] // out["num_attention_heads"]
+    rope = tlc.get("rope_parameters") or {}
+    out["rope_theta"] = rope.get("rope_theta") or tlc.get("rope_theta") or LLAMA_DEFAULTS["rope_theta"]
+    return out
+
+
+def read_speculators(path: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
+    """Read a speculators-layout drafter directory.
+
+    Args:
+        path: directory with ``config.json`` and ``model.safetensors``.
+    Returns:
+        (config dict in the flat eyas/EAGLE form (see :func:`config_to_eagle`), tensors with eyas
+        names: ``layers.0.*`` renamed to ``midlayer.*``; ``embed_tokens.weight`` and any
+        ``verifier_*`` tensors are kept under their own names for the caller to use or drop).
+    Raises:
+        FileNotFoundError: a file is missing.
+        SpeculatorsFormatError: the config is not a one-layer EAGLE-3 speculator, or the tensors
+            hold more than one decoder layer (``layers.1.*``).
+    """
+    path = Path(path)
+    cfg = read_json(path / "config.json")
+    mtype = cfg.get("speculators_model_type")
+    if mtype is not None and mtype != "eagle3":
+        raise SpeculatorsFormatError(f"{path / 'config.json'}: speculators_model_type {mtype!r}, not 'eagle3'")
+    out_cfg = config_to_eagle(cfg, str(path / "config.json"))
+    raw = load_safetensors(path / "model.safetensors")
+    extra_layers = sorted({k.split(".")[1] for k in raw if k.startswith("layers.") and not k.startswith(LAYER_PREFIX)})
+    if extra_layers:
+        raise SpeculatorsFormatError(f"{path}: tensors for decoder layers {extra_layers} besides layer 0; "
+                                     f"eyas drafters have one layer")
+    return out_cfg, {to_eyas_name(k): v for k, v in raw.items()}
+
+
+def speculators_config(drafter) -> dict:
+    """The speculators ``config.json`` for an eyas drafter (``Eagle3Speculator``)."""
+    from eyas import layers
+
+    c = drafter.config
+    return {
+        "architectures": [ARCHITECTURE],
+        "speculators_model_type": "eagle3",
+        "transformer_layer_config": {
+            "model_type": "llama",
+            "architectures": ["LlamaForCausalLM"],
+            "hidden_size": c.hidden_size,
+            "intermediate_size": c.intermediate_size,
+            "num_attention_heads": c.num_attention_heads,
+            "num_key_value_heads": c.num_key_value_heads,
+            "head_dim": c.head_dim,
+            "num_hidden_layers": 1,
+            "hidden_act": "silu",
+            "rms_norm_eps": c.rms_norm_eps,
+            "rope_theta": c.rope_theta,
+            "max_position_embeddings": c.max_position_embeddings,
+            "vocab_size": c.vocab_size,
+            "tie_word_embeddings": False,
+        },
+        "draft_vocab_size": c.draft_vocab_size,
+        "target_hidden_size": c.target_hidden_size,
+        # speculators always writes the ids, as HF indices at the top level (vLLM's form)
+        "eagle_aux_hidden_state_layer_ids": layers.resolve(c.aux_layer_ids, c.num_target_layers),
+        "norm_before_residual": False,
+        "norm_before_fc": False,
+        "fc_norm": False,
+        "norm_output": False,
+        "embed_requires_grad": False,
+        "torch_dtype": c.torch_dtype,
+        "speculators_config": {
+            "algorithm": "eagle3",
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3}],
+            "default_proposal_method": "greedy",
+            "verifier": {"name_or_path": None, "architectures": []},
+        },
+        "eyas": {"num_target_layers": c.num_target_layers, "format_version": 1},
+    }
+
+
+def write_speculators(drafter, path: str | Path, include_embedding: bool = True) -> None:
+    """Write ``drafter`` in the speculators layout (atomically): ``config.json`` from
+    :func:`speculators_config`, ``model.safetensors`` with ``layers.0.*`` names, ``fc``, ``norm``,
+    ``lm_head``, ``d2t`` int64, ``t2d`` bool and (by default) ``embed_tokens.weight``, as the
+    speculators converter and trainer save them."""
+    tensors = {to_speculators_name(k): v.detach().cpu() for k, v in drafter.state_dict_for_export().items()}
+    if include_embedding:
+        tensors["embed_tokens.weight"] = drafter.embed_tokens.weight.detach().cpu()
+    with atomic_dir(path) as tmp:
+        write_json(tmp / "config.json", speculators_config(drafter))
+        save_safetensors(tensors, tmp / "model.safetensors", metadata={"format": "pt"})

