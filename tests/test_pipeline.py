@@ -1,0 +1,80 @@
+"""The real pipeline (`dvc repro`) on the embedded default target and a few real conversations.
+
+Slow (a few minutes: the GGUF target loads three times). It runs the real DVC and MLflow in a
+temporary git repository holding a copy of this one's pipeline with tiny params.
+"""
+
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+
+TINY = {
+    "data": {"max_conversations": 40, "val": 4, "test": 3, "publish": 10},
+    "extract": {"max_length": 128, "batch_size": 4, "shard_samples": 8},
+    "vocab": {"draft_vocab_size": 512},
+    "stand_in": {"draft_vocab_size": 384, "epochs": 1},
+    "remap": {"min_shared_fraction": 0.1},
+    "train": {"epochs": 1, "batch_tokens": 512, "eval_every": 1000},
+    "eval": {"chat_prompts": 2, "humaneval_prompts": 1, "max_new_tokens": 12, "num_draft_tokens": 3},
+}
+
+
+def run(cmd, cwd, env):
+    r = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=1200)
+    assert r.returncode == 0, f"{cmd} failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    return r.stdout + r.stderr
+
+
+@pytest.mark.slow
+def test_dvc_repro_end_to_end(tmp_path):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    for name in ("eyas", "stages"):
+        shutil.copytree(ROOT / name, repo / name, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "dvc.yaml", repo / "dvc.yaml")
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    for section, values in TINY.items():
+        params[section].update(values)
+    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "DVC_"))}
+    env["PYTHONPATH"] = str(repo)
+    run(["git", "init", "-q"], repo, env)
+    run([sys.executable, "-m", "dvc", "init", "-q"], repo, env)
+
+    out = run([sys.executable, "-m", "dvc", "repro"], repo, env)
+    for stage in ("prepare-data", "extract", "build-vocab", "stand-in-drafter", "remap", "train-scratch",
+                  "train-finetune", "eval-accept-len@scratch", "eval-accept-len@finetune"):
+        assert f"Running stage '{stage}'" in out
+
+    m = {p.stem: json.loads(p.read_text()) for p in (repo / "metrics").glob("*.json")}
+    assert m["prepare_data"]["conversations"] == {"train": 23, "val": 4, "test": 3, "publish": 10}
+    assert m["extract"]["bytes_per_token"] == (3 + 1) * 576 * 2 + 9  # 3 aux + final, bf16
+    assert 0.5 < m["vocab"]["coverage"] <= 1.0 and m["vocab"]["draft_vocab_size"] == 512
+    assert m["remap"]["rows_carried"] + m["remap"]["rows_initialised"] == 512
+    assert m["remap"]["shared_tokens"] == m["remap"]["rows_carried"]
+    for name in ("scratch", "finetune"):
+        ev = m[f"eval_{name}"]
+        for bench in ("chat", "humaneval"):
+            assert ev[bench]["lossless"] is True  # speculative greedy == plain greedy
+            assert 1.0 <= ev[bench]["accept_len"] <= 4.0
+            assert ev[bench]["settings"]["num_draft_tokens"] == 3
+    cfg = json.loads((repo / "models/scratch/config.json").read_text())
+    assert cfg["architectures"] == ["LlamaForCausalLMEagle3"] and cfg["draft_vocab_size"] == 512
+    assert "eagle_aux_hidden_state_layer_ids" not in cfg  # default layers write no ids
+
+    # a second repro does nothing
+    assert "Running stage" not in run([sys.executable, "-m", "dvc", "repro"], repo, env)
+
+    # every stage logged a child run under one parent in <repo>/mlflow.db
+    with sqlite3.connect(repo / "mlflow.db") as db:
+        names = sorted(r[0] for r in db.execute("select name from runs"))
+    assert len(names) == 10 and any(n.startswith("workspace") for n in names)
