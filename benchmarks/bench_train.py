@@ -181,6 +181,7 @@ def main():
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--dense-ablation", action="store_true", help="also time EYAS_ATTN=dense at 2048")
     ap.add_argument("--tiny", action="store_true")
+    ap.add_argument("--frozen-only", action="store_true", help="only the lm_head-frozen runs (the peer's set)")
     ap.add_argument("--out", default="bench_train.json")
     a = ap.parse_args()
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -194,7 +195,7 @@ def main():
             import traceback; traceback.print_exc()
             doc["errors"].append(f"flex_check: {e!r}")
     for T in a.tokens:
-        for freeze in (False, True):
+        for freeze in ((True,) if a.frozen_only else (False, True)):
             try:
                 doc["runs"].append(bench(c, dev, T, a.ttt, freeze, a.warmup, a.steps, a.tiny))
             except Exception as e:  # noqa: BLE001

@@ -4,6 +4,10 @@ Subcommands:
     eyas inspect PATH [--vocab DIR] [--num-target-layers N] [--json]
         What a drafter checkpoint is and what SGLang / vLLM would do with it (eyas/inspect.py).
         Exit status 1 when the checkpoint has errors for serving, 2 when it cannot be read, else 0.
+    eyas compare [--experiment NAME] [--limit N] [--all-params] [--out FILE.md] [--tracking-uri URI]
+        The latest pipeline runs (DVC experiments) side by side from MLflow: key params, val acc_0,
+        accept_len per benchmark and the n-gram floor, as Markdown (eyas/compare.py). Exit status
+        2 when there is no store or no such experiment, 1 when it holds no pipeline run, else 0.
 """
 
 from __future__ import annotations
@@ -25,6 +29,20 @@ def _inspect(args) -> int:
     return 1 if report["errors"] else 0
 
 
+def _compare(args) -> int:
+    from eyas.compare import CompareError, compare, write
+
+    try:
+        text = compare(args.tracking_uri, args.experiment, args.limit, args.all_params)
+    except CompareError as e:
+        sys.stderr.write(f"eyas compare: error: {e}\n")
+        return 2
+    sys.stdout.write(text)
+    if args.out:
+        sys.stderr.write(f"eyas compare: wrote {write(text, args.out)}\n")
+    return 1 if "No pipeline runs found." in text else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="eyas", description="EAGLE-3 drafter tools")
     sub = p.add_subparsers(dest="command", required=True)
@@ -35,6 +53,16 @@ def build_parser() -> argparse.ArgumentParser:
                      help="the target's decoder-layer count L (needed when config.json has no eyas record)")
     ins.add_argument("--json", action="store_true", help="print the report as JSON")
     ins.set_defaults(func=_inspect)
+    cmp = sub.add_parser("compare", help="the latest pipeline runs side by side, from MLflow (Markdown)")
+    cmp.add_argument("--experiment", default=None,
+                     help="MLflow experiment name (default: $EYAS_EXPERIMENT or 'eyas')")
+    cmp.add_argument("--limit", type=int, default=8, help="how many latest pipeline runs (0 = all)")
+    cmp.add_argument("--all-params", action="store_true",
+                     help="a row for every key param, also those equal in every column")
+    cmp.add_argument("--out", default=None, help="also write the table to this Markdown file")
+    cmp.add_argument("--tracking-uri", default=None,
+                     help="MLflow store (default: $MLFLOW_TRACKING_URI, else sqlite:///<repo root>/mlflow.db)")
+    cmp.set_defaults(func=_compare)
     return p
 
 

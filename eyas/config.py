@@ -43,6 +43,16 @@ class DataParams:
 
 
 @dataclass
+class DistillParams:
+    """Self-distillation (stage self-distill): the target regenerates the last assistant turn."""
+    enabled: bool = True           # false: copy the splits unchanged (the DAG stays the same)
+    max_new_tokens: int = 96       # generation budget per reply (eval.max_new_tokens by default)
+    batch_size: int = 16           # prompts per generate() call (left padding, sorted by length)
+    max_prompt_tokens: int = 0     # drop earliest turns beyond this; 0 = extract.max_length - max_new_tokens
+    splits: list[str] = field(default_factory=lambda: ["train", "val", "publish"])
+
+
+@dataclass
 class ExtractParams:
     max_length: int = 512
     aux_layers: list[int] | None = None
@@ -81,6 +91,8 @@ class TrainParams:
     grad_clip: float = 0.5
     eval_every: int = 100
     max_steps: int = 0
+    checkpoint_every: int = 0  # optimizer steps between resumable checkpoints; 0 = none
+    nproc: int = 1             # processes under torchrun (eyas.launch); 0 = one per CUDA device
 
 
 @dataclass
@@ -109,6 +121,7 @@ class Params:
     seed: int = 0
     target: TargetParams = field(default_factory=TargetParams)
     data: DataParams = field(default_factory=DataParams)
+    distill: DistillParams = field(default_factory=DistillParams)
     extract: ExtractParams = field(default_factory=ExtractParams)
     vocab: VocabParams = field(default_factory=VocabParams)
     stand_in: StandInParams = field(default_factory=StandInParams)

@@ -237,12 +237,17 @@ class Eagle3Drafter(nn.Module):
             would have at serving time.
         """
         attn = self.midlayer.self_attn
+        if use_flex_attention(hidden):
+            # CUDA: the elementwise work around the GEMMs (norms, RoPE, SiLU*up, residuals) runs
+            # through two torch.compile'd graphs shared by every TTT step; the block mask's step-0
+            # part is built once per batch (ttt_block_mask_cached)
+            q, k, v = _layer_fn("pre")(self.midlayer, self.embed_tokens(input_ids), hidden, positions)
+            cache.append((k, v))
+            o = flex_ttt_attention(q, cache, doc_ids)
+            return _layer_fn("post")(self.midlayer, hidden, o)
         x = self.midlayer.attn_input(self.embed_tokens(input_ids), hidden)
         q, k, v = attn.qkv(x, positions)
         cache.append((k, v))
-        if use_flex_attention(q):
-            o = flex_ttt_attention(q, cache, doc_ids)
-            return self.midlayer.finish(hidden, attn.out(o))
         k0, v0 = attn._expand_kv(cache[0][0]), attn._expand_kv(cache[0][1])
         scale = 1.0 / math.sqrt(self.config.head_dim)
         T = q.shape[2]
@@ -307,6 +312,71 @@ def use_flex_attention(q: torch.Tensor) -> bool:
     return True
 
 
+def _layer_pre(layer: "MidLayer", embeds, hidden, positions):
+    return layer.self_attn.qkv(layer.attn_input(embeds, hidden), positions)
+
+
+def _layer_post(layer: "MidLayer", hidden, o):
+    return layer.finish(hidden, layer.self_attn.out(o))
+
+
+_layer_fns: dict = {}
+
+
+def _layer_fn(name: str):
+    """``_layer_pre``/``_layer_post``, through torch.compile unless EYAS_COMPILE=0 or
+    EYAS_COMPILE_LAYER=0 (shapes are fixed per batch shape: dynamic=False)."""
+    import os
+
+    fn = _layer_pre if name == "pre" else _layer_post
+    if os.environ.get("EYAS_COMPILE", "1") == "0" or os.environ.get("EYAS_COMPILE_LAYER", "1") == "0":
+        return fn
+    if name not in _layer_fns:
+        _layer_fns[name] = torch.compile(fn, dynamic=False)
+    return _layer_fns[name]
+
+
+_mask_memo: tuple | None = None  # (weakref to doc_ids, its _version, step-0 BlockMask)
+
+
+def ttt_block_mask_cached(doc_ids: torch.Tensor, num_steps: int):
+    """:func:`ttt_block_mask`, with the step-0 (causal, same-document) part built once per
+    ``doc_ids`` tensor and the diagonal blocks of steps 1..n-1 appended as block indices (no
+    mask evaluation over the n*T keys). Falls back to a full build when T is not a multiple of
+    the block size."""
+    global _mask_memo
+    import weakref
+
+    from torch.nn.attention.flex_attention import _DEFAULT_SPARSE_BLOCK_SIZE as BS, BlockMask
+
+    B, T = doc_ids.shape
+    if T % BS != 0:
+        return ttt_block_mask(doc_ids, num_steps)
+    m = _mask_memo
+    if m is not None and m[0]() is doc_ids and m[1] == doc_ids._version:
+        base = m[2]
+    else:
+        base = ttt_block_mask(doc_ids, 1)
+        _mask_memo = (weakref.ref(doc_ids), doc_ids._version, base)
+    n = num_steps
+    if n == 1:
+        return base
+    nb = T // BS
+    num, idx = base.kv_num_blocks, base.kv_indices  # [B, 1, nb], [B, 1, nb, nb]
+    rows = torch.arange(nb, device=idx.device, dtype=idx.dtype)
+    diag = (rows[:, None] + nb * torch.arange(1, n, device=idx.device, dtype=idx.dtype)[None, :])
+    diag = diag.expand(*idx.shape[:2], nb, n - 1)
+    pad = idx.new_zeros(*idx.shape[:3], n * nb - nb - (n - 1))
+    # valid entries first: the n-1 diagonal blocks, then the step-0 partial blocks
+    new_idx = torch.cat([diag, idx, pad], dim=-1)
+    full_num = full_idx = None
+    if base.full_kv_num_blocks is not None:
+        full_num = base.full_kv_num_blocks
+        full_idx = torch.cat([base.full_kv_indices, base.full_kv_indices.new_zeros(*idx.shape[:3], n * nb - nb)], -1)
+    return BlockMask.from_kv_blocks(num + (n - 1), new_idx, full_num, full_idx, BLOCK_SIZE=base.BLOCK_SIZE,
+                                    mask_mod=base.mask_mod, seq_lengths=(T, n * T))
+
+
 def ttt_block_mask(doc_ids: torch.Tensor, num_steps: int):
     """The flex_attention BlockMask of a TTT step with ``num_steps`` key sets of length T."""
     from torch.nn.attention.flex_attention import create_block_mask
@@ -334,7 +404,7 @@ def flex_ttt_attention(q: torch.Tensor, cache: list, doc_ids: torch.Tensor) -> t
     v = cache[0][1] if n == 1 else torch.cat([kv[1] for kv in cache], dim=2)
     v = v.to(q.dtype)
     k = k.to(q.dtype)
-    return _flex_fn(q, k, v, block_mask=ttt_block_mask(doc_ids, n),
+    return _flex_fn(q, k, v, block_mask=ttt_block_mask_cached(doc_ids, n),
                     enable_gqa=q.shape[1] != k.shape[1])
 
 

@@ -231,6 +231,9 @@ def load_drafter(path: str | Path, num_target_layers: int | None = None) -> Eagl
             (``norm_before_residual: true`` ...).
     """
     path = Path(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"drafter {str(path)!r}: no such directory (expected a local drafter dir "
+                                f"with config.json and model.safetensors)")
     cfg = read_json(path / "config.json")
     tensors = load_safetensors(path / "model.safetensors")
     if detect_layout(cfg, tensors) == "speculators":

@@ -26,6 +26,7 @@ from safetensors import safe_open
 from eyas.io import read_json, save_safetensors, write_json
 
 MANIFEST = "manifest.json"
+PROGRESS = "progress.json"  # resumable extraction: the complete shards so far (removed at finish)
 FORMAT_VERSION = 1
 LAYER_CONVENTION = "hf_hidden_states_index"  # see eyas/layers.py
 
@@ -53,19 +54,40 @@ class ShardWriter:
     """
 
     def __init__(self, out_dir: str | Path, shard_samples: int, dtype: torch.dtype,
-                 background: bool = False, writers: int = 2, max_pending: int = 4):
+                 background: bool = False, writers: int = 2, max_pending: int = 4,
+                 resume_key: str | None = None):
+        """With ``resume_key`` (a fingerprint of everything that determines the samples and their
+        order), complete shards are recorded in ``progress.json`` (atomic) as they land; a new
+        writer on the same directory with the same key keeps the leading run of complete, full,
+        readable shards and sets :attr:`resumed_samples` (the caller skips that many samples).
+        Any other key, or no record, starts clean; partial files are never reused."""
+        import threading
+
         self.out = Path(out_dir)
-        if self.out.exists():
-            shutil.rmtree(self.out)
-        self.out.mkdir(parents=True)
         self.shard_samples = shard_samples
         self.dtype = dtype
+        self.resume_key = resume_key
+        self._lock = threading.Lock()
+        self._done: dict[str, dict] = {}
+        kept = self._resumable() if resume_key is not None else []
+        if kept:
+            names = {s["file"] for s in kept} | {PROGRESS}
+            for f in self.out.iterdir():  # later shards, temporary files, a stale manifest
+                if f.name not in names:
+                    shutil.rmtree(f) if f.is_dir() else f.unlink()
+        else:
+            if self.out.exists():
+                shutil.rmtree(self.out)
+            self.out.mkdir(parents=True)
         self.buf: list[dict] = []
-        self.shards: list[dict] = []
-        self.num_samples = 0
-        self.num_tokens = 0
-        self.supervised_tokens = 0
-        self.bytes_written = 0
+        self.shards: list[dict] = [{k: s[k] for k in ("file", "samples", "tokens")} for s in kept]
+        self._done = {s["file"]: s for s in kept}
+        self.num_samples = self.resumed_samples = sum(s["samples"] for s in kept)
+        self.num_tokens = sum(s["tokens"] for s in kept)
+        self.supervised_tokens = sum(s["supervised_tokens"] for s in kept)
+        self.bytes_written = sum(s["bytes"] for s in kept)
+        if resume_key is not None:
+            self._save_progress()
         self._queue = None
         self._threads: list = []
         self._errors: list[BaseException] = []
@@ -104,7 +126,40 @@ class ShardWriter:
     def _write(self, buf: list[dict], name: str) -> None:
         tensors = self._tensors(buf)
         save_safetensors(tensors, self.out / name)
-        self.bytes_written += sum(t.numel() * t.element_size() for t in tensors.values())
+        nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
+        with self._lock:
+            self.bytes_written += nbytes
+            if self.resume_key is not None:
+                self._done[name] = {"file": name, "samples": len(buf), "tokens": int(tensors["input_ids"].numel()),
+                                    "supervised_tokens": int(tensors["loss_mask"].sum()), "bytes": nbytes}
+                self._save_progress()
+
+    def _save_progress(self) -> None:
+        write_json(self.out / PROGRESS, {"resume_key": self.resume_key, "shard_samples": self.shard_samples,
+                                         "dtype": str(self.dtype), "done": self._done})
+
+    def _resumable(self) -> list[dict]:
+        """The leading complete, full shards recorded for this ``resume_key`` (see __init__)."""
+        try:
+            rec = read_json(self.out / PROGRESS)
+        except (FileNotFoundError, ValueError):
+            return []
+        if (rec.get("resume_key"), rec.get("shard_samples"), rec.get("dtype")) != \
+                (self.resume_key, self.shard_samples, str(self.dtype)):
+            return []
+        kept = []
+        for i in range(len(rec.get("done", {}))):
+            s = rec["done"].get(f"shard-{i:05d}.safetensors")
+            if s is None or s["samples"] != self.shard_samples:
+                break
+            try:  # a listed shard must still open and hold what the record says
+                with safe_open(str(self.out / s["file"]), framework="pt") as f:
+                    if f.get_slice("offsets").get_shape() != [s["samples"] + 1]:
+                        break
+            except Exception:  # noqa: BLE001 - missing / unreadable: stop here, recompute the rest
+                break
+            kept.append(s)
+        return kept
 
     def _worker(self) -> None:
         while True:
@@ -160,6 +215,7 @@ class ShardWriter:
             **manifest_fields,
         }
         write_json(self.out / MANIFEST, manifest)
+        (self.out / PROGRESS).unlink(missing_ok=True)  # after the manifest: complete either way
         return manifest
 
 

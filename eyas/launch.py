@@ -3,7 +3,7 @@
     python -m eyas.launch stages.train_scratch            # nproc from params.yaml train.nproc
     python -m eyas.launch --nproc 8 stages.train_scratch  # explicit
 
-``nproc``: an int, or ``auto`` (one process per visible CUDA device; 1 without CUDA). With
+``nproc``: an int; ``0`` or ``auto`` = one process per visible CUDA device (1 without CUDA). With
 nproc <= 1 the module runs in this process; otherwise this process is replaced by
 ``python -m torch.distributed.run --standalone --nproc-per-node N -m MODULE ARGS...``.
 The environment variable ``EYAS_NPROC`` overrides params.yaml.
@@ -19,11 +19,11 @@ from pathlib import Path
 
 
 def resolve_nproc(value) -> int:
-    if value in (None, "", "auto"):
+    if value in (None, "", "auto", 0, "0"):
         try:
             import torch
 
-            return max(1, torch.cuda.device_count()) if value == "auto" else 1
+            return max(1, torch.cuda.device_count()) if value in ("auto", 0, "0") else 1
         except ImportError:
             return 1
     n = int(value)

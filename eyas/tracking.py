@@ -40,7 +40,6 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from eyas.config import flatten, params_hash
-from eyas.io import _jsonable
 
 log = logging.getLogger(__name__)
 
@@ -356,6 +355,9 @@ class MlflowTracker(Tracker):
 
     def log_dict(self, obj: dict, name: str) -> None:
         """Store ``obj`` as a JSON artifact ``name`` (``.json`` appended if missing)."""
+        from eyas.io import _jsonable  # imports torch: not at module level, so that `eyas compare`
+        # and stages that never log a dict start fast
+
         if not name.endswith((".json", ".yaml", ".yml")):
             name += ".json"
         self.client.log_dict(self.run_id, json.loads(json.dumps(obj, default=_jsonable)), name)

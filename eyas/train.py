@@ -16,6 +16,7 @@ from typing import Callable
 import torch
 from transformers import get_cosine_schedule_with_warmup
 
+from eyas import checkpoint as ckpt
 from eyas.config import TrainParams
 from eyas.drafter import Eagle3Drafter
 from eyas.features import FeatureStore
@@ -26,12 +27,26 @@ from eyas.ttt import (PackedLoader, add_counts, autocast, evaluate, head_rows_fo
 log = logging.getLogger(__name__)
 
 
-def new_drafter(manifest: dict, mapping, embed_tokens: torch.Tensor, seed: int) -> Eagle3Drafter:
+def new_drafter(manifest: dict, mapping, embed_tokens: torch.Tensor, seed: int,
+                mapping_source: str = "the vocab mapping") -> Eagle3Drafter:
     """A randomly initialised drafter shaped for the target that produced ``manifest`` (a feature
-    manifest), using its aux layers, the vocab ``mapping`` and the target's ``embed_tokens``."""
+    manifest), using its aux layers, the vocab ``mapping`` and the target's ``embed_tokens``.
+
+    Raises:
+        FeatureError: the mapping or the embedding was built for a target with another vocab size.
+    """
     from types import SimpleNamespace
 
     from eyas.drafter import DrafterConfig
+    from eyas.features import FeatureError
+
+    if mapping.vocab_size != manifest["vocab_size"]:
+        raise FeatureError(f"vocab size mismatch: {mapping_source} covers {mapping.vocab_size} target tokens, "
+                           f"the features' target has vocab_size {manifest['vocab_size']}; rebuild the vocab "
+                           f"(`dvc repro build-vocab`) from these features")
+    if embed_tokens.shape[0] != manifest["vocab_size"]:
+        raise FeatureError(f"vocab size mismatch: the target embedding has {embed_tokens.shape[0]} rows, the "
+                           f"features' target has vocab_size {manifest['vocab_size']}; re-run extract")
 
     torch.manual_seed(seed)
     cfg = DrafterConfig.for_target(SimpleNamespace(**manifest["target_config"]), mapping.draft_vocab_size,
@@ -77,7 +92,8 @@ def step0_gate(draft_vocab_size: int, margin: float, min_acc: float, override: b
 
 
 class NonFiniteLossError(FloatingPointError):
-    """The training loss became NaN/inf; the message names the step and the batch's samples."""
+    """The training loss became NaN/inf; the message names the step, the batch's samples and the
+    last good checkpoint."""
 
 
 class _TTTModule(torch.nn.Module):
@@ -105,7 +121,8 @@ class TrainResult:
 
 def train_drafter(drafter: Eagle3Drafter, *, train_store: FeatureStore, val_store: FeatureStore,
                   lm_head: torch.Tensor, tp: TrainParams, lr: float, seed: int, tracker,
-                  device: torch.device, gate: Callable[[dict], None] | None = None) -> TrainResult:
+                  device: torch.device, gate: Callable[[dict], None] | None = None,
+                  checkpoint_dir=None, checkpoint_every: int | None = None) -> TrainResult:
     """Train ``drafter`` in place with TTT.
 
     Args:
@@ -113,8 +130,14 @@ def train_drafter(drafter: Eagle3Drafter, *, train_store: FeatureStore, val_stor
         tp: TrainParams (ttt_length, step_decay, batch_tokens, epochs, warmup_ratio, ...).
         lr: peak learning rate.
         gate: called with the step-0 val metrics before any update; raise to stop training.
+        checkpoint_dir: where resumable state goes (eyas/checkpoint.py; outside DVC outs). When it
+            holds a complete checkpoint of the same inputs (params, features, initial drafter),
+            training resumes there: weights, optimizer, scheduler, RNG and data position.
+        checkpoint_every: optimizer steps between checkpoints (default ``tp.checkpoint_every``;
+            0 = none).
     Raises:
-        NonFiniteLossError: at the first non-finite loss, naming the step and samples.
+        NonFiniteLossError: at the first non-finite loss, naming the step, samples and the last
+            good checkpoint.
     """
     torch.manual_seed(seed)
     # under torchrun: one process group, this rank's device, DDP; otherwise all of this is a no-op
@@ -125,13 +148,24 @@ def train_drafter(drafter: Eagle3Drafter, *, train_store: FeatureStore, val_stor
     val_loader = PackedLoader(val_store, tp.batch_tokens, seed, shuffle=False)
     ev = lambda: evaluate(drafter, val_loader, head_rows, tp.ttt_length, tp.step_decay, device,
                           rank=rank, world=world)
+    every = getattr(tp, "checkpoint_every", 0) if checkpoint_every is None else checkpoint_every
+    fp = resume_from = None
+    if checkpoint_dir is not None:
+        # what makes a checkpoint resumable: same params (checkpoint_every aside), features, world
+        # size and initial weights
+        tp_fp = {k: v for k, v in vars(tp).items() if k not in ("checkpoint_every", "nproc")}
+        fp = ckpt.fingerprint(tp_fp, lr, seed, world, train_store.manifest.get("shards"),
+                              val_store.manifest.get("shards"), train_store.manifest.get("num_tokens"),
+                              *[p.detach() for p in drafter.parameters() if p.requires_grad])
+        resume_from = ckpt.find_checkpoint(checkpoint_dir, fp)
 
     curve: list[dict] = []
-    step0 = ev()
-    tracker.log_metrics({f"val/{k}": v for k, v in step0.items()}, step=0)
-    curve.append({"step": 0, "split": "val", **step0})
-    if gate is not None:
-        gate(step0)
+    if resume_from is None:
+        step0 = ev()
+        tracker.log_metrics({f"val/{k}": v for k, v in step0.items()}, step=0)
+        curve.append({"step": 0, "split": "val", **step0})
+        if gate is not None:
+            gate(step0)
 
     params = [p for p in drafter.parameters() if p.requires_grad]
     model = _TTTModule(drafter)
@@ -147,10 +181,28 @@ def train_drafter(drafter: Eagle3Drafter, *, train_store: FeatureStore, val_stor
 
     step, tokens, t0 = 0, 0, time.time()
     last_epoch_counts: dict = {}
+    start_epoch, start_batch, last_ckpt, last_ckpt_step = 0, 0, None, 0
+    if resume_from is not None:
+        st = ckpt.load_train_state(checkpoint_dir, drafter, opt, sched, fingerprint=fp)
+        if st is None:  # it was complete a moment ago: someone removed it while we started
+            raise ckpt.CheckpointError(f"{resume_from}: checkpoint vanished while resuming; rerun")
+        step, start_epoch, start_batch, last_ckpt = st.step, st.epoch, st.batch_in_epoch, st.path
+        last_ckpt_step = step
+        x = st.extra
+        # rows were saved as [keys, values] (JSON objects get sorted keys; plots keep column
+        # order); JSON null -> NaN
+        row = lambda kv: {k: (math.nan if v is None else v) for k, v in zip(*kv)}
+        step0, curve, tokens = row(x["step0"]), [row(r) for r in x["curve"]], x["tokens"]
+        last_epoch_counts = x["last_epoch_counts"]
+        t0 = time.time() - x["seconds"]
+        log.info("resuming at optimizer step %d of %d (epoch %d, batch %d) from %s",
+                 step, total, start_epoch, start_batch, st.path)
     val = step0
-    for epoch in range(tp.epochs):
-        last_epoch_counts = {}
-        for batch in train_loader.batches(epoch, rank=rank, world=world):
+    for epoch in range(start_epoch, tp.epochs):
+        if epoch != start_epoch or resume_from is None:
+            last_epoch_counts = {}
+        start = start_batch if epoch == start_epoch else 0
+        for b_i, batch in enumerate(train_loader.batches(epoch, start=start, rank=rank, world=world), start):
             if step >= total:
                 break
             batch = batch.to(device)
@@ -164,7 +216,8 @@ def train_drafter(drafter: Eagle3Drafter, *, train_store: FeatureStore, val_stor
             if not torch.isfinite(loss_g):
                 raise NonFiniteLossError(
                     f"non-finite loss {loss_g.item()} at optimizer step {step + 1} (epoch {epoch}); "
-                    f"batch samples (shard, index): {batch.sample_ids[:8]}")
+                    f"batch samples (shard, index): {batch.sample_ids[:8]}; last good checkpoint: "
+                    f"{f'{last_ckpt} (step {last_ckpt_step})' if last_ckpt else 'none'}")
             opt.zero_grad(set_to_none=True)
             loss.backward()
             grad_norm = torch.nn.utils.clip_grad_norm_(params, tp.grad_clip)
@@ -185,6 +238,18 @@ def train_drafter(drafter: Eagle3Drafter, *, train_store: FeatureStore, val_stor
                 val = ev()
                 tracker.log_metrics({f"val/{k}": v for k, v in val.items()}, step=step)
                 curve.append({"step": step, "split": "val", **val})
+            if checkpoint_dir is not None and every > 0 and step % every == 0 and step < total:
+                if rank == 0:
+                    last_ckpt = ckpt.save_train_state(
+                        checkpoint_dir, drafter, opt, sched, step=step, epoch=epoch, batch_in_epoch=b_i + 1,
+                        fingerprint=fp, extra={"step0": [list(step0), list(step0.values())],
+                                               "curve": [[list(r), list(r.values())] for r in curve],
+                                               "tokens": tokens,
+                                               "last_epoch_counts": last_epoch_counts,
+                                               "seconds": time.time() - t0})
+                if world > 1:
+                    dist_utils.barrier()
+                last_ckpt, last_ckpt_step = ckpt.state_dir(checkpoint_dir), step
     seconds = time.time() - t0
     val = ev()
     tracker.log_metrics({f"val/{k}": v for k, v in val.items()}, step=step)

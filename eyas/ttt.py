@@ -199,6 +199,24 @@ def token_loss(logits: torch.Tensor, teacher: torch.Tensor):
     return _compiled_token_loss(logits, teacher)
 
 
+def _head_token_loss(drafter: Eagle3Drafter, hidden: torch.Tensor, teacher: torch.Tensor):
+    return _token_loss(drafter.logits(hidden), teacher)
+
+
+_compiled_head_loss = None
+
+
+def head_token_loss(drafter: Eagle3Drafter, hidden: torch.Tensor, teacher: torch.Tensor):
+    """:func:`token_loss` of ``drafter.logits(hidden)``; on CUDA the final norm, lm_head and loss
+    are one torch.compile'd graph (unless ``EYAS_COMPILE=0``)."""
+    global _compiled_head_loss
+    if hidden.device.type != "cuda" or os.environ.get("EYAS_COMPILE", "1") == "0":
+        return _token_loss(drafter.logits(hidden), teacher)
+    if _compiled_head_loss is None:
+        _compiled_head_loss = torch.compile(_head_token_loss, dynamic=True)
+    return _compiled_head_loss(drafter, hidden, teacher)
+
+
 def ttt_forward(drafter: Eagle3Drafter, batch: Batch, head_rows: torch.Tensor, ttt_length: int,
                 step_decay: float, step_norms: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, dict[str, float], dict]:
@@ -229,9 +247,10 @@ def ttt_forward(drafter: Eagle3Drafter, batch: Batch, head_rows: torch.Tensor, t
         ref = shift_left(batch.target_argmax, 1 + k, -1)
         mask = step_mask(batch, k)
         hidden = drafter.ttt_step(hidden, ids_in, batch.positions + k, batch.doc_ids, cache)
-        tok_loss, draft_argmax = token_loss(drafter.logits(hidden), teacher)
+        tok_loss, draft_argmax = head_token_loss(drafter, hidden, teacher)
         n = mask.sum()
-        loss_sum = tok_loss[mask[:, : tok_loss.shape[1]]].sum()
+        # a where-sum, not boolean indexing: no device->host sync (nonzero) inside the unroll
+        loss_sum = torch.where(mask[:, : tok_loss.shape[1]], tok_loss, 0.0).sum()
         loss_k = loss_sum / n.clamp(min=1)
         term = loss_k if step_norms is None else loss_sum / step_norms[k]
         total = total + (step_decay ** k) * term

@@ -16,6 +16,7 @@ from eyas.config import load_params
 from eyas.data import chat_prompts, humaneval_prompts, read_jsonl, render_prompt
 from eyas.export import load_drafter
 from eyas.io import write_json
+from eyas.plots import accept_len_figure
 from eyas.speculative import NgramProposer, evaluate_prompts, greedy_generate
 from eyas.target import load_target
 from eyas.tracking import start_stage_run
@@ -56,6 +57,8 @@ def main(name: str) -> None:
                   f"lossless {r['lossless']}, speedup {r['speedup']}")
         write_json(METRICS / f"eval_{name}.json", metrics)
         tracker.log_dict(metrics, f"eval_{name}.json")
+        tracker.log_figure(accept_len_figure(metrics, title=f"eval-accept-len@{name}"),
+                           f"eval_{name}_accept_len.png")
 
 
 if __name__ == "__main__":

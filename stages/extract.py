@@ -1,6 +1,6 @@
 """DVC stage `extract`: run the target over each split and store EAGLE-3 features.
 
-Reads params `target`, `extract`; reads `data/conversations/{train,val,publish}.jsonl`; writes
+Reads params `target`, `extract`; reads `data/distilled/{train,val,publish}.jsonl` (self-distill); writes
 `data/features/<split>/` (sharded safetensors + manifest.json), `data/features/target_head.safetensors`
 (the target's embedding and lm_head) and `metrics/extract.json`.
 Run from the repository root: `python -m stages.extract`.
@@ -9,7 +9,11 @@ Run from the repository root: `python -m stages.extract`.
 from __future__ import annotations
 
 import hashlib
+import json
+import os
+import shutil
 import time
+from pathlib import Path
 
 import torch
 from tqdm import tqdm
@@ -20,9 +24,12 @@ from eyas.data import read_jsonl, render_with_loss_mask
 from eyas.io import save_safetensors, write_json
 from eyas.target import load_target
 from eyas.tracking import start_stage_run
-from stages.common import CONVERSATIONS, FEATURES, METRICS
+from stages.common import DISTILLED, FEATURES, METRICS
 
 SPLITS = ("train", "val", "publish")
+# in-progress shards live OUTSIDE the DVC out (DVC deletes data/features before the stage runs), so
+# a killed extract resumes from its last complete shard; finished splits are moved into place
+WORK = Path(".eyas/work/extract")
 
 
 def extract_split(target, convs: list[dict], out_dir, p, aux_ids: list[int], provenance: dict) -> dict:
@@ -40,12 +47,23 @@ def extract_split(target, convs: list[dict], out_dir, p, aux_ids: list[int], pro
             f"{out_dir}: loss mask is all zeros for {empty} and all ones for {full} of "
             f"{len(rendered)} samples: the chat template or the assistant roles are wrong")
     rendered = [r for r in rendered if sum(r["loss_mask"]) > 0]
+    if not rendered:
+        raise features.FeatureError(f"{out_dir.name}: no samples with assistant tokens ({len(convs)} "
+                                    f"conversations, {empty} without supervised tokens after rendering)")
     rendered.sort(key=lambda r: len(r["input_ids"]))  # length bucketing: little padding
+    # everything that determines the shards' contents and order: a rerun with the same key resumes
+    resume_key = hashlib.sha256(json.dumps(
+        [provenance, {"dtype": e.dtype, "shard_samples": e.shard_samples, "max_length": e.max_length,
+                      "aux": aux_ids}, [(r["input_ids"], r["loss_mask"]) for r in rendered]],
+        sort_keys=True, default=str).encode()).hexdigest()
     dtype = getattr(torch, e.dtype)
     dev = target.device
     # Overlap: batch i+1's forward runs while batch i's features cross to pinned host memory on a
     # side stream and earlier shards are written (fsync'd) by writer threads.
-    writer = features.ShardWriter(out_dir, e.shard_samples, dtype, background=dev.type == "cuda")
+    writer = features.ShardWriter(out_dir, e.shard_samples, dtype, background=dev.type == "cuda",
+                                  resume_key=resume_key)
+    if writer.resumed_samples:
+        print(f"extract {out_dir.name}: resuming after {writer.resumed_samples} samples in complete shards")
     host = features.HostCopy(dev)
     pending = None  # (handle, chunk, ids) of the previous batch
 
@@ -56,7 +74,8 @@ def extract_split(target, convs: list[dict], out_dir, p, aux_ids: list[int], pro
             writer.add(ids[j, :n], torch.tensor(r["loss_mask"]), out["aux_hidden"][j, :n],
                        out["final_hidden"][j, :n], out["target_argmax"][j, :n])
 
-    for i in tqdm(range(0, len(rendered), e.batch_size), desc=f"extract {out_dir.name}", unit="batch"):
+    for i in tqdm(range(writer.resumed_samples, len(rendered), e.batch_size), desc=f"extract {out_dir.name}",
+                  unit="batch"):
         chunk = rendered[i : i + e.batch_size]
         T = max(len(r["input_ids"]) for r in chunk)
         ids = torch.zeros(len(chunk), T, dtype=torch.int64)
@@ -73,6 +92,17 @@ def extract_split(target, convs: list[dict], out_dir, p, aux_ids: list[int], pro
         store(*pending)
     return writer.finish(truncated_samples=truncated, dropped_no_supervised_tokens=empty,
                          max_length=e.max_length, **provenance)
+
+
+def publish(work: Path, dest: Path) -> None:
+    """Move a finished split (manifest written) from the work dir to its DVC out."""
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.replace(work, dest)
+    except OSError:  # another filesystem
+        shutil.move(str(work), str(dest))
 
 
 def main() -> None:
@@ -101,8 +131,9 @@ def main() -> None:
         per_split = {}
         for split in SPLITS:
             t1 = time.time()
-            convs = read_jsonl(CONVERSATIONS / f"{split}.jsonl")
-            m = extract_split(target, convs, FEATURES / split, p, aux_ids, provenance)
+            convs = read_jsonl(DISTILLED / f"{split}.jsonl")
+            m = extract_split(target, convs, WORK / split, p, aux_ids, provenance)
+            publish(WORK / split, FEATURES / split)
             dt = time.time() - t1
             per_split[split] = {"samples": m["num_samples"], "tokens": m["num_tokens"],
                                 "supervised_tokens": m["supervised_tokens"],

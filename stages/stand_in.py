@@ -18,7 +18,7 @@ from eyas.target import pick_device
 from eyas.tracking import start_stage_run
 from eyas.train import new_drafter, train_drafter
 from eyas.vocab import build_mapping, count_tokens
-from stages.common import FEATURES, finish_training, target_head
+from stages.common import FEATURES, checkpoint_dir, finish_training, target_head
 
 
 def main() -> None:
@@ -33,7 +33,8 @@ def main() -> None:
         drafter = new_drafter(pub.manifest, mapping, head["embed_tokens"], p.seed + 1)
         tp = dataclasses.replace(p.train, epochs=s.epochs)
         result = train_drafter(drafter, train_store=pub, val_store=val, lm_head=head["lm_head"], tp=tp,
-                               lr=s.lr, seed=p.seed + 1, tracker=tracker, device=pick_device())
+                               lr=s.lr, seed=p.seed + 1, tracker=tracker, device=pick_device(),
+                               checkpoint_dir=checkpoint_dir("stand-in"))
         finish_training("stand-in", drafter, result, Path("models/stand_in"), tracker,
                         extra={"vocab": info})
 

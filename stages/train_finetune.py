@@ -17,7 +17,7 @@ from eyas.features import FeatureStore, check_compatible
 from eyas.target import pick_device
 from eyas.tracking import start_stage_run
 from eyas.train import step0_gate, train_drafter
-from stages.common import FEATURES, finish_training, target_head
+from stages.common import FEATURES, checkpoint_dir, finish_training, target_head
 
 
 def main() -> None:
@@ -34,9 +34,9 @@ def main() -> None:
         gate = step0_gate(c.draft_vocab_size, f.gate_margin, f.gate_min_acc, f.gate_override, tracker)
         result = train_drafter(drafter, train_store=train, val_store=val, lm_head=head["lm_head"],
                                tp=p.train, lr=p.lr, seed=p.seed, tracker=tracker, device=pick_device(),
-                               gate=gate)
+                               gate=gate, checkpoint_dir=checkpoint_dir("train-finetune"))
         m = finish_training("train-finetune", drafter, result, Path("models/finetune"), tracker)
-        print(f"train-finetune: val {m['val']}")
+        print(f"train-finetune: val {m.get('val')}")
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ from eyas.target import pick_device
 from eyas.tracking import start_stage_run
 from eyas.train import new_drafter, train_drafter
 from eyas.vocab import load_mapping
-from stages.common import FEATURES, VOCAB, finish_training, target_head
+from stages.common import FEATURES, VOCAB, checkpoint_dir, finish_training, target_head
 
 
 def main() -> None:
@@ -24,12 +24,12 @@ def main() -> None:
         train, val = FeatureStore.open(FEATURES / "train"), FeatureStore.open(FEATURES / "val")
         mapping, _ = load_mapping(VOCAB)
         head = target_head()
-        drafter = new_drafter(train.manifest, mapping, head["embed_tokens"], p.seed)
+        drafter = new_drafter(train.manifest, mapping, head["embed_tokens"], p.seed, mapping_source=str(VOCAB))
         result = train_drafter(drafter, train_store=train, val_store=val, lm_head=head["lm_head"],
                                tp=p.train, lr=p.train_scratch.lr, seed=p.seed, tracker=tracker,
-                               device=pick_device())
+                               device=pick_device(), checkpoint_dir=checkpoint_dir("train-scratch"))
         m = finish_training("train-scratch", drafter, result, Path("models/scratch"), tracker)
-        print(f"train-scratch: val {m['val']}")
+        print(f"train-scratch: val {m.get('val')}")
 
 
 if __name__ == "__main__":

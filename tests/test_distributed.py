@@ -113,8 +113,9 @@ def test_helpers_are_noops_in_one_process(monkeypatch):
 def test_launch_resolves_nproc_and_builds_torchrun_argv(tmp_path):
     assert launch.resolve_nproc(None) == 1
     assert launch.resolve_nproc("3") == 3
+    assert launch.resolve_nproc(0) == max(1, torch.cuda.device_count())  # 0 = one per GPU
     with pytest.raises(ValueError):
-        launch.resolve_nproc(0)
+        launch.resolve_nproc(-2)
     (tmp_path / "params.yaml").write_text("train:\n  nproc: 4\n")
     assert launch.nproc_from_params(tmp_path / "params.yaml") == 4
     argv = launch.torchrun_argv(4, "stages.train_scratch", ["--x"])

@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 TINY = {
     "data": {"max_conversations": 40, "val": 4, "test": 3, "publish": 10},
+    "distill": {"max_new_tokens": 8, "batch_size": 8, "splits": ["train", "val"]},
     "extract": {"max_length": 128, "batch_size": 4, "shard_samples": 8},
     "vocab": {"draft_vocab_size": 512},
     "stand_in": {"draft_vocab_size": 384, "epochs": 1},
@@ -51,12 +52,13 @@ def test_dvc_repro_end_to_end(tmp_path):
     run([sys.executable, "-m", "dvc", "init", "-q"], repo, env)
 
     out = run([sys.executable, "-m", "dvc", "repro"], repo, env)
-    for stage in ("prepare-data", "extract", "build-vocab", "stand-in-drafter", "remap", "train-scratch",
+    for stage in ("prepare-data", "self-distill", "extract", "build-vocab", "stand-in-drafter", "remap", "train-scratch",
                   "train-finetune", "eval-accept-len@scratch", "eval-accept-len@finetune"):
         assert f"Running stage '{stage}'" in out
 
     m = {p.stem: json.loads(p.read_text()) for p in (repo / "metrics").glob("*.json")}
     assert m["prepare_data"]["conversations"] == {"train": 23, "val": 4, "test": 3, "publish": 10}
+    assert m["self_distill"]["splits"]["train"]["kept"] > 0
     assert m["extract"]["bytes_per_token"] == (3 + 1) * 576 * 2 + 9  # 3 aux + final, bf16
     assert 0.5 < m["vocab"]["coverage"] <= 1.0 and m["vocab"]["draft_vocab_size"] == 512
     assert m["remap"]["rows_carried"] + m["remap"]["rows_initialised"] == 512
@@ -77,4 +79,4 @@ def test_dvc_repro_end_to_end(tmp_path):
     # every stage logged a child run under one parent in <repo>/mlflow.db
     with sqlite3.connect(repo / "mlflow.db") as db:
         names = sorted(r[0] for r in db.execute("select name from runs"))
-    assert len(names) == 10 and any(n.startswith("workspace") for n in names)
+    assert len(names) == 11 and any(n.startswith("workspace") for n in names)

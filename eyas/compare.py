@@ -1,0 +1,196 @@
+"""``eyas compare``: the latest pipeline executions side by side, read back from MLflow.
+
+eyas.tracking records one *parent* run per pipeline execution (a DVC experiment, or a plain
+``dvc repro``; tag ``eyas.pipeline_key``) and one *child* run per stage (tag ``dvc.stage``,
+``mlflow.parentRunId``). This module reads them back and renders a Markdown table with one
+column per parent (latest first) and one row per key param / stage metric:
+
+- params (from the parent, flattened dotted keys as in ``dvc exp show``): ``lr``,
+  ``train_scratch.lr`` and every ``train.*`` key (those equal in every column folded into one
+  line unless ``--all-params``);
+- ``train-scratch`` / ``train-finetune``: the final val ``acc_0`` (metric ``final/acc_0``);
+- ``eval-accept-len@<drafter>``: ``chat/accept_len``, ``humaneval/accept_len``; the n-gram
+  floor (``<bench>/ngram_accept_len``, independent of the drafter) from either eval child.
+
+A cell shows ``–`` when the parent has no child run for that stage: DVC skipped the stage
+(unchanged, or restored from the run-cache: no MLflow run is logged then; facts 1.10, 2.3), so
+its numbers live in the run where it last ran, and ``dvc exp show`` has them all.
+
+Run: ``eyas compare [--experiment eyas] [--limit 8] [--all-params] [--out compare.md]``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from eyas.tracking import _experiment_name, _sqlite_path, tracking_uri
+
+PARENT_TAG = "eyas.pipeline_key"
+EVAL_STAGES = ("eval-accept-len@scratch", "eval-accept-len@finetune")
+BENCHES = ("chat", "humaneval")
+
+# (label, stage, metric key); stage None = the first eval child that has the metric
+STAGE_METRICS: list[tuple[str, str | None, str]] = [
+    ("train-scratch val acc_0", "train-scratch", "final/acc_0"),
+    ("train-finetune val acc_0", "train-finetune", "final/acc_0"),
+    *[(f"scratch {b} accept_len", "eval-accept-len@scratch", f"{b}/accept_len") for b in BENCHES],
+    *[(f"finetune {b} accept_len", "eval-accept-len@finetune", f"{b}/accept_len") for b in BENCHES],
+    *[(f"n-gram floor {b} accept_len", None, f"{b}/ngram_accept_len") for b in BENCHES],
+]
+
+
+class CompareError(RuntimeError):
+    """No store, no such experiment: the message says what is missing."""
+
+
+@dataclass
+class Pipeline:
+    """One parent run and its latest child run per stage."""
+
+    name: str
+    run_id: str
+    start_time: int
+    status: str
+    params: dict[str, str]
+    tags: dict[str, str]
+    stages: dict[str, Any] = field(default_factory=dict)  # stage -> mlflow Run
+
+    def metric(self, stage: str | None, key: str) -> float | None:
+        stages = [stage] if stage else [s for s in EVAL_STAGES if s in self.stages] + sorted(self.stages)
+        for s in stages:
+            run = self.stages.get(s)
+            if run is not None and key in run.data.metrics:
+                return run.data.metrics[key]
+        return None
+
+
+def key_params(params: dict[str, str]) -> list[str]:
+    """The param keys shown: ``lr``, ``train_scratch.lr``, then ``train.*`` sorted."""
+    head = [k for k in ("lr", "train_scratch.lr") if k in params]
+    return head + sorted(k for k in params if k.startswith("train."))
+
+
+def _all_runs(client, experiment_id: str) -> list:
+    runs, token = [], None
+    while True:
+        page = client.search_runs([experiment_id], max_results=1000, page_token=token,
+                                  order_by=["attributes.start_time DESC"])
+        runs.extend(page)
+        token = page.token
+        if not token:
+            return runs
+
+
+def _stage_of(run) -> str:
+    return run.data.tags.get("dvc.stage") or run.data.tags.get("mlflow.runName") or run.info.run_id
+
+
+def collect(client, experiment_id: str, limit: int = 8) -> list[Pipeline]:
+    """The ``limit`` latest parent runs (newest first), each with its latest child per stage
+    (a FINISHED child preferred over a failed or running one)."""
+    runs = _all_runs(client, experiment_id)
+    parents = [r for r in runs if PARENT_TAG in r.data.tags and "mlflow.parentRunId" not in r.data.tags]
+    parents = parents[:limit] if limit > 0 else parents
+    by_id = {p.info.run_id: Pipeline(
+        name=p.data.tags.get("mlflow.runName") or p.info.run_id[:8], run_id=p.info.run_id,
+        start_time=p.info.start_time or 0, status=p.info.status, params=dict(p.data.params),
+        tags=dict(p.data.tags)) for p in parents}
+    for r in runs:  # newest first: keep the first FINISHED child, else the newest
+        pipe = by_id.get(r.data.tags.get("mlflow.parentRunId", ""))
+        if pipe is None:
+            continue
+        stage = _stage_of(r)
+        have = pipe.stages.get(stage)
+        if have is None or (have.info.status != "FINISHED" and r.info.status == "FINISHED"):
+            pipe.stages[stage] = r
+    return [by_id[p.info.run_id] for p in parents]
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "–"
+    if isinstance(v, float):
+        return "nan" if math.isnan(v) else f"{v:.4g}"
+    return str(v)
+
+
+def _cell(s: str) -> str:
+    return s.replace("|", "\\|").replace("\n", " ")
+
+
+def render_markdown(pipes: list[Pipeline], header: str | None = None, all_params: bool = False) -> str:
+    """A Markdown table: one column per pipeline, rows = identity, key params, stage metrics.
+
+    Key params equal in every column are folded into one line under the table (``lr`` always
+    gets its row), like ``dvc exp show --only-changed``; ``all_params`` gives each its row.
+    """
+    if not pipes:
+        return (header + "\n\n" if header else "") + "No pipeline runs found.\n"
+    pkeys: list[str] = []
+    for p in pipes:
+        pkeys += [k for k in key_params(p.params) if k not in pkeys]
+    same: list[str] = []
+    if not all_params and len(pipes) > 1:
+        same = [k for k in pkeys if k != "lr" and len({p.params.get(k) for p in pipes}) == 1]
+        pkeys = [k for k in pkeys if k not in same]
+    rows: list[tuple[str, list[str]]] = [
+        ("run id", [p.run_id[:8] for p in pipes]),
+        ("started (UTC)", [datetime.fromtimestamp(p.start_time / 1000, timezone.utc).strftime("%Y-%m-%d %H:%M")
+                           for p in pipes]),
+        ("baseline rev", [p.tags.get("dvc.baseline_rev", "")[:7] or "–" for p in pipes]),
+        ("stages logged", [str(len(p.stages)) for p in pipes]),
+    ]
+    rows += [(f"`{k}`", [_fmt(p.params.get(k)) for p in pipes]) for k in pkeys]
+    rows += [(label, [_fmt(p.metric(stage, key)) for p in pipes]) for label, stage, key in STAGE_METRICS]
+    lines = []
+    if header:
+        lines += [header, ""]
+    lines.append("| | " + " | ".join(f"**{_cell(p.name)}**" for p in pipes) + " |")
+    lines.append("|---|" + "---:|" * len(pipes))
+    lines += ["| " + _cell(label) + " | " + " | ".join(_cell(c) for c in cells) + " |" for label, cells in rows]
+    if same:
+        lines += ["", "Same in every column: " + ", ".join(f"`{k}={pipes[0].params.get(k)}`" for k in same) + "."]
+    lines += ["", "`–`: no child run for that stage in this pipeline execution (DVC skipped it: "
+                  "unchanged or restored from the run-cache); `dvc exp show` has every number."]
+    return "\n".join(lines) + "\n"
+
+
+def _safe_uri(uri: str) -> str:
+    return re.sub(r"//[^/@]+@", "//***@", uri)  # hide credentials in http://user:pw@host
+
+
+def compare(uri: str | None = None, experiment: str | None = None, limit: int = 8,
+            all_params: bool = False) -> str:
+    """Read the store and return the Markdown comparison.
+
+    Raises:
+        CompareError: the sqlite file does not exist (nothing is created), or the MLflow
+            experiment does not.
+    """
+    from mlflow import MlflowClient
+
+    uri = uri or tracking_uri()
+    db = _sqlite_path(uri)
+    if db is not None and not db.is_file():
+        raise CompareError(f"no MLflow store at {db} (run the pipeline first, or set MLFLOW_TRACKING_URI)")
+    name = experiment or _experiment_name()
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name(name)
+    if exp is None:
+        raise CompareError(f"no MLflow experiment {name!r} in {_safe_uri(uri)}")
+    pipes = collect(client, exp.experiment_id, limit)
+    header = (f"Pipeline runs in MLflow experiment `{name}` ({_safe_uri(uri)}), latest first: "
+              f"{len(pipes)} shown.")
+    return render_markdown(pipes, header, all_params)
+
+
+def write(text: str, out: str | Path) -> Path:
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    return out

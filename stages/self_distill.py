@@ -1,0 +1,87 @@
+"""DVC stage `self-distill`: the target rewrites the last assistant turn of each conversation.
+
+Reads params `distill`, `target`, `extract.max_length`; reads `data/conversations/{train,val,publish}.jsonl`; writes
+`data/distilled/{train,val,publish}.jsonl` and `metrics/self_distill.json`. Splits not named in
+`distill.splits` (and every split when `distill.enabled` is false) are copied byte for byte, so
+the DAG is the same either way. The test split is never touched (eval reads it from
+data/conversations). Run from the repository root: `python -m stages.self_distill`.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+from eyas.config import ParamsError, load_params
+from eyas.data import read_jsonl, write_jsonl
+from eyas.distill import regenerate
+from eyas.io import write_json
+from eyas.tracking import start_stage_run
+
+SPLITS = ("train", "val", "publish")
+IN_DIR, OUT_DIR = Path("data/conversations"), Path("data/distilled")
+METRICS = Path("metrics/self_distill.json")
+
+
+def prompt_budget(p) -> int:
+    """Prompt tokens kept: ``distill.max_prompt_tokens``, or (0) what leaves room for the reply
+    inside ``extract.max_length``, so extract does not truncate the generated reply away."""
+    d = p.distill
+    budget = d.max_prompt_tokens or p.extract.max_length - d.max_new_tokens
+    if budget < 1:
+        raise ParamsError(f"distill: prompt budget {budget} < 1 (extract.max_length "
+                          f"{p.extract.max_length} - distill.max_new_tokens {d.max_new_tokens})")
+    return budget
+
+
+def run(p, in_dir: Path = IN_DIR, out_dir: Path = OUT_DIR, metrics_path: Path = METRICS,
+        tracker=None, load_target=None) -> dict:
+    d = p.distill
+    bad = sorted(set(d.splits) - set(SPLITS))
+    if bad:
+        raise ParamsError(f"distill.splits: unknown split(s) {bad} (allowed: {list(SPLITS)})")
+    todo = [s for s in SPLITS if d.enabled and s in d.splits]
+    metrics: dict = {"enabled": d.enabled, "splits": {}}
+    target = None
+    if todo:
+        if load_target is None:
+            from eyas.target import load_target
+        t0 = time.time()
+        target = load_target(p.target.path, p.target.gguf_file, p.target.dtype, p.target.trust_remote_code)
+        metrics["target_load_seconds"] = round(time.time() - t0, 1)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for split in SPLITS:
+        src, dst = in_dir / f"{split}.jsonl", out_dir / f"{split}.jsonl"
+        if split not in todo:
+            shutil.copyfile(src, dst)
+            metrics["splits"][split] = {"copied": True, "conversations": len(read_jsonl(dst))}
+            continue
+        convs, stats = regenerate(
+            target, read_jsonl(src), max_new_tokens=d.max_new_tokens, batch_size=d.batch_size,
+            max_prompt_tokens=prompt_budget(p),
+            progress=lambda i, n, s=split: print(f"self-distill {s}: {i}/{n}", flush=True))
+        write_jsonl(dst, convs)
+        metrics["splits"][split] = {"copied": False, **stats}
+        if tracker is not None:
+            tracker.log_metrics({f"{split}/{k}": v for k, v in stats.items()
+                                 if isinstance(v, (int, float)) and v is not None})
+        print(f"self-distill {split}: {stats}")
+    gen = [s for s in metrics["splits"].values() if not s["copied"]]
+    if gen:
+        tok, sec = sum(s["generated_tokens"] for s in gen), sum(s["seconds"] for s in gen)
+        metrics["generated_tokens"], metrics["generation_seconds"] = tok, round(sec, 1)
+        metrics["tokens_per_second"] = round(tok / sec, 1) if sec > 0 else None
+    write_json(metrics_path, metrics)
+    return metrics
+
+
+def main() -> None:
+    p = load_params()
+    with start_stage_run("self-distill", p) as tracker:
+        metrics = run(p, tracker=tracker)
+        tracker.log_dict(metrics, "self_distill.json")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,210 @@
+"""Self-distillation: batched greedy generation equals unbatched greedy; regenerate; the stage."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from transformers import GenerationConfig
+
+from eyas.config import ParamsError, load_params
+from eyas.data import read_jsonl, write_jsonl
+from eyas.distill import fit_prompt, generate_batch, regenerate
+from eyas.speculative import greedy_generate
+from stages import self_distill
+from tests.tiny import VOCAB, tiny_target
+
+LENGTHS = (3, 17, 9, 30, 1, 12)
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_target()
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    g = torch.Generator().manual_seed(1)
+    return [torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in LENGTHS]
+
+
+@pytest.fixture(scope="module")
+def reference(target, prompts):
+    """Unbatched greedy (one prompt, no padding, KV cache): the eval stage's reference decoder."""
+    return [greedy_generate(target.model, p, max_new_tokens=16, eos_id=None) for p in prompts]
+
+
+def test_batched_equals_unbatched_greedy(target, prompts, reference):
+    # one batch with lengths 1..30: up to 29 left pads per row; exact token equality required
+    assert generate_batch(target.model, prompts, 16, pad_id=0, eos_id=None) == reference
+    # other batchings and another pad id give the same tokens
+    for bs in (1, 4):
+        out = [o for i in range(0, len(prompts), bs)
+               for o in generate_batch(target, prompts[i:i + bs], 16, pad_id=VOCAB - 1, eos_id=None)]
+        assert out == reference
+
+
+def test_the_comparison_can_fail(target, prompts, reference):
+    """Sanity: the same batch with the pads made visible (attention mask all ones) diverges, so
+    the equality above really checks that padding is masked."""
+    T = max(LENGTHS)
+    ids = torch.tensor([[0] * (T - len(p)) + p for p in prompts])
+    gc = GenerationConfig(do_sample=False, max_new_tokens=16, pad_token_id=0, eos_token_id=None)
+    out = target.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
+                                generation_config=gc)[:, T:].tolist()
+    assert out != reference
+
+
+def test_stops_at_eos_per_row(target, prompts, reference):
+    eos = reference[1][3]  # a token the second prompt generates at step 3
+    expected = [r[: r.index(eos) + 1] if eos in r else r for r in reference]
+    out = generate_batch(target.model, prompts, 16, pad_id=0, eos_id=eos)
+    assert out == expected
+    assert out[1][-1] == eos and len(out[1]) <= 4
+    assert any(len(o) == 16 for o in out)  # rows without eos run the full budget
+
+
+class StubTokenizer:
+    """Characters <-> tiny-vocab ids; a 'chat template' that joins contents with '|'."""
+
+    chat_template = "stub"
+    pad_token_id = None
+
+    def __init__(self, eos_token_id: int):
+        self.eos_token_id = eos_token_id
+
+    def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=False):
+        return "|".join(m["content"] for m in messages) + ("|" if add_generation_prompt else "")
+
+    def __call__(self, text, add_special_tokens=False):
+        return {"input_ids": [ord(c) % VOCAB for c in text]}
+
+    def decode(self, ids, skip_special_tokens=False):
+        return "".join("" if (skip_special_tokens and i == self.eos_token_id) else chr(33 + i % 90)
+                       for i in ids)
+
+
+QUESTIONS = ("why?", "tell me more", "ok then", "what is up", "zz")  # varied first greedy tokens
+
+
+def _conversations():
+    convs = [{"id": f"c{i}", "messages": [
+        {"role": "user", "content": "hi " * (i + 1)},
+        {"role": "assistant", "content": "human reply"},
+        {"role": "user", "content": QUESTIONS[i]},
+        {"role": "assistant", "content": "another human reply"},
+        {"role": "user", "content": "trailing user turn is dropped"}]} for i in range(5)]
+    convs.insert(2, {"id": "no-prompt", "messages": [{"role": "assistant", "content": "hello"}]})
+    return convs
+
+
+def _stub_target(convs, eos_from: int):
+    """Tiny target + stub tokenizer whose EOS is the first greedy token of conversation
+    ``eos_from``: that reply is decoded empty and must be dropped."""
+    t = tiny_target()
+    tok = StubTokenizer(eos_token_id=-1)
+    first = greedy_generate(t.model, tok(tok.apply_chat_template(convs[eos_from]["messages"][:3],
+                                                                 add_generation_prompt=True))["input_ids"],
+                            max_new_tokens=1, eos_id=None)[0]
+    tok.eos_token_id = first
+    t.tokenizer = tok
+    return t
+
+
+def test_regenerate_replaces_last_turn_and_drops_empty(target):
+    convs = _conversations()
+    t = _stub_target(convs, eos_from=1)
+    tok = t.tokenizer
+    new, stats = regenerate(t, convs, max_new_tokens=8, batch_size=2)
+    # expected, from the unbatched reference decoder
+    exp, empty, trunc = [], 0, 0
+    for c in convs:
+        if c["id"] == "no-prompt":
+            continue
+        msgs = c["messages"][:3]
+        ids = greedy_generate(t.model, tok(tok.apply_chat_template(msgs, add_generation_prompt=True))["input_ids"],
+                              max_new_tokens=8, eos_id=tok.eos_token_id)
+        trunc += len(ids) == 8 and ids[-1] != tok.eos_token_id
+        text = tok.decode(ids, skip_special_tokens=True).strip()
+        if not text:
+            empty += 1
+            continue
+        exp.append({"id": c["id"], "messages": msgs + [{"role": "assistant", "content": text}]})
+    assert 1 <= empty < 5
+    assert new == exp  # input order, ids kept, prompt + one generated assistant turn
+    assert stats["dropped_empty"] == empty and stats["dropped_no_prompt"] == 1
+    assert stats["prompts"] == 5 and stats["kept"] == 5 - empty and stats["truncated"] == trunc
+    assert all(c["messages"][1]["content"] == "human reply" for c in new)  # earlier turns kept
+
+
+def test_fit_prompt_drops_earliest_turns():
+    tok = StubTokenizer(eos_token_id=-1)  # one character = one token
+    msgs = [{"role": "system", "content": "S"}, {"role": "user", "content": "u" * 50},
+            {"role": "assistant", "content": "a" * 50}, {"role": "user", "content": "v" * 10},
+            {"role": "assistant", "content": "b" * 10}, {"role": "user", "content": "w" * 10}]
+    assert fit_prompt(tok, msgs, None)[0] == msgs
+    assert fit_prompt(tok, msgs, 200)[0] == msgs  # fits: unchanged (S|u50|a50|v10|b10|w10| = 136)
+    kept, ids = fit_prompt(tok, msgs, 40)
+    assert kept == [msgs[0]] + msgs[3:] and len(ids) == 35 <= 40  # system kept, starts at a user turn
+    assert fit_prompt(tok, msgs, 20) == ([msgs[0], msgs[5]], tok(tok.apply_chat_template(
+        [msgs[0], msgs[5]], add_generation_prompt=True))["input_ids"])
+    assert fit_prompt(tok, msgs, 5) is None  # even the last user turn is too long
+
+
+def test_regenerate_applies_the_prompt_budget(target):
+    convs = _conversations()
+    t = _stub_target(convs, eos_from=1)
+    # c4's prompt 'hi hi hi hi hi |human reply|zz|' has 31 tokens; its last user turn alone 'zz|' 3
+    new, stats = regenerate(t, convs, max_new_tokens=2, batch_size=4, max_prompt_tokens=20)
+    assert stats["prompts_shortened"] == 5 and stats["dropped_long_prompt"] == 0
+    assert all(c["messages"][0]["content"] in QUESTIONS for c in new)
+    _, stats = regenerate(t, convs, max_new_tokens=2, batch_size=4, max_prompt_tokens=3)
+    assert stats["dropped_long_prompt"] == 4 and stats["prompts"] == 1  # only 'zz|' fits
+
+
+def test_unknown_mode_is_refused(target):
+    with pytest.raises(ValueError, match="mode"):
+        regenerate(target, [], max_new_tokens=4, batch_size=1, mode="all_turns")
+
+
+def _workspace(tmp_path, distill: dict):
+    (tmp_path / "params.yaml").write_text(json.dumps({"distill": distill}))
+    conv = tmp_path / "conversations"
+    for split in ("train", "val", "publish", "test"):
+        write_jsonl(conv / f"{split}.jsonl", _conversations())
+    # non-canonical bytes (spacing, unicode escapes): a copy must keep them exactly
+    (conv / "val.jsonl").write_bytes(b'{"id": "v",  "messages": [{"role": "user", "content": "caf\\u00e9"},'
+                                     b' {"role": "assistant", "content": "ok"}]}\n\n')
+    return load_params(tmp_path / "params.yaml"), conv, tmp_path / "distilled", tmp_path / "m.json"
+
+
+def _no_target(*a, **k):
+    raise AssertionError("disabled self-distill must not load the target")
+
+
+def test_stage_disabled_copies_inputs_byte_identically(tmp_path):
+    p, conv, out, m = _workspace(tmp_path, {"enabled": False})
+    metrics = self_distill.run(p, conv, out, m, load_target=_no_target)
+    for split in ("train", "val", "publish"):
+        assert (out / f"{split}.jsonl").read_bytes() == (conv / f"{split}.jsonl").read_bytes()
+    assert not (out / "test.jsonl").exists()
+    assert metrics["enabled"] is False and all(s["copied"] for s in metrics["splits"].values())
+    assert json.loads(m.read_text())["splits"]["val"]["conversations"] == 1
+
+
+def test_stage_enabled_regenerates_listed_splits_only(tmp_path):
+    p, conv, out, m = _workspace(tmp_path, {"splits": ["train"], "max_new_tokens": 4, "batch_size": 3})
+    t = _stub_target(_conversations(), eos_from=1)
+    metrics = self_distill.run(p, conv, out, m, load_target=lambda *a, **k: t)
+    assert (out / "val.jsonl").read_bytes() == (conv / "val.jsonl").read_bytes()
+    assert (out / "publish.jsonl").read_bytes() == (conv / "publish.jsonl").read_bytes()
+    train = read_jsonl(out / "train.jsonl")
+    assert train and all(c["messages"][-1]["role"] == "assistant" and len(c["messages"]) == 4 for c in train)
+    assert metrics["splits"]["train"]["copied"] is False and metrics["generated_tokens"] > 0
+
+
+def test_stage_rejects_unknown_split(tmp_path):
+    p, conv, out, m = _workspace(tmp_path, {"splits": ["train", "test"]})
+    with pytest.raises(ParamsError, match="test"):
+        self_distill.run(p, conv, out, m, load_target=_no_target)
