@@ -167,7 +167,7 @@ def test_params_flat_and_secrets_masked(repo, monkeypatch):
     with tracking.start_stage_run("remap", params, stage_params) as t:
         pass
     logged = _client(repo).get_run(t.run_id).data.params
-    expected = {k: str(v) for k, v in flatten(params).items()}
+    expected = {k: json.dumps(v) if isinstance(v, list) else str(v) for k, v in flatten(params).items()}
     for k, v in expected.items():
         assert logged[k] == v, k
     assert logged["train_scratch.lr"] == "0.001"
