@@ -22,8 +22,8 @@ def _inspect(args) -> int:
 
     try:
         report = inspect_checkpoint(args.path, vocab_dir=args.vocab, num_target_layers=args.num_target_layers)
-    except (OSError, ValueError) as e:  # missing files, unreadable JSON/safetensors, a bad --vocab
-        sys.stderr.write(f"eyas inspect: error: {e}\n")
+    except Exception as e:  # noqa: BLE001 -- anything unreadable is "cannot inspect" (exit 2), never a traceback
+        sys.stderr.write(f"eyas inspect: error: cannot read {args.path}: {type(e).__name__}: {e}\n")
         return 2
     sys.stdout.write(json.dumps(report, indent=2, default=str) + "\n" if args.json else render(report))
     return 1 if report["errors"] else 0

@@ -195,7 +195,65 @@ def parse_params(raw: dict | None, source: str = "params.yaml") -> Params:
         ParamsError: on an unknown key or a wrong type; the message names ``source`` and the
             key's dotted path (e.g. ``params.yaml: 'train.lr' must be a number``).
     """
-    return _build(Params, raw or {}, "", source)
+    params = _build(Params, raw or {}, "", source)
+    _check_ranges(params, source)
+    return params
+
+
+_FLOAT_DTYPES = ("float32", "bfloat16", "float16")
+
+# (dotted key, test, what it must be): checked after types, before any compute
+_RANGES = [
+    ("lr", lambda v: 0 < v < 1, "in (0, 1)"),
+    ("target.dtype", lambda v: v in _FLOAT_DTYPES, f"one of {_FLOAT_DTYPES}"),
+    ("data.max_conversations", lambda v: v >= 0, ">= 0 (0 = all)"),
+    ("data.val", lambda v: v >= 1, ">= 1 (val features drive the step-0 gate and val metrics)"),
+    ("data.test", lambda v: v >= 1, ">= 1 (eval prompts come from it)"),
+    ("data.publish", lambda v: v >= 1, ">= 1 (the stand-in drafter trains on it)"),
+    ("data.on_bad_line", lambda v: v in ("error", "skip"), "'error' or 'skip'"),
+    ("distill.max_new_tokens", lambda v: v >= 1, ">= 1"),
+    ("distill.batch_size", lambda v: v >= 1, ">= 1"),
+    ("distill.max_prompt_tokens", lambda v: v >= 0, ">= 0 (0 = extract.max_length - distill.max_new_tokens)"),
+    ("extract.max_length", lambda v: v >= 8, ">= 8"),
+    ("extract.dtype", lambda v: v in _FLOAT_DTYPES, f"one of {_FLOAT_DTYPES} (hidden states are stored in it)"),
+    ("extract.batch_size", lambda v: v >= 1, ">= 1"),
+    ("extract.shard_samples", lambda v: v >= 1, ">= 1"),
+    ("extract.aux_layers", lambda v: v is None or (len(v) > 0 and min(v) >= 1 and v == sorted(set(v))),
+     "null or HF hidden_states indices >= 1, unique and ascending"),
+    ("vocab.draft_vocab_size", lambda v: v >= 1, ">= 1"),
+    ("stand_in.draft_vocab_size", lambda v: v >= 1, ">= 1"),
+    ("stand_in.order", lambda v: v in ("target_id", "frequency"), "'target_id' or 'frequency'"),
+    ("stand_in.lr", lambda v: 0 < v < 1, "in (0, 1)"),
+    ("stand_in.epochs", lambda v: v >= 1, ">= 1"),
+    ("remap.min_shared_fraction", lambda v: 0 <= v <= 1, "in [0, 1]"),
+    ("train.ttt_length", lambda v: v >= 1, ">= 1"),
+    ("train.step_decay", lambda v: 0 < v <= 1, "in (0, 1]"),
+    ("train.batch_tokens", lambda v: v >= 1, ">= 1"),
+    ("train.epochs", lambda v: v >= 1, ">= 1"),
+    ("train.warmup_ratio", lambda v: 0 <= v < 1, "in [0, 1)"),
+    ("train.weight_decay", lambda v: v >= 0, ">= 0"),
+    ("train.grad_clip", lambda v: v > 0, "> 0 (clip_grad_norm_ with <= 0 zeroes or flips the gradient)"),
+    ("train.eval_every", lambda v: v >= 1, ">= 1"),
+    ("train.max_steps", lambda v: v >= 0, ">= 0 (0 = epochs decide)"),
+    ("train.checkpoint_every", lambda v: v >= 0, ">= 0 (0 = no checkpoints)"),
+    ("train.nproc", lambda v: v >= 0, ">= 0 (0 = one per CUDA device)"),
+    ("train_scratch.lr", lambda v: 0 < v < 1, "in (0, 1)"),
+    ("train_finetune.gate_min_acc", lambda v: 0 <= v <= 1, "in [0, 1]"),
+    ("eval.num_draft_tokens", lambda v: v >= 1, ">= 1"),
+    ("eval.max_new_tokens", lambda v: v >= 2, ">= 2 (the first token comes from the prefill, not a verify step)"),
+    ("eval.chat_prompts", lambda v: v >= 1, ">= 1"),
+    ("eval.humaneval_prompts", lambda v: 1 <= v <= 164, "in [1, 164] (HumanEval has 164 problems)"),
+]
+
+
+def _check_ranges(params: "Params", source: str) -> None:
+    flat = flatten(params)
+    for key, ok, what in _RANGES:
+        if not ok(flat[key]):
+            raise ParamsError(f"{source}: '{key}' must be {what}, got {flat[key]!r}")
+    if params.distill.enabled and params.distill.max_new_tokens >= params.extract.max_length:
+        raise ParamsError(f"{source}: 'distill.max_new_tokens' ({params.distill.max_new_tokens}) must be < "
+                          f"'extract.max_length' ({params.extract.max_length}): the reply must fit a sample")
 
 
 def load_params(path: str | Path = "params.yaml") -> Params:

@@ -159,7 +159,11 @@ def config_from_hf(cfg: dict, num_target_layers: int | None, source: str) -> Dra
     check_supported_variant(cfg, source)
     try:
         H = cfg["hidden_size"]
-        L = (cfg.get("eyas") or {}).get("num_target_layers") or num_target_layers
+        recorded = (cfg.get("eyas") or {}).get("num_target_layers")
+        if recorded and num_target_layers and recorded != num_target_layers:
+            raise ExportError(f"{source}: drafter built for a target with {recorded} layers, this target has "
+                              f"{num_target_layers}: its aux layer ids would point at other layers")
+        L = recorded or num_target_layers
         if L is None:
             raise ExportError(f"{source}: cannot tell the target's layer count; pass num_target_layers")
         return DrafterConfig(

@@ -29,6 +29,10 @@ def main(name: str) -> None:
     with start_stage_run(f"eval-accept-len@{name}", p) as tracker:
         target = load_target(p.target.path, p.target.gguf_file, p.target.dtype, p.target.trust_remote_code)
         drafter = load_drafter(f"models/{name}", num_target_layers=target.num_layers)
+        if drafter.config.num_target_layers != target.num_layers or drafter.config.vocab_size != target.config.vocab_size:
+            raise SystemExit(f"models/{name}: built for a target with {drafter.config.num_target_layers} layers and "
+                             f"vocab {drafter.config.vocab_size}; this target has {target.num_layers} layers and "
+                             f"vocab {target.config.vocab_size}")
         drafter.set_embedding(target.model.get_input_embeddings().weight)
         drafter.to(target.device).eval()
         tok = target.tokenizer
@@ -51,9 +55,11 @@ def main(name: str) -> None:
             metrics["ngram"][bench] = evaluate_prompts(target, NgramProposer(), prompts, aux_layer_ids=None,
                                                        baseline=greedy, baseline_seconds=greedy_s, **kw)
             r, n = metrics[bench], metrics["ngram"][bench]
-            tracker.log_metrics({f"{bench}/accept_len": r["accept_len"], f"{bench}/speedup": r["speedup"] or 0.0,
-                                 f"{bench}/ngram_accept_len": n["accept_len"]})
-            print(f"eval {name} {bench}: accept_len {r['accept_len']:.3f} (n-gram {n['accept_len']:.3f}), "
+            tracker.log_metrics({k: v for k, v in {f"{bench}/accept_len": r["accept_len"],
+                                                   f"{bench}/speedup": r["speedup"],
+                                                   f"{bench}/ngram_accept_len": n["accept_len"]}.items()
+                                 if v is not None})
+            print(f"eval {name} {bench}: accept_len {r['accept_len']} (n-gram {n['accept_len']}), "
                   f"lossless {r['lossless']}, speedup {r['speedup']}")
         write_json(METRICS / f"eval_{name}.json", metrics)
         tracker.log_dict(metrics, f"eval_{name}.json")

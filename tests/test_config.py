@@ -29,6 +29,16 @@ def test_dvc_written_float_string_is_read_as_float(tmp_path):
     ({"extract": {"aux_layers": [1, "x"]}}, r"'extract.aux_layers\[1\]' must be an integer"),
     ({"target": {"trust_remote_code": "yes"}}, "'target.trust_remote_code' must be true or false"),
     ({"eval": 3}, "'eval' must be a mapping"),
+    # ranges: caught before any compute (each of these used to fail late or train silently wrong)
+    ({"train": {"ttt_length": 0}}, "'train.ttt_length' must be >= 1"),
+    ({"train": {"eval_every": 0}}, "'train.eval_every' must be >= 1"),
+    ({"train": {"grad_clip": -1.0}}, "'train.grad_clip' must be > 0"),
+    ({"extract": {"dtype": "int8"}}, "'extract.dtype' must be one of"),
+    ({"data": {"val": 0}}, "'data.val' must be >= 1"),
+    ({"eval": {"humaneval_prompts": 200}}, r"'eval.humaneval_prompts' must be in \[1, 164\]"),
+    ({"lr": "nan"}, r"'lr' must be in \(0, 1\)"),
+    ({"extract": {"aux_layers": [3, 2]}}, "unique and ascending"),
+    ({"distill": {"max_new_tokens": 600}}, r"'distill.max_new_tokens' \(600\) must be < 'extract.max_length'"),
 ])
 def test_bad_params_name_the_key(raw, message):
     with pytest.raises(ParamsError, match=message):
