@@ -45,10 +45,9 @@ class ExportError(ValueError):
     """A drafter checkpoint does not have the keys, shapes or mapping the engines need."""
 
 
-def to_hf_config(c: DrafterConfig) -> dict:
-    """The ``config.json`` SGLang/vLLM read for an eyas drafter."""
-    cfg = {
-        "architectures": [ARCHITECTURE],
+def llama_layer_fields(c: DrafterConfig) -> dict:
+    """The one-layer LlamaConfig fields both checkpoint formats write (the TARGET vocab size)."""
+    return {
         "model_type": "llama",
         "hidden_size": c.hidden_size,
         "intermediate_size": c.intermediate_size,
@@ -61,8 +60,16 @@ def to_hf_config(c: DrafterConfig) -> dict:
         "rope_theta": c.rope_theta,
         "max_position_embeddings": c.max_position_embeddings,
         "vocab_size": c.vocab_size,
-        "draft_vocab_size": c.draft_vocab_size,
         "tie_word_embeddings": False,
+    }
+
+
+def to_hf_config(c: DrafterConfig) -> dict:
+    """The ``config.json`` SGLang/vLLM read for an eyas drafter."""
+    cfg = {
+        "architectures": [ARCHITECTURE],
+        **llama_layer_fields(c),
+        "draft_vocab_size": c.draft_vocab_size,
         "torch_dtype": c.torch_dtype,
         # eyas' own record; engines ignore unknown config keys
         "eyas": {"num_target_layers": c.num_target_layers, "format_version": 1},

@@ -154,27 +154,13 @@ def read_speculators(path: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
 def speculators_config(drafter) -> dict:
     """The speculators ``config.json`` for an eyas drafter (``Eagle3Speculator``)."""
     from eyas import layers
+    from eyas.export import llama_layer_fields
 
     c = drafter.config
     return {
         "architectures": [ARCHITECTURE],
         "speculators_model_type": "eagle3",
-        "transformer_layer_config": {
-            "model_type": "llama",
-            "architectures": ["LlamaForCausalLM"],
-            "hidden_size": c.hidden_size,
-            "intermediate_size": c.intermediate_size,
-            "num_attention_heads": c.num_attention_heads,
-            "num_key_value_heads": c.num_key_value_heads,
-            "head_dim": c.head_dim,
-            "num_hidden_layers": 1,
-            "hidden_act": "silu",
-            "rms_norm_eps": c.rms_norm_eps,
-            "rope_theta": c.rope_theta,
-            "max_position_embeddings": c.max_position_embeddings,
-            "vocab_size": c.vocab_size,
-            "tie_word_embeddings": False,
-        },
+        "transformer_layer_config": {"architectures": ["LlamaForCausalLM"], **llama_layer_fields(c)},
         "draft_vocab_size": c.draft_vocab_size,
         "target_hidden_size": c.target_hidden_size,
         # speculators always writes the ids, as HF indices at the top level (vLLM's form)
