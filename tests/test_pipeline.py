@@ -24,6 +24,8 @@ TINY = {
     "vocab": {"draft_vocab_size": 512},
     "stand_in": {"draft_vocab_size": 384, "epochs": 1},
     "remap": {"min_shared_fraction": 0.1},
+    # a stand-in trained on 10 conversations is barely above chance: keep the loss gate, drop the acc floor
+    "train_finetune": {"gate_min_acc": 0.0},
     "train": {"epochs": 1, "batch_tokens": 512, "eval_every": 1000},
     "eval": {"chat_prompts": 2, "humaneval_prompts": 1, "max_new_tokens": 12, "num_draft_tokens": 3},
 }
