@@ -38,8 +38,8 @@ GOOD = '{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "
 def test_prepare_data_stage_names_file_and_line(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text(GOOD + "\n" + '{"messages": [{"role": "user", "content": "x"}\n' + GOOD + "\n")
-    r = run_stage("stages.prepare_data", tmp_path, {"data": {"source": str(bad), "val": 0, "test": 0,
-                                                             "publish": 0}})
+    r = run_stage("stages.prepare_data", tmp_path, {"data": {"source": str(bad), "val": 1, "test": 1,
+                                                             "publish": 1}})
     assert r.returncode != 0
     assert f"{bad}:2: malformed JSON" in r.stderr
     assert "on_bad_line: skip" in r.stderr  # the way out is named
