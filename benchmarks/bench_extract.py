@@ -7,8 +7,10 @@ Rows (tokens/s, median over timed batches of B x T tokens):
   e2e_sync  capture + per-sample synchronous .cpu() + synchronous shard writes (the old extract);
   e2e       what stages/extract.py does now: capture, cast on device, async copy to pinned host
             memory on a side stream (eyas.features.HostCopy), one batch of lookahead, shards
-            written and fsync'd by ShardWriter(background=True) threads; timed from the first
-            forward to the manifest (all bytes durable).
+            written and fsync'd by ShardWriter(background=True) threads straight from the pinned
+            buffers (no concatenation, no in-memory serialisation); timed from the first forward
+            to the manifest (all bytes durable); ``tail_s`` is the part after the last sample
+            was handed over (the last shard's write, which no compute can hide).
 Plus local disk's fsync'd write rate and bytes/token.
 
     python benchmarks/bench_extract.py --out bench_extract.json
@@ -81,10 +83,12 @@ def e2e(target, batches, out_dir, dtype, pipelined: bool, shard_samples: int) ->
                           out["final_hidden"][j], out["target_argmax"][j])
         if pending is not None:
             store(*pending)
+    t_fed = time.perf_counter()  # every sample handed to the writer; the rest is the write tail
     m = w.finish(aux_layers=aux)
     dt = time.perf_counter() - t0
     n = m["num_tokens"]
-    return {"tokens": n, "seconds": dt, "tokens_per_s": n / dt, "bytes_written": w.bytes_written,
+    return {"tokens": n, "seconds": dt, "tokens_per_s": n / dt, "tail_s": dt - (t_fed - t0),
+            "bytes_written": w.bytes_written,
             "bytes_per_token_written": w.bytes_written / n, "shards": len(m["shards"])}
 
 

@@ -5,7 +5,9 @@ head_dim 128, intermediate 14336, target vocab 128256, draft vocab 32000; packed
 (2048 tokens/step: 1024+640+384; 8192: 2048+1536+1024+1024+1024+768+512+256 packed into rows of
 2048, eyas' row length); bf16 autocast, fp32 master weights, AdamW, grad clip, cosine schedule;
 the step body of eyas.train.train_drafter (ttt_forward, finite check, backward, clip, step,
-loss.item()). Median of --steps after --warmup (which includes compilation).
+loss.item()), in two modes: ``graphs`` (forward + backward replayed as one CUDA graph,
+eyas/graphed.py, what train_drafter does on one GPU) and ``eager`` (compiled parts only). Median
+of --steps after --warmup (which includes compilation and graph capture).
 
 Exact FLOP count (the peer's): fc 6PT once; decoder linears 6PT per TTT step; lm_head 4PT per
 step (+2PT weight grad when trainable); teacher head (draft rows of the target lm_head) 2PT once;
@@ -27,6 +29,7 @@ import torch  # noqa: E402
 
 from benchmarks.common import PEAK_BF16_TFLOPS, median, sync, timed, write_result  # noqa: E402
 from eyas.drafter import DrafterConfig, Eagle3Drafter  # noqa: E402
+from eyas.graphed import GraphedTTT  # noqa: E402
 from eyas.ttt import Batch, autocast, ttt_forward  # noqa: E402
 
 DOCS = {2048: [[1024, 640, 384]],
@@ -81,7 +84,10 @@ def exact_flops(c: DrafterConfig, rows, ttt: int, lm_head_trainable: bool) -> di
             "exact_peer_convention_lm_frozen": sum(parts.values()) - (ttt * 2 * p_head * T if lm_head_trainable else 0)}
 
 
-def bench(c, dev, tokens: int, ttt: int, freeze_lm_head: bool, warmup: int, steps: int, tiny: bool) -> dict:
+def bench(c, dev, tokens: int, ttt: int, freeze_lm_head: bool, warmup: int, steps: int, tiny: bool,
+          graphs: bool = False) -> dict:
+    """One timed configuration; ``graphs``: forward + backward replayed as a CUDA graph
+    (eyas.graphed.GraphedTTT, as train_drafter does on one GPU), else eager with compiled parts."""
     torch.manual_seed(0)
     with torch.device(dev):  # initialise on the device (a 1B-parameter CPU init takes seconds)
         d = Eagle3Drafter(c)
@@ -96,21 +102,26 @@ def bench(c, dev, tokens: int, ttt: int, freeze_lm_head: bool, warmup: int, step
     rows = (TINY_DOCS if tiny else DOCS)[tokens]
     batches = [make_batch(rows, c, dev, s) for s in range(2)]
     params = [p for p in d.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=1e-4, betas=(0.9, 0.95), weight_decay=0.0)
+    opt = torch.optim.AdamW(params, lr=1e-4, betas=(0.9, 0.95), weight_decay=0.0, fused=dev.type == "cuda")
     from transformers import get_cosine_schedule_with_warmup
     sched = get_cosine_schedule_with_warmup(opt, 10, 10_000)
     losses = []
     it = [0]
+    graphed = GraphedTTT(d, head_rows, ttt, 0.8) if graphs else None
 
     def step():  # the body of eyas.train.train_drafter's loop
         b = batches[it[0] % 2]
         it[0] += 1
-        with autocast(dev):
-            loss, metrics, counts = ttt_forward(d, b, head_rows, ttt, 0.8)
+        if graphed is not None:
+            loss, metrics, counts = graphed.step(b)
+        else:
+            with autocast(dev):
+                loss, metrics, counts = ttt_forward(d, b, head_rows, ttt, 0.8)
         if not torch.isfinite(loss):
             raise FloatingPointError("non-finite loss")
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
+        if graphed is None:
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
         gn = torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         sched.step()
@@ -125,6 +136,7 @@ def bench(c, dev, tokens: int, ttt: int, freeze_lm_head: bool, warmup: int, step
     out = {"tokens_per_step": fl["tokens"], "ttt": ttt, "lm_head": "frozen" if freeze_lm_head else "trainable",
            "attn": os.environ.get("EYAS_ATTN", "flex") if dev.type == "cuda" else "dense",
            "compile": os.environ.get("EYAS_COMPILE", "1"), "rows": rows,
+           "mode": "cuda_graph" if graphs else "eager", "optimizer": "AdamW fused" if dev.type == "cuda" else "AdamW",
            "step_ms_median": med * 1e3, "step_ms_min": min(t) * 1e3, "step_ms_max": max(t) * 1e3,
            "warmup_ms": [round(x * 1e3, 1) for x in w], "tokens_per_s": fl["tokens"] / med,
            "mfu_exact": fl["exact"] / med / (PEAK_BF16_TFLOPS * 1e12),
@@ -132,7 +144,7 @@ def bench(c, dev, tokens: int, ttt: int, freeze_lm_head: bool, warmup: int, step
            "losses": [round(x, 4) for x in losses], "n_timed": len(t)}
     if dev.type == "cuda":
         out["peak_alloc_GiB"] = torch.cuda.max_memory_allocated() / 2**30
-    print(f"eyas T={fl['tokens']} ttt={ttt} lm_head={out['lm_head']:9s} attn={out['attn']}: "
+    print(f"eyas T={fl['tokens']} ttt={ttt} lm_head={out['lm_head']:9s} {out['mode']:10s} attn={out['attn']}: "
           f"{out['step_ms_median']:.1f} ms  {out['tokens_per_s']:.0f} tok/s  MFU(exact) {out['mfu_exact']:.3f}  "
           f"peak {out.get('peak_alloc_GiB', 0):.1f} GiB  warmup {out['warmup_ms'][:2]}", flush=True)
     del d, opt, batches
@@ -173,6 +185,49 @@ def check_flex(c, dev, tokens: int, ttt: int) -> dict:
     return out
 
 
+def check_graph(c, dev, ttt: int) -> dict:
+    """GraphedTTT vs eager ttt_forward + backward on the same weights, over two batches of one
+    shape whose documents differ (so the block mask must be rebuilt inside the graph) and back:
+    loss and gradient relative differences, and the supervised counts (must be equal)."""
+    torch.manual_seed(0)
+    with torch.device(dev):
+        d = Eagle3Drafter(c)
+    d.embed_tokens.weight.data.normal_(std=0.02)
+    d.set_vocab(torch.zeros(c.draft_vocab_size, dtype=torch.long), torch.arange(c.vocab_size) < c.draft_vocab_size)
+    d.lm_head.weight.requires_grad_(False)
+    small = c.hidden_size == 64
+    layouts = [[[64, 40, 24]], [[24, 24, 80]]] if small else [[[1024, 640, 384]], [[256, 256, 1536]]]
+    bs = [make_batch(r, c, dev, 11 + i) for i, r in enumerate(layouts)]
+    head = (torch.randn(c.draft_vocab_size, c.target_hidden_size) * 0.02).to(dev)
+    params = [p for p in d.parameters() if p.requires_grad]
+
+    def eager(b):
+        for p in params:
+            p.grad = None
+        with autocast(dev):
+            loss, _, counts = ttt_forward(d, b, head, ttt, 0.8)
+        loss.backward()
+        return float(loss.detach()), [p.grad.float().clone() for p in params], counts
+
+    ref = [eager(b) for b in bs]
+    g = GraphedTTT(d, head, ttt, 0.8)
+    out = {"loss_rel_diff": [], "grad_rel_err": [], "counts_equal": [], "captures": 0}
+    for i in (0, 1, 0, 1):
+        loss, _, counts = g.step(bs[i])
+        r_loss, r_grads, r_counts = ref[i]
+        num = sum(float((p.grad.float() - r).norm() ** 2) for p, r in zip(params, r_grads)) ** 0.5
+        den = sum(float(r.norm() ** 2) for r in r_grads) ** 0.5
+        out["loss_rel_diff"].append(abs(float(loss) - r_loss) / abs(r_loss))
+        out["grad_rel_err"].append(num / den)
+        out["counts_equal"].append(all(counts[f"tokens_{k}"] == r_counts[f"tokens_{k}"] for k in range(ttt)))
+    out["captures"] = g.captures
+    out["losses_eager"] = [r[0] for r in ref]
+    print("graph vs eager:", out, flush=True)
+    del d, g
+    torch.cuda.empty_cache()
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", type=int, nargs="+", default=[2048, 8192])
@@ -182,26 +237,37 @@ def main():
     ap.add_argument("--dense-ablation", action="store_true", help="also time EYAS_ATTN=dense at 2048")
     ap.add_argument("--tiny", action="store_true")
     ap.add_argument("--frozen-only", action="store_true", help="only the lm_head-frozen runs (the peer's set)")
+    ap.add_argument("--modes", nargs="+", default=["eager", "graphs"], choices=["eager", "graphs"],
+                    help="graphs: CUDA-graph replay (train_drafter's default on one GPU); eager: compiled parts only")
+    ap.add_argument("--skip-checks", action="store_true", help="skip the flex-vs-dense and graph-vs-eager checks")
     ap.add_argument("--out", default="bench_train.json")
     a = ap.parse_args()
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     c = config(a.tiny)
     doc = {"what": "eyas TTT training step, Llama-3.1-8B-shaped drafter, synthetic packed batches, 1 GPU",
            "peak_bf16_tflops_assumed": PEAK_BF16_TFLOPS, "runs": [], "errors": []}
-    if dev.type == "cuda":
+    if dev.type == "cuda" and not a.skip_checks:
         try:
             doc["flex_check"] = check_flex(c, dev, 2048, 3)
         except Exception as e:  # noqa: BLE001
             import traceback; traceback.print_exc()
             doc["errors"].append(f"flex_check: {e!r}")
+        try:
+            doc["graph_check"] = check_graph(c, dev, a.ttt)
+        except Exception as e:  # noqa: BLE001
+            import traceback; traceback.print_exc()
+            doc["errors"].append(f"graph_check: {e!r}")
     for T in a.tokens:
         for freeze in ((True,) if a.frozen_only else (False, True)):
-            try:
-                doc["runs"].append(bench(c, dev, T, a.ttt, freeze, a.warmup, a.steps, a.tiny))
-            except Exception as e:  # noqa: BLE001
-                import traceback; traceback.print_exc()
-                doc["errors"].append(f"T={T} freeze={freeze}: {e!r}")
-            write_result(a.out, doc)
+            for mode in a.modes:
+                if mode == "graphs" and dev.type != "cuda":
+                    continue
+                try:
+                    doc["runs"].append(bench(c, dev, T, a.ttt, freeze, a.warmup, a.steps, a.tiny, mode == "graphs"))
+                except Exception as e:  # noqa: BLE001
+                    import traceback; traceback.print_exc()
+                    doc["errors"].append(f"T={T} freeze={freeze} mode={mode}: {e!r}")
+                write_result(a.out, doc)
     if a.dense_ablation and dev.type == "cuda":
         os.environ["EYAS_ATTN"] = "dense"
         try:

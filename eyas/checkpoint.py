@@ -26,6 +26,7 @@ import logging
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -75,7 +76,8 @@ def _json_default(o):
 
 def save_train_state(checkpoint_dir: str | Path, drafter: torch.nn.Module, optimizer: torch.optim.Optimizer,
                      scheduler, *, step: int, epoch: int, batch_in_epoch: int, fingerprint: str,
-                     extra: dict | None = None) -> Path:
+                     extra: dict | None = None,
+                     full_state: tuple[dict[str, torch.Tensor], dict] | None = None) -> Path:
     """Atomically write the full training state after optimizer step ``step``.
 
     Args:
@@ -84,11 +86,16 @@ def save_train_state(checkpoint_dir: str | Path, drafter: torch.nn.Module, optim
         fingerprint: identifies the run's inputs (params, features, initial drafter); a checkpoint
             with another fingerprint is never resumed.
         extra: JSON-serialisable state of the caller (curves, running counts, ...).
+        full_state: (trainable weights {name: full tensor}, optimizer state dict in the
+            one-process layout) written instead of ``drafter``'s parameters and
+            ``optimizer.state_dict()``: for FSDP, whose own are sharded
+            (:func:`eyas.distributed.full_train_state` gathers them). The files are the same.
     Returns:
         the checkpoint's directory.
     """
-    tensors: dict[str, torch.Tensor] = {f"model.{n}": p.detach().cpu() for n, p in _trainable(drafter).items()}
-    sd = optimizer.state_dict()
+    weights, sd = full_state if full_state is not None else (
+        {n: p.detach() for n, p in _trainable(drafter).items()}, optimizer.state_dict())
+    tensors: dict[str, torch.Tensor] = {f"model.{n}": t.cpu() for n, t in weights.items()}
     opt_scalars: dict[str, dict] = {}
     for idx, st in sd["state"].items():
         for k, v in st.items():
@@ -162,11 +169,22 @@ def find_checkpoint(checkpoint_dir: str | Path, fingerprint: str | None = None) 
 
 
 def load_train_state(checkpoint_dir: str | Path, drafter: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                     scheduler, *, fingerprint: str) -> TrainState | None:
+                     scheduler, *, fingerprint: str,
+                     install: Callable[[dict[str, torch.Tensor], dict], None] | None = None
+                     ) -> TrainState | None:
     """Restore the newest complete checkpoint for ``fingerprint`` into ``drafter``, ``optimizer``,
     ``scheduler`` and torch's RNG. Returns ``None`` (and changes nothing) when there is none;
     incomplete, corrupted or foreign checkpoints are ignored with a warning, never loaded.
-    Temporary directories of interrupted writes are removed."""
+    Temporary directories of interrupted writes are removed.
+
+    ``install(weights, optimizer_state)`` puts the full trainable weights {name: tensor} and the
+    one-process optimizer state dict in place (FSDP: :func:`eyas.distributed.load_full_train_state`
+    keeps each rank's shards); by default they are copied into ``drafter``'s parameters and
+    ``optimizer.load_state_dict``. Names and shapes are checked against ``drafter`` first.
+
+    Raises:
+        CheckpointError: the checkpoint's parameters differ from the drafter's (names or shapes).
+    """
     root = Path(checkpoint_dir)
     if root.is_dir():
         for tmp in root.glob(f".{STATE}.*.tmp"):
@@ -181,12 +199,11 @@ def load_train_state(checkpoint_dir: str | Path, drafter: torch.nn.Module, optim
     have = {k for k in tensors if k.startswith("model.")}
     if want != have:
         raise CheckpointError(f"{d / TENSORS}: parameters {sorted(have ^ want)[:4]} differ from the drafter's")
-    with torch.no_grad():
-        for n, p in params.items():
-            t = tensors[f"model.{n}"]
-            if t.shape != p.shape:
-                raise CheckpointError(f"{d / TENSORS}: model.{n} has shape {tuple(t.shape)}, drafter {tuple(p.shape)}")
-            p.copy_(t)
+    for n, p in params.items():  # a DTensor's shape is its full shape
+        t = tensors[f"model.{n}"]
+        if t.shape != p.shape:
+            raise CheckpointError(f"{d / TENSORS}: model.{n} has shape {tuple(t.shape)}, drafter {tuple(p.shape)}")
+    weights = {n: tensors[f"model.{n}"] for n in params}
     om = meta["optimizer"]
     state: dict[int, dict] = {}
     for idx in om["state_keys"]:
@@ -200,7 +217,7 @@ def load_train_state(checkpoint_dir: str | Path, drafter: torch.nn.Module, optim
         state[int(idx)] = st
     groups = [{k: (tuple(v) if isinstance(v, list) and k != "params" else v) for k, v in g.items()}
               for g in om["param_groups"]]
-    optimizer.load_state_dict({"state": state, "param_groups": groups})
+    (install or _install_plain(params, optimizer))(weights, {"state": state, "param_groups": groups})
     if scheduler is not None and meta.get("scheduler") is not None:
         scheduler.load_state_dict(meta["scheduler"])
     torch.set_rng_state(tensors["rng.torch"])
@@ -211,6 +228,16 @@ def load_train_state(checkpoint_dir: str | Path, drafter: torch.nn.Module, optim
     log.info("resumed from %s: step %d (epoch %d, batch %d)", d, meta["step"], meta["epoch"], meta["batch_in_epoch"])
     return TrainState(step=meta["step"], epoch=meta["epoch"], batch_in_epoch=meta["batch_in_epoch"],
                       extra=meta["extra"], path=d)
+
+
+def _install_plain(params: dict[str, torch.nn.Parameter], optimizer: torch.optim.Optimizer):
+    def install(weights: dict[str, torch.Tensor], optim_state: dict) -> None:
+        with torch.no_grad():
+            for n, p in params.items():
+                p.copy_(weights[n])
+        optimizer.load_state_dict(optim_state)
+
+    return install
 
 
 def clear(checkpoint_dir: str | Path) -> None:

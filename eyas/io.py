@@ -134,6 +134,55 @@ def save_safetensors(tensors: dict[str, torch.Tensor], path: str | Path, metadat
         save_file({k: v.detach().contiguous() for k, v in tensors.items()}, str(tmp), metadata=metadata)
 
 
+_ST_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
+              torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8",
+              torch.uint8: "U8", torch.bool: "BOOL", torch.float8_e4m3fn: "F8_E4M3"}
+
+
+def save_safetensors_parts(parts: dict[str, list[torch.Tensor]], path: str | Path) -> int:
+    """Atomically write ``{name: torch.cat(parts[name])}`` as safetensors WITHOUT concatenating or
+    serialising in memory: the header is computed from the shapes, then each part's bytes go
+    straight from its (CPU, e.g. pinned) memory to the file. Same bytes as ``save_safetensors``
+    of the concatenated tensors without metadata: the layout follows the safetensors format
+    (8-byte little-endian header length, compact JSON header padded with spaces to 8 bytes, data
+    ordered by dtype size descending then name, so every tensor is aligned to its item size).
+
+    Args:
+        parts: name -> non-empty list of CPU tensors that agree in dtype and in every dim but the
+            first (concatenated along dim 0).
+    Returns:
+        bytes of tensor data written.
+    Raises:
+        ValueError: naming ``path`` and the tensor when parts disagree or live off the CPU.
+    """
+    import json
+    import struct
+
+    meta, order = {}, []
+    for name, ts in parts.items():
+        if not ts or any(t.device.type != "cpu" or t.dtype != ts[0].dtype or t.shape[1:] != ts[0].shape[1:]
+                         for t in ts):
+            raise ValueError(f"{path}: parts of {name!r} must be CPU tensors of one dtype and trailing shape")
+        if ts[0].dtype not in _ST_DTYPES:
+            raise ValueError(f"{path}: {name!r} has dtype {ts[0].dtype}, which safetensors cannot store")
+        order.append((-ts[0].element_size(), name))
+    start = 0
+    for _, name in sorted(order):
+        ts = parts[name]
+        nbytes = sum(t.numel() for t in ts) * ts[0].element_size()
+        meta[name] = {"dtype": _ST_DTYPES[ts[0].dtype], "shape": [sum(t.shape[0] for t in ts), *ts[0].shape[1:]],
+                      "data_offsets": [start, start + nbytes]}
+        start += nbytes
+    header = json.dumps(meta, separators=(",", ":")).encode()
+    header += b" " * (-len(header) % 8)
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        f.write(struct.pack("<Q", len(header)) + header)
+        for name in meta:
+            for t in parts[name]:
+                f.write(memoryview(t.detach().contiguous().reshape(-1).view(torch.uint8).numpy()))
+    return start
+
+
 def load_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
     """Load a safetensors file on CPU.
 

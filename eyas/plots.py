@@ -11,7 +11,8 @@ own Agg canvas). Log one with
   ``{bench: {accepted_histogram, per_position_accept_rate, accept_len, ...}, "ngram": {bench:
   {...}}}``) -> one row per benchmark: the histogram of accepted draft tokens per verify step
   beside the mean (gpt-fast's ``accept_counts``), and the per-position acceptance rate, each with
-  the n-gram floor next to the drafter.
+  the n-gram floor next to the drafter; with ``accept_len_by_chain_length`` (eyas/chain_oracle.py)
+  a third panel: acceptance length against chain length 1..k.
 """
 
 from __future__ import annotations
@@ -106,17 +107,19 @@ def accept_len_figure(metrics: dict, title: str | None = None) -> Figure:
     is plotted as a fraction of steps so the drafter and the n-gram floor (``metrics["ngram"]``,
     when present) share an axis. The legend carries ``accept_len`` (which counts the bonus
     token). ``per_position_accept_rate[i]`` is the fraction of steps whose draft token ``i+1``
-    was accepted.
+    was accepted. When any benchmark has ``accept_len_by_chain_length`` ({"1": .., "k": ..}), a
+    third column plots it against the chain length j, one line per series.
     """
     benches = _benchmarks(metrics)
     ngram = metrics.get("ngram") if isinstance(metrics.get("ngram"), dict) else {}
     rows = max(len(benches), 1)
-    fig = _new_figure(figsize=(10, 3.2 * rows))
-    axes = fig.subplots(rows, 2, squeeze=False)
+    by_j = any("accept_len_by_chain_length" in metrics[b] for b in benches)
+    fig = _new_figure(figsize=(15 if by_j else 10, 3.2 * rows))
+    axes = fig.subplots(rows, 3 if by_j else 2, squeeze=False)
     if not benches:
         for ax in axes[0]:
             ax.text(0.5, 0.5, "no benchmarks", ha="center", va="center", transform=ax.transAxes)
-    for (ax_h, ax_p), bench in zip(axes, benches):
+    for (ax_h, ax_p, *ax_j), bench in zip(axes, benches):
         series = [("drafter", metrics[bench])]
         if isinstance(ngram.get(bench), dict) and "accepted_histogram" in ngram[bench]:
             series.append(("n-gram", ngram[bench]))
@@ -130,6 +133,9 @@ def accept_len_figure(metrics: dict, title: str | None = None) -> Figure:
             ax_h.bar([j + off for j in range(len(hist))], [c / total for c in hist], width, label=lab)
             rate = [float(r) for r in m.get("per_position_accept_rate", [])]
             ax_p.bar([j + 1 + off for j in range(len(rate))], rate, width, label=label)
+            pts = [(int(j), v) for j, v in m.get("accept_len_by_chain_length", {}).items() if _finite(v)]
+            if ax_j and pts:
+                ax_j[0].plot(*zip(*sorted(pts)), marker="o", label=label)
         ax_h.set(xlabel="draft tokens accepted per verify step", ylabel="fraction of steps",
                  title=f"{bench}: accepted-length histogram")
         ax_p.set(xlabel="draft position", ylabel="acceptance rate", ylim=(0, 1),
@@ -137,7 +143,11 @@ def accept_len_figure(metrics: dict, title: str | None = None) -> Figure:
         n = len(metrics[bench]["accepted_histogram"])
         ax_h.set_xticks(range(n))
         ax_p.set_xticks(range(1, n))
-        for ax in (ax_h, ax_p):
+        if ax_j:
+            ax_j[0].set(xlabel="chain length j (draft tokens per step)", ylabel="acceptance length",
+                        title=f"{bench}: acceptance length by chain length")
+            ax_j[0].set_xticks(range(1, n))
+        for ax in (ax_h, ax_p, *ax_j):
             ax.legend(fontsize=8)
             ax.grid(axis="y", alpha=0.3)
     if title:

@@ -235,7 +235,7 @@ def _crop(cache: DynamicCache, keep: int) -> None:
 @torch.no_grad()
 def speculative_generate(target_model, drafter, prompt_ids: list[int], *, num_draft_tokens: int,
                          max_new_tokens: int, eos_id: int | None,
-                         aux_layer_ids: list[int] | None) -> dict:
+                         aux_layer_ids: list[int] | None, return_features: bool = False) -> dict:
     """Greedy speculative decoding, chain drafts of ``num_draft_tokens`` (k), batch size 1.
 
     Args:
@@ -249,7 +249,10 @@ def speculative_generate(target_model, drafter, prompt_ids: list[int], *, num_dr
         "accepted_per_step": per verify step (an accepted count never exceeds what was
         committed after a ``max_new_tokens`` cut), "num_verify_steps"}``. The first token,
         from the prefill, is generated but is not a verify step (so ``len(tokens) ==
-        1 + sum(committed_per_step)``).
+        1 + sum(committed_per_step)``). With ``return_features`` (a drafter that reads target
+        features), also ``"features"``: the aux states the drafter was fed, on the CPU,
+        [1, len(prompt) + len(tokens) - 1, n_aux*H] (every position the target read: the prompt
+        and all generated tokens but the last), as :mod:`eyas.chain_oracle` can reuse them.
     """
     model, proposer, k = _model(target_model), as_proposer(drafter), num_draft_tokens
     if not prompt_ids:
@@ -274,6 +277,7 @@ def speculative_generate(target_model, drafter, prompt_ids: list[int], *, num_dr
     tokens, n_done = [x], len(prompt_ids)  # n_done: positions the target's cache holds
     # 2. drafter prefill on pairs (g_t, x_{t+1}) of the prompt
     proposer.prefill(prompt_ids + [x], aux)
+    fed = [aux.cpu()] if return_features and hs else None
     committed_per_step, accepted_per_step = [], []
     while len(tokens) < max_new_tokens and x != eos_id:
         drafts = proposer.propose(k)                     # [d1..dk] (a proposer may return fewer)
@@ -291,8 +295,12 @@ def speculative_generate(target_model, drafter, prompt_ids: list[int], *, num_dr
         _crop(cache, n_done)
         x = committed[-1]
         proposer.accept(committed, aux[:, : len(committed)] if hs else None)
+        if fed is not None:
+            fed.append(aux[:, : len(committed)].cpu())
     result.update(tokens=tokens, committed_per_step=committed_per_step,
                   accepted_per_step=accepted_per_step, num_verify_steps=len(committed_per_step))
+    if fed is not None:
+        result["features"] = torch.cat(fed, dim=1)
     return result
 
 
@@ -320,7 +328,8 @@ def _sync(model) -> None:
 def evaluate_prompts(target, drafter, prompts: list[list[int]], *, num_draft_tokens: int,
                      max_new_tokens: int, eos_id: int | None, aux_layer_ids: list[int] | None,
                      baseline: list[list[int]] | None = None,
-                     baseline_seconds: float | None = None) -> dict:
+                     baseline_seconds: float | None = None,
+                     features_out: list | None = None) -> dict:
     """Speculative decoding over ``prompts`` (token ids), checked against plain greedy decoding.
 
     Args:
@@ -347,9 +356,12 @@ def evaluate_prompts(target, drafter, prompts: list[list[int]], *, num_draft_tok
     for p in prompts:
         _sync(model)
         t0 = time.perf_counter()
-        runs.append(speculative_generate(model, proposer, p, num_draft_tokens=k, aux_layer_ids=aux_layer_ids, **kw))
+        runs.append(speculative_generate(model, proposer, p, num_draft_tokens=k, aux_layer_ids=aux_layer_ids,
+                                         return_features=features_out is not None, **kw))
         _sync(model)
         spec_s += time.perf_counter() - t0
+        if "features" in runs[-1]:
+            features_out.append(runs[-1].pop("features"))
     if baseline is None:
         baseline, greedy_s = [], 0.0
         for p in prompts:

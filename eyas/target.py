@@ -113,20 +113,8 @@ class Target:
         }
 
 
-def load_target(path: str = "embedded", gguf_file: str | None = None, dtype: str = "float32",
-                trust_remote_code: bool = False, device: torch.device | None = None) -> Target:
-    """Load a causal LM and its tokenizer with transformers.
-
-    Args:
-        path: ``"embedded"``, a hub id, or a local HF directory.
-        gguf_file: a GGUF file inside ``path`` (transformers de-quantises it; needs ``gguf``).
-        dtype: torch dtype name the model runs in.
-        trust_remote_code: off unless the user opts in (params ``target.trust_remote_code``).
-    Raises:
-        TargetError: the path does not exist (local paths), or the tokenizer has no chat template.
-    """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
+def _resolve(path: str, gguf_file: str | None, trust_remote_code: bool) -> tuple[str, str | None, dict]:
+    """(path, gguf_file, from_pretrained kwargs) for ``target.path``; raises TargetError (below)."""
     if path == "embedded":
         path, gguf_file = embedded_target()
     elif (path.startswith((".", "/")) or Path(path).exists()) and not Path(path).is_dir():
@@ -136,7 +124,40 @@ def load_target(path: str = "embedded", gguf_file: str | None = None, dtype: str
         if Path(path).is_dir() and not (Path(path) / gguf_file).is_file():
             raise TargetError(f"target.gguf_file {gguf_file!r}: not found in {path}")
         kw["gguf_file"] = gguf_file
+    return path, gguf_file, kw
+
+
+def load_tokenizer_and_config(path: str = "embedded", gguf_file: str | None = None,
+                              trust_remote_code: bool = False):
+    """The target's tokenizer and HF config without its weights (a GGUF's metadata only), so a
+    stage can size its work before the model loads. Raises TargetError as :func:`load_target`."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    path, _, kw = _resolve(path, gguf_file, trust_remote_code)
     tokenizer = AutoTokenizer.from_pretrained(path, **kw)
+    if not getattr(tokenizer, "chat_template", None):
+        raise TargetError(f"target {path!r}: the tokenizer has no chat template")
+    return tokenizer, AutoConfig.from_pretrained(path, **kw)
+
+
+def load_target(path: str = "embedded", gguf_file: str | None = None, dtype: str = "float32",
+                trust_remote_code: bool = False, device: torch.device | None = None,
+                tokenizer=None) -> Target:
+    """Load a causal LM and its tokenizer with transformers.
+
+    Args:
+        path: ``"embedded"``, a hub id, or a local HF directory.
+        gguf_file: a GGUF file inside ``path`` (transformers de-quantises it; needs ``gguf``).
+        dtype: torch dtype name the model runs in.
+        trust_remote_code: off unless the user opts in (params ``target.trust_remote_code``).
+        tokenizer: one already loaded from the same target (:func:`load_tokenizer_and_config`).
+    Raises:
+        TargetError: the path does not exist (local paths), or the tokenizer has no chat template.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path, gguf_file, kw = _resolve(path, gguf_file, trust_remote_code)
+    tokenizer = tokenizer or AutoTokenizer.from_pretrained(path, **kw)
     if not getattr(tokenizer, "chat_template", None):
         raise TargetError(f"target {path!r}: the tokenizer has no chat template")
     model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype), **kw)

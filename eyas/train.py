@@ -20,6 +20,7 @@ from eyas import checkpoint as ckpt
 from eyas.config import TrainParams
 from eyas.drafter import Eagle3Drafter
 from eyas.features import FeatureStore
+from eyas.graphed import GraphedTTT, cuda_graphs_enabled, pad_batch
 from eyas import distributed as dist_utils
 from eyas.ttt import (PackedLoader, add_counts, autocast, evaluate, head_rows_for, summarise,
                       supervised_counts, ttt_forward)
@@ -97,8 +98,8 @@ class NonFiniteLossError(FloatingPointError):
 
 
 class _TTTModule(torch.nn.Module):
-    """``ttt_forward`` as a module's forward, so DDP can wrap it (its gradient hooks and the
-    bucketed all-reduce overlapping backward need the call to go through ``forward``)."""
+    """``ttt_forward`` as a module's forward, so DDP or FSDP can wrap it (DDP's gradient hooks
+    and FSDP's all-gather/reduce-scatter hooks need the call to go through ``forward``)."""
 
     def __init__(self, drafter: Eagle3Drafter):
         super().__init__()
@@ -146,8 +147,13 @@ def train_drafter(drafter: Eagle3Drafter, *, train_store: FeatureStore, val_stor
     head_rows = head_rows_for(lm_head, drafter).to(device)
     train_loader = PackedLoader(train_store, tp.batch_tokens, seed)
     val_loader = PackedLoader(val_store, tp.batch_tokens, seed, shuffle=False)
-    ev = lambda: evaluate(drafter, val_loader, head_rows, tp.ttt_length, tp.step_decay, device,
-                          rank=rank, world=world)
+    model = None  # the training module once wrapped; under FSDP evaluation gathers its shards
+
+    def ev() -> dict:
+        with dist_utils.gathered(model):
+            return evaluate(drafter, val_loader, head_rows, tp.ttt_length, tp.step_decay, device,
+                            rank=rank, world=world)
+
     every = getattr(tp, "checkpoint_every", 0) if checkpoint_every is None else checkpoint_every
     fp = resume_from = None
     if checkpoint_dir is not None:
@@ -167,12 +173,19 @@ def train_drafter(drafter: Eagle3Drafter, *, train_store: FeatureStore, val_stor
         if gate is not None:
             gate(step0)
 
-    params = [p for p in drafter.parameters() if p.requires_grad]
-    model = _TTTModule(drafter)
-    if world > 1:
-        # broadcasts rank 0's weights at construction; averages gradients during backward
-        model = torch.nn.parallel.DistributedDataParallel(model, broadcast_buffers=False)
-    opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=tp.weight_decay)
+    # DDP: rank 0's weights broadcast, gradients averaged in backward; FSDP (eyas/distributed.py):
+    # weights, gradients and AdamW state sharded over ranks; one process: unwrapped
+    model = dist_utils.wrap_data_parallel(_TTTModule(drafter), tp.strategy, device)
+    fsdp = world > 1 and tp.strategy == "fsdp"
+    params = [p for p in model.parameters() if p.requires_grad]  # after wrapping: FSDP's DTensors
+    # CUDA: the fused AdamW kernel (one launch per step instead of a dozen foreach passes)
+    opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=tp.weight_decay,
+                            fused=device.type == "cuda")
+    # CUDA, one process: forward + backward replayed as one CUDA graph (eyas/graphed.py), every
+    # batch padded to one static shape (rows of the loader's row length, rounded up to 128)
+    graphed = GraphedTTT(drafter, head_rows, tp.ttt_length, tp.step_decay) \
+        if cuda_graphs_enabled(device, world) else None
+    static_shape = (train_loader.rows_per_batch, -(-train_loader.row_tokens // 128) * 128)
     per_epoch = [train_loader.num_batches(e, world) for e in range(tp.epochs)]
     total = sum(per_epoch) if tp.max_steps <= 0 else min(tp.max_steps, sum(per_epoch))
     sched = get_cosine_schedule_with_warmup(opt, math.ceil(tp.warmup_ratio * total), total)
@@ -183,7 +196,9 @@ def train_drafter(drafter: Eagle3Drafter, *, train_store: FeatureStore, val_stor
     last_epoch_counts: dict = {}
     start_epoch, start_batch, last_ckpt, last_ckpt_step = 0, 0, None, 0
     if resume_from is not None:
-        st = ckpt.load_train_state(checkpoint_dir, drafter, opt, sched, fingerprint=fp)
+        install = (lambda w, o: dist_utils.load_full_train_state(model, opt, "drafter.", w, o)) \
+            if fsdp else None
+        st = ckpt.load_train_state(checkpoint_dir, drafter, opt, sched, fingerprint=fp, install=install)
         if st is None:  # it was complete a moment ago: someone removed it while we started
             raise ckpt.CheckpointError(f"{resume_from}: checkpoint vanished while resuming; rerun")
         step, start_epoch, start_batch, last_ckpt = st.step, st.epoch, st.batch_in_epoch, st.path
@@ -210,17 +225,24 @@ def train_drafter(drafter: Eagle3Drafter, *, train_store: FeatureStore, val_stor
             if world > 1:  # normalise by the GLOBAL supervised count: DDP's mean is then exact
                 n_glob = dist_utils.all_reduce_sum(supervised_counts(batch, tp.ttt_length))
                 norms = n_glob.clamp(min=1).to(torch.float32) / world
-            with autocast(device):
-                loss, metrics, counts = model(batch, head_rows, tp.ttt_length, tp.step_decay, norms)
+            if graphed is not None:  # gradients are already in p.grad
+                loss, metrics, counts = graphed.step(pad_batch(batch, *static_shape))
+            else:
+                with autocast(device):
+                    loss, metrics, counts = model(batch, head_rows, tp.ttt_length, tp.step_decay, norms)
             loss_g = loss.detach() if world == 1 else dist_utils.all_reduce_sum(loss.detach()) / world
             if not torch.isfinite(loss_g):
                 raise NonFiniteLossError(
                     f"non-finite loss {loss_g.item()} at optimizer step {step + 1} (epoch {epoch}); "
                     f"batch samples (shard, index): {batch.sample_ids[:8]}; last good checkpoint: "
                     f"{f'{last_ckpt} (step {last_ckpt_step})' if last_ckpt else 'none'}")
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
+            if graphed is None:
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+            # FSDP: the norm over all shards (a replicated DTensor), so every rank clips alike
             grad_norm = torch.nn.utils.clip_grad_norm_(params, tp.grad_clip)
+            if fsdp:
+                grad_norm = grad_norm.full_tensor()
             opt.step()
             sched.step()
             step += 1
@@ -239,6 +261,8 @@ def train_drafter(drafter: Eagle3Drafter, *, train_store: FeatureStore, val_stor
                 tracker.log_metrics({f"val/{k}": v for k, v in val.items()}, step=step)
                 curve.append({"step": step, "split": "val", **val})
             if checkpoint_dir is not None and every > 0 and step % every == 0 and step < total:
+                # FSDP: every rank helps gather the full state; rank 0 writes it
+                full = dist_utils.full_train_state(model, opt, "drafter.") if fsdp else None
                 if rank == 0:
                     last_ckpt = ckpt.save_train_state(
                         checkpoint_dir, drafter, opt, sched, step=step, epoch=epoch, batch_in_epoch=b_i + 1,
@@ -246,11 +270,15 @@ def train_drafter(drafter: Eagle3Drafter, *, train_store: FeatureStore, val_stor
                                                "curve": [[list(r), list(r.values())] for r in curve],
                                                "tokens": tokens,
                                                "last_epoch_counts": last_epoch_counts,
-                                               "seconds": time.time() - t0})
+                                               "seconds": time.time() - t0},
+                        full_state=full)
                 if world > 1:
                     dist_utils.barrier()
                 last_ckpt, last_ckpt_step = ckpt.state_dir(checkpoint_dir), step
     seconds = time.time() - t0
+    if fsdp:  # the caller gets the drafter with full, plain parameters on every rank (export)
+        dist_utils.release(model)
+        model = None
     val = ev()
     tracker.log_metrics({f"val/{k}": v for k, v in val.items()}, step=step)
     curve.append({"step": step, "split": "val", **val})

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from safetensors import safe_open
 
 from eyas.drafter import Eagle3Drafter
-from eyas.features import FeatureStore
+from eyas.features import FeatureStore, read_tensors
 
 BATCH_KEYS = ("input_ids", "loss_mask", "aux_hidden", "final_hidden", "target_argmax")
 
@@ -86,7 +86,8 @@ def pack(rows: list[list[dict]], sample_ids: list) -> Batch:
 
 
 class PackedLoader:
-    """Deterministic packed batches over a :class:`FeatureStore`, one shard in memory at a time.
+    """Deterministic packed batches over a :class:`FeatureStore`, one shard in memory at a time
+    (fp8-stored hidden states are dequantised to bfloat16 as a shard loads: features.read_tensors).
 
     Epoch ``e`` shuffles shard order and the order within each shard with ``Random(seed + e)``,
     packs samples greedily into rows of ``row_tokens`` (the extraction ``max_length``: attention
@@ -153,7 +154,7 @@ class PackedLoader:
                             loaded.pop(next(iter(loaded)))
                         path = self.store.root / self.store.manifest["shards"][si]["file"]
                         with safe_open(str(path), framework="pt") as f:
-                            loaded[si] = {k: f.get_tensor(k) for k in BATCH_KEYS + ("offsets",)}
+                            loaded[si] = read_tensors(f, BATCH_KEYS + ("offsets",))
                     t = loaded[si]
                     a, b = int(t["offsets"][i]), int(t["offsets"][i + 1])
                     row.append({k: t[k][a:b] for k in BATCH_KEYS})
@@ -232,6 +233,21 @@ def ttt_forward(drafter: Eagle3Drafter, batch: Batch, head_rows: torch.Tensor, t
         'cond_acc_k'} as floats, counts {'tokens_k': supervised positions at step k, ...} for
         exact averaging over many batches).
     """
+    total, stats = ttt_loss_stats(drafter, batch, head_rows, ttt_length, step_decay, step_norms)
+    counts = counts_from_stats(stats)
+    return total, dict(summarise(counts, ttt_length)), counts
+
+
+def ttt_loss_stats(drafter: Eagle3Drafter, batch: Batch, head_rows: torch.Tensor, ttt_length: int,
+                   step_decay: float, step_norms: torch.Tensor | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`ttt_forward` without any device->host transfer (so it can run inside a CUDA graph).
+
+    Returns:
+        (weighted loss: scalar float32 tensor with grad, stats [ttt_length, 6] float64 on the
+        batch's device: per step the supervised positions, the step's mean loss, correct,
+        chain-valid, chain-ok and chain-previous-ok counts; :func:`counts_from_stats` reads them).
+    """
     p_all = teacher_probs(batch.final_hidden, head_rows)
     hidden = drafter.project(batch.aux_hidden.to(drafter.fc.weight.dtype))
     cache: list = []
@@ -263,8 +279,15 @@ def ttt_forward(drafter: Eagle3Drafter, batch: Batch, head_rows: torch.Tensor, t
             per_step.append(torch.stack([n.double(), loss_k.detach().double(),
                                          (correct & mask).sum().double(), chain_valid.sum().double(),
                                          now_ok.sum().double(), prev_ok.sum().double()]))
+    return total, (torch.stack(per_step) if per_step else hidden.new_zeros((0, 6), dtype=torch.float64))
+
+
+def counts_from_stats(stats: torch.Tensor) -> dict[str, float]:
+    """The counts dict of :func:`ttt_forward` ('tokens_k', 'loss_sum_k', 'correct_k', 'chain_k',
+    'chain_ok_k', 'chain_prev_ok_k') from :func:`ttt_loss_stats`' [ttt_length, 6] stats (one
+    device->host copy)."""
     counts: dict[str, float] = {}
-    for k, row in enumerate(torch.stack(per_step).cpu().tolist() if per_step else []):
+    for k, row in enumerate(stats.cpu().tolist()):
         nf, lk, corr, chain, ok, prev = row
         lk = float(torch.tensor(lk, dtype=torch.float32))  # the fp32 value float(loss_k) gave
         counts[f"tokens_{k}"] = nf
@@ -273,8 +296,7 @@ def ttt_forward(drafter: Eagle3Drafter, batch: Batch, head_rows: torch.Tensor, t
         counts[f"chain_{k}"] = chain
         counts[f"chain_ok_{k}"] = ok
         counts[f"chain_prev_ok_{k}"] = prev
-    metrics: dict[str, float] = dict(summarise(counts, ttt_length))
-    return total, metrics, counts
+    return counts
 
 
 def summarise(counts: dict, ttt_length: int) -> dict[str, float]:

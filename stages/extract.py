@@ -3,6 +3,8 @@
 Reads params `target`, `extract`; reads `data/distilled/{train,val,publish}.jsonl` (self-distill); writes
 `data/features/<split>/` (sharded safetensors + manifest.json), `data/features/target_head.safetensors`
 (the target's embedding and lm_head) and `metrics/extract.json`.
+Before the target's weights load it renders every split with the tokenizer and refuses to start
+when the shards would not fit the free disk (features.check_disk_space: exact token counts, +10%).
 Run from the repository root: `python -m stages.extract`.
 """
 
@@ -22,7 +24,7 @@ from eyas import features, layers
 from eyas.config import load_params
 from eyas.data import read_jsonl, render_with_loss_mask
 from eyas.io import save_safetensors, write_json
-from eyas.target import load_target
+from eyas.target import load_target, load_tokenizer_and_config
 from eyas.tracking import start_stage_run
 from stages.common import DISTILLED, FEATURES, METRICS
 
@@ -32,12 +34,13 @@ SPLITS = ("train", "val", "publish")
 WORK = Path(".eyas/work/extract")
 
 
-def extract_split(target, convs: list[dict], out_dir, p, aux_ids: list[int], provenance: dict) -> dict:
-    """Render, run and store one split; returns its manifest."""
-    e = p.extract
+def render_split(tokenizer, convs: list[dict], out_dir: Path, max_length: int) -> tuple[list[dict], int, int]:
+    """Render one split's conversations -> (samples with supervised tokens, sorted by length;
+    truncated count; dropped count). Raises FeatureError (naming ``out_dir``) when the loss masks
+    say the chat template or the roles are wrong."""
     rendered, truncated = [], 0
     for c in convs:
-        r = render_with_loss_mask(target.tokenizer, c["messages"], e.max_length)
+        r = render_with_loss_mask(tokenizer, c["messages"], max_length)
         truncated += r["truncated"]
         rendered.append(r)
     empty = sum(1 for r in rendered if sum(r["loss_mask"]) == 0)
@@ -51,12 +54,22 @@ def extract_split(target, convs: list[dict], out_dir, p, aux_ids: list[int], pro
         raise features.FeatureError(f"{out_dir.name}: no samples with assistant tokens ({len(convs)} "
                                     f"conversations, {empty} without supervised tokens after rendering)")
     rendered.sort(key=lambda r: len(r["input_ids"]))  # length bucketing: little padding
+    return rendered, truncated, empty
+
+
+def extract_split(target, rendered: list[dict], truncated: int, empty: int, out_dir: Path, p,
+                  aux_ids: list[int], provenance: dict) -> tuple[dict, int]:
+    """Run the target over one split's rendered samples and store them -> (manifest, bytes of
+    tensor data in its shards)."""
+    e = p.extract
     # everything that determines the shards' contents and order: a rerun with the same key resumes
     resume_key = hashlib.sha256(json.dumps(
         [provenance, {"dtype": e.dtype, "shard_samples": e.shard_samples, "max_length": e.max_length,
                       "aux": aux_ids}, [(r["input_ids"], r["loss_mask"]) for r in rendered]],
         sort_keys=True, default=str).encode()).hexdigest()
     dtype = getattr(torch, e.dtype)
+    # fp8 is quantised with per-token scales by the writer: the host copy keeps the model's dtype
+    host_dtype = target.model.dtype if dtype == features.FP8 else dtype
     dev = target.device
     # Overlap: batch i+1's forward runs while batch i's features cross to pinned host memory on a
     # side stream and earlier shards are written (fsync'd) by writer threads.
@@ -84,14 +97,15 @@ def extract_split(target, convs: list[dict], out_dir, p, aux_ids: list[int], pro
             ids[j, : len(r["input_ids"])] = torch.tensor(r["input_ids"])
             att[j, : len(r["input_ids"])] = 1
         out = target.capture(ids.to(dev, non_blocking=True), att.to(dev, non_blocking=True), aux_ids)
-        handle = host.submit(out, {"aux_hidden": dtype, "final_hidden": dtype, "target_argmax": torch.int32})
+        handle = host.submit(out, {"aux_hidden": host_dtype, "final_hidden": host_dtype, "target_argmax": torch.int32})
         if pending is not None:
             store(*pending)
         pending = (handle, chunk, ids)
     if pending is not None:
         store(*pending)
-    return writer.finish(truncated_samples=truncated, dropped_no_supervised_tokens=empty,
-                         max_length=e.max_length, **provenance)
+    manifest = writer.finish(truncated_samples=truncated, dropped_no_supervised_tokens=empty,
+                             max_length=e.max_length, **provenance)
+    return manifest, writer.bytes_written
 
 
 def publish(work: Path, dest: Path) -> None:
@@ -108,11 +122,25 @@ def publish(work: Path, dest: Path) -> None:
 def main() -> None:
     p = load_params()
     with start_stage_run("extract", p) as tracker:
+        # size the output before the weights load: render every split with the tokenizer
+        tokenizer, cfg = load_tokenizer_and_config(p.target.path, p.target.gguf_file, p.target.trust_remote_code)
+        aux_ids = layers.resolve(p.extract.aux_layers, cfg.num_hidden_layers)
+        dtype = getattr(torch, p.extract.dtype)
+        renders, estimate = {}, {}
+        for split in SPLITS:
+            renders[split] = render_split(tokenizer, read_jsonl(DISTILLED / f"{split}.jsonl"), WORK / split,
+                                          p.extract.max_length)
+            estimate[split] = features.estimate_split_bytes([len(r["input_ids"]) for r in renders[split][0]],
+                                                            p.extract.shard_samples, len(aux_ids), cfg.hidden_size,
+                                                            dtype)
+        head_bytes = 2 * cfg.vocab_size * cfg.hidden_size * 4  # embed_tokens + lm_head, float32
+        disk = features.check_disk_space(FEATURES, sum(estimate.values()) + head_bytes, WORK, max(estimate.values()))
+        print(f"extract: {sum(estimate.values())} bytes of features (+{head_bytes} target head) expected; "
+              f"disk needed incl. headroom / free: {disk}")
         t0 = time.time()
-        target = load_target(p.target.path, p.target.gguf_file, p.target.dtype, p.target.trust_remote_code)
+        target = load_target(p.target.path, p.target.gguf_file, p.target.dtype, p.target.trust_remote_code,
+                             tokenizer=tokenizer)
         load_s = time.time() - t0
-        cfg = target.config
-        aux_ids = layers.resolve(p.extract.aux_layers, target.num_layers)
         template = target.tokenizer.chat_template or ""
         provenance = {
             "target": target.identity,
@@ -131,19 +159,23 @@ def main() -> None:
         per_split = {}
         for split in SPLITS:
             t1 = time.time()
-            convs = read_jsonl(DISTILLED / f"{split}.jsonl")
-            m = extract_split(target, convs, WORK / split, p, aux_ids, provenance)
+            m, nbytes = extract_split(target, *renders.pop(split), WORK / split, p, aux_ids, provenance)
             publish(WORK / split, FEATURES / split)
             dt = time.time() - t1
             per_split[split] = {"samples": m["num_samples"], "tokens": m["num_tokens"],
                                 "supervised_tokens": m["supervised_tokens"],
                                 "truncated_samples": m["truncated_samples"],
+                                "estimated_bytes": estimate[split], "bytes": nbytes,
                                 "seconds": round(dt, 1), "tokens_per_second": round(m["num_tokens"] / dt, 1)}
             print(f"extract {split}: {per_split[split]}")
-        bpt = features.bytes_per_token(len(aux_ids), cfg.hidden_size, getattr(torch, p.extract.dtype))
+        bpt = features.bytes_per_token(len(aux_ids), cfg.hidden_size, dtype)
         metrics = {"splits": per_split, "bytes_per_token": bpt, "aux_layers": aux_ids,
-                   "target_load_seconds": round(load_s, 1),
-                   "total_tokens": sum(s["tokens"] for s in per_split.values())}
+                   "storage_dtype": p.extract.dtype, "target_load_seconds": round(load_s, 1),
+                   "total_tokens": sum(s["tokens"] for s in per_split.values()),
+                   # shard tensor bytes: estimated from the rendered token counts before the target
+                   # loaded, and written (equal unless the inputs changed mid-run)
+                   "estimated_bytes": sum(estimate.values()),
+                   "bytes": sum(s["bytes"] for s in per_split.values())}
         metrics["feature_gib"] = round(metrics["total_tokens"] * bpt / 2**30, 3)
         write_json(METRICS / "extract.json", metrics)
         tracker.log_metrics({"bytes_per_token": bpt, "total_tokens": metrics["total_tokens"],

@@ -1,7 +1,8 @@
 """DVC stage `prepare-data`: load conversations, split them, write the splits and metrics.
 
 Reads params `data.*` and `seed`; writes `data/conversations/{train,val,test,publish}.jsonl`
-and `metrics/prepare_data.json`. Run from the repository root: `python -m stages.prepare_data`.
+and `metrics/prepare_data.json`. `data.code_prompts` code conversations (eyas.code_data) are added
+to train and val after the split. Run from the repository root: `python -m stages.prepare_data`.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import json
 import os
 from pathlib import Path
 
+from eyas.code_data import add_to_splits, code_conversations
 from eyas.config import load_params
 from eyas.data import load_conversations, split_conversations, write_jsonl
 
@@ -23,6 +25,10 @@ def main() -> None:
     convs, stats = load_conversations(d.source, on_bad_line=d.on_bad_line)
     splits = split_conversations(convs, val=d.val, test=d.test, publish=d.publish,
                                  max_conversations=d.max_conversations, seed=p.seed)
+    code, code_stats = code_conversations(d.code_prompts, p.seed)
+    code_ids = {c["id"] for c in code}
+    splits = add_to_splits(splits, code)
+    code_stats["conversations"] = {k: sum(c["id"] in code_ids for c in v) for k, v in splits.items()}
     for name, rows in splits.items():
         write_jsonl(OUT_DIR / f"{name}.jsonl", rows)
 
@@ -31,6 +37,7 @@ def main() -> None:
         "stats": stats,
         "conversations": {k: len(v) for k, v in splits.items()},
         "messages": {k: sum(len(c["messages"]) for c in v) for k, v in splits.items()},
+        "code": code_stats,
     }
     METRICS.parent.mkdir(parents=True, exist_ok=True)
     tmp = METRICS.with_name(METRICS.name + ".tmp")

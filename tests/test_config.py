@@ -33,6 +33,7 @@ def test_dvc_written_float_string_is_read_as_float(tmp_path):
     ({"train": {"ttt_length": 0}}, "'train.ttt_length' must be >= 1"),
     ({"train": {"eval_every": 0}}, "'train.eval_every' must be >= 1"),
     ({"train": {"grad_clip": -1.0}}, "'train.grad_clip' must be > 0"),
+    ({"train": {"strategy": "zero3"}}, "'train.strategy' must be 'ddp' or 'fsdp'"),
     ({"extract": {"dtype": "int8"}}, "'extract.dtype' must be one of"),
     ({"data": {"val": 0}}, "'data.val' must be >= 1"),
     ({"eval": {"humaneval_prompts": 200}}, r"'eval.humaneval_prompts' must be in \[1, 164\]"),

@@ -62,6 +62,8 @@ def test_dvc_repro_end_to_end(tmp_path):
     assert m["prepare_data"]["conversations"] == {"train": 23, "val": 4, "test": 3, "publish": 10}
     assert m["self_distill"]["splits"]["train"]["kept"] > 0
     assert m["extract"]["bytes_per_token"] == (3 + 1) * 576 * 2 + 9  # 3 aux + final, bf16
+    # the size estimate made before the target loaded (rendered token counts) is exact
+    assert m["extract"]["estimated_bytes"] == m["extract"]["bytes"] > m["extract"]["total_tokens"] * 4617
     assert 0.5 < m["vocab"]["coverage"] <= 1.0 and m["vocab"]["draft_vocab_size"] == 512
     assert m["remap"]["rows_carried"] + m["remap"]["rows_initialised"] == 512
     assert m["remap"]["shared_tokens"] == m["remap"]["rows_carried"]

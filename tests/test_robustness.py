@@ -115,12 +115,13 @@ def char_target():
 
 def _extract(target, convs, out, max_length):
     from eyas import layers
-    from stages.extract import extract_split
+    from stages.extract import extract_split, render_split
 
     p = SimpleNamespace(extract=SimpleNamespace(max_length=max_length, dtype="float32", batch_size=2,
                                                 shard_samples=2))
     aux = layers.resolve(None, target.num_layers)
-    return extract_split(target, convs, out, p, aux, {"aux_layers": aux, "vocab_size": 128})
+    rendered = render_split(target.tokenizer, convs, out, max_length)
+    return extract_split(target, *rendered, out, p, aux, {"aux_layers": aux, "vocab_size": 128})[0]
 
 
 def _conv(q: str, a: str) -> dict:

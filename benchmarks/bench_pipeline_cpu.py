@@ -1,0 +1,202 @@
+"""Wall time and peak memory of every stage of `dvc repro` on the embedded default, from a fresh
+clone; then extract's peak memory at two data sizes (does it stream?).
+
+    python benchmarks/bench_pipeline_cpu.py                      # -> results/pipeline_cpu.json
+    python benchmarks/bench_pipeline_cpu.py --skip-pipeline      # only the extract-growth part
+
+Pipeline part: ``git clone`` of this repository's HEAD into ``--workdir`` (no outputs, no DVC
+cache: every stage runs, as on a fresh machine), then ``dvc repro --single-item STAGE`` for each
+stage in the order ``dvc repro --dry`` prints, then a second plain ``dvc repro`` (must do nothing)
+and ``dvc status``. Per stage it records:
+
+- ``seconds``: wall time of the ``dvc repro -s`` call (DVC's own hashing included);
+- ``peak_rss_largest_process_mib``: the kernel's ``ru_maxrss`` from ``wait4`` (MiB): the peak
+  resident set of the largest single process in the stage's tree (dvc, its shell, the stage);
+- ``peak_rss_tree_mib``: the peak of the summed RSS of the whole process tree, dvc included,
+  sampled every 0.2 s (a sampled figure: spikes shorter than that can be missed).
+
+Extract-growth part: in the same clone, ``python -m stages.extract`` twice, on the first N and the
+first 4N self-distilled train conversations (val and publish cut to 4 each), with
+``extract.shard_samples`` small enough that both runs write several shards. The whole-run peak is
+the target's load (GGUF dequantisation), so the figure compared is the steady-state peak sampled
+once the train progress bar appears. If extract streams, the two are equal up to the O(tokens)
+token-id lists it keeps (~100 bytes/token in Python); if it kept features, the larger run would
+add ``feature_mib_of_extra_tokens``.
+
+Run it on an otherwise idle machine: CPU contention inflates the times (not the memory).
+Raises SystemExit when a stage fails (its stderr tail is printed) or the second repro is not a no-op.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "benchmarks" / "results"
+MIB = 2**20
+
+
+def run_measured(cmd: list[str], cwd: Path, marker: bytes | None = None) -> dict:
+    """Run ``cmd``; return wall seconds, return code, kernel and sampled peak RSS (MiB), output tail.
+
+    With ``marker``, also ``peak_rss_after_marker_mib``: the sampled tree peak from the moment
+    ``marker`` first appears in the command's output (e.g. a progress bar's label, printed once
+    the model is loaded), which leaves a load-time spike out of the steady-state figure.
+    """
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    out, seen = bytearray(), threading.Event()
+
+    def read() -> None:
+        while chunk := proc.stdout.read1(65536):
+            out.extend(chunk)
+            if marker and not seen.is_set() and marker in out:
+                seen.set()
+            del out[:-16384]
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    root, peak_tree, peak_marked = psutil.Process(proc.pid), 0, 0
+    while True:  # reaped with wait4 (not Popen.poll) to get the kernel's rusage of the tree
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            break
+        rss = 0
+        try:
+            for p in [root, *root.children(recursive=True)]:
+                try:
+                    rss += p.memory_info().rss
+                except psutil.Error:
+                    pass
+        except psutil.Error:
+            pass
+        peak_tree = max(peak_tree, rss)
+        if seen.is_set():
+            peak_marked = max(peak_marked, rss)
+        time.sleep(0.2)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    reader.join(timeout=10)
+    r = {"seconds": round(time.perf_counter() - t0, 1), "returncode": proc.returncode,
+         "peak_rss_largest_process_mib": round(usage.ru_maxrss * 1024 / MIB, 1),  # Linux: KiB
+         "peak_rss_tree_mib": round(peak_tree / MIB, 1)}
+    if marker:
+        r["peak_rss_after_marker_mib"] = round(peak_marked / MIB, 1)
+    r["output_tail"] = out.decode(errors="replace")[-3000:]
+    return r
+
+
+def stage_order(cwd: Path) -> list[str]:
+    out = subprocess.run(["dvc", "repro", "--dry", "--force"], cwd=cwd, capture_output=True, text=True,
+                         check=True).stdout
+    return [line.split("'")[1] for line in out.splitlines() if line.startswith("Running stage '")]
+
+
+def check(r: dict, what: str) -> None:
+    if r["returncode"] != 0:
+        sys.stderr.write(r["output_tail"])
+        raise SystemExit(f"{what} failed (exit {r['returncode']})")
+
+
+def pipeline(work: Path) -> dict:
+    stages = {}
+    t0 = time.perf_counter()
+    for stage in stage_order(work):
+        r = run_measured(["dvc", "repro", "--single-item", stage], work)
+        check(r, f"dvc repro -s {stage}")
+        stages[stage] = {k: v for k, v in r.items() if k != "output_tail"}
+        print(f"{stage}: {stages[stage]}", flush=True)
+    total = time.perf_counter() - t0
+    again = run_measured(["dvc", "repro"], work)
+    check(again, "second dvc repro")
+    status = subprocess.run(["dvc", "status"], cwd=work, capture_output=True, text=True).stdout.strip()
+    if "Data and pipelines are up to date" not in again["output_tail"] + status:
+        raise SystemExit(f"second dvc repro was not a no-op:\n{again['output_tail']}\n{status}")
+    metrics = {name: json.loads((work / "metrics" / name).read_text())
+               for name in ("extract.json", "train_scratch.json", "train_finetune.json")}
+    return {"stages": stages, "total_seconds": round(total, 1), "total_minutes": round(total / 60, 1),
+            "second_repro_seconds": again["seconds"], "dvc_status": status,
+            "max_stage_peak_rss_tree_mib": max(s["peak_rss_tree_mib"] for s in stages.values()),
+            "extract_tokens": metrics["extract.json"]["total_tokens"],
+            "bytes_per_token": metrics["extract.json"]["bytes_per_token"]}
+
+
+def _cut_jsonl(src: Path, dst: Path, n: int) -> int:
+    lines = [line for line in src.read_text().splitlines() if line.strip()][:n]
+    dst.write_text("\n".join(lines) + "\n")
+    return len(lines)
+
+
+def extract_growth(work: Path, n: int, shard_samples: int) -> dict:
+    """Peak RSS of `python -m stages.extract` on n and 4n train conversations, in a fresh clone
+    beside ``work`` that takes ``work``'s self-distilled data (``work`` itself stays untouched)."""
+    grow = work.with_name(work.name + "-growth")
+    if grow.exists():
+        shutil.rmtree(grow)
+    subprocess.run(["git", "clone", "--quiet", str(REPO), str(grow)], check=True)
+    source = work / "data" / "distilled"
+    (grow / "data" / "distilled").mkdir(parents=True)
+    work = grow
+    params = yaml.safe_load((work / "params.yaml").read_text())
+    params["extract"]["shard_samples"] = shard_samples
+    (work / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    runs = []
+    for size in (n, 4 * n):
+        counts = {split: _cut_jsonl(source / f"{split}.jsonl", work / "data" / "distilled" / f"{split}.jsonl",
+                                    size if split == "train" else 4)
+                  for split in ("train", "val", "publish")}
+        if counts["train"] < size:
+            raise SystemExit(f"only {counts['train']} train conversations for size {size}: lower --growth-n")
+        r = run_measured([sys.executable, "-m", "stages.extract"], work, marker=b"extract train")
+        check(r, f"extract on {size} conversations")
+        m = json.loads((work / "metrics" / "extract.json").read_text())
+        shards = len(list((work / "data" / "features" / "train").glob("*.safetensors")))
+        runs.append({"train_conversations": size, "train_tokens": m["splits"]["train"]["tokens"],
+                     "train_shards": shards, **{k: v for k, v in r.items() if k != "output_tail"}})
+        print(f"extract growth: {runs[-1]}", flush=True)
+    small, large = runs
+    return {"shard_samples": shard_samples, "runs": runs,
+            "steady_peak_growth_mib": round(large["peak_rss_after_marker_mib"] - small["peak_rss_after_marker_mib"], 1),
+            "feature_mib_of_extra_tokens": round((large["train_tokens"] - small["train_tokens"])
+                                                 * json.loads((work / "metrics" / "extract.json").read_text())["bytes_per_token"] / MIB, 1)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--workdir", type=Path, default=Path("/tmp/eyas-pipeline-bench"))
+    ap.add_argument("--out", type=Path, default=RESULTS / "pipeline_cpu.json")
+    ap.add_argument("--skip-pipeline", action="store_true", help="reuse --workdir's finished pipeline run")
+    ap.add_argument("--growth-n", type=int, default=50, help="train conversations of the small extract run (x4 for the large)")
+    ap.add_argument("--growth-shard-samples", type=int, default=20)
+    a = ap.parse_args()
+    doc = {"command": " ".join([Path(sys.executable).name, *sys.argv]),
+           "machine": {"cpus": os.cpu_count(), "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
+                       "processor": platform.processor() or platform.machine(), "python": platform.python_version()},
+           "commit": subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip(),
+           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    if not a.skip_pipeline:
+        if a.workdir.exists():
+            shutil.rmtree(a.workdir)
+        subprocess.run(["git", "clone", "--quiet", str(REPO), str(a.workdir)], check=True)
+        doc["pipeline"] = pipeline(a.workdir)
+    doc["extract_growth"] = extract_growth(a.workdir, a.growth_n, a.growth_shard_samples)
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = a.out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(doc, indent=1))
+    os.replace(tmp, a.out)
+    print(f"wrote {a.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,122 @@
+"""The TTT forward + backward of one training step, captured in a CUDA graph and replayed.
+
+At a few thousand tokens per step the TTT unroll is launch/overhead-bound: 7 steps of compiled
+layer halves, flex attention, the compiled head+loss and the eager bookkeeping between them issue
+a few thousand kernels, each behind Python, Dynamo guard checks and the autograd engine. Shapes
+are static for a given batch shape, so the whole forward (block masks included) and backward can
+be recorded once and replayed as one launch (PyTorch's "whole network capture",
+https://pytorch.org/docs/stable/notes/cuda.html#cuda-graphs).
+
+What the graph holds: zeroing the gradients, :func:`eyas.ttt.ttt_loss_stats` under bf16 autocast
+(the flex block mask of the batch is rebuilt from the static ``doc_ids`` inside the graph, so
+every batch gets its own mask) and ``loss.backward()``, which accumulates into gradient tensors
+allocated once before capture. Not in the graph: copying the batch into the static inputs, the
+finiteness check, clipping and the optimizer step (eager, unchanged), so a non-finite loss still
+stops training before any update. The caller must not set ``.grad`` to ``None``
+(``zero_grad(set_to_none=True)``) between steps: the graph writes into the tensors it captured.
+
+One graph (one batch shape) at a time: :func:`pad_batch` pads batches to a fixed shape with rows
+that carry no loss and attend only to themselves, so a training run captures once.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from eyas.drafter import Eagle3Drafter
+from eyas.ttt import Batch, autocast, counts_from_stats, summarise, ttt_loss_stats
+
+_TENSOR_FIELDS = ("input_ids", "loss_mask", "aux_hidden", "final_hidden", "target_argmax", "positions", "doc_ids")
+
+
+def cuda_graphs_enabled(device: torch.device | str, world: int = 1) -> bool:
+    """Whether training replays CUDA graphs: opt-in with ``EYAS_CUDA_GRAPHS=1``, on CUDA, single
+    process (DDP's gradient hooks are not captured), unless ``EYAS_COMPILE=0``. Off by default:
+    benchmarked (benchmarks/README.md, round 4) but not yet run through a whole training stage."""
+    return (torch.device(device).type == "cuda" and world == 1
+            and os.environ.get("EYAS_CUDA_GRAPHS", "0") == "1" and os.environ.get("EYAS_COMPILE", "1") != "0")
+
+
+def pad_batch(batch: Batch, rows: int, tokens: int) -> Batch:
+    """``batch`` [B, T] right-padded to [rows, tokens] (rows >= B, tokens >= T): padding has
+    loss_mask False, doc id -1, ids/positions 0 and zero hidden states, exactly as
+    :func:`eyas.ttt.pack` pads, so losses and counts are unchanged.
+
+    Raises:
+        ValueError: when the batch is larger than [rows, tokens].
+    """
+    B, T = batch.input_ids.shape
+    if B > rows or T > tokens:
+        raise ValueError(f"batch of shape [{B}, {T}] does not fit the static shape [{rows}, {tokens}]")
+    if (B, T) == (rows, tokens):
+        return batch
+    kw = {}
+    for name in _TENSOR_FIELDS:
+        x = getattr(batch, name)
+        out = x.new_full((rows, tokens, *x.shape[2:]), -1 if name == "doc_ids" else 0)
+        out[:B, :T] = x
+        kw[name] = out
+    return Batch(**kw, sample_ids=batch.sample_ids)
+
+
+class GraphedTTT:
+    """Forward + backward of the TTT loss over a batch as one CUDA graph replay.
+
+    ``step(batch)`` leaves the batch's gradient in ``p.grad`` of every trainable parameter
+    (overwritten, not accumulated) and returns (loss: detached scalar float32 tensor on the
+    device, metrics as in :func:`eyas.ttt.ttt_forward`, counts as there). The first batch of a
+    new shape is run ``warmup`` times eagerly on a side stream (compilation, cuBLAS workspaces)
+    before capture; its shape then replaces any earlier graph.
+    """
+
+    def __init__(self, drafter: Eagle3Drafter, head_rows: torch.Tensor, ttt_length: int,
+                 step_decay: float, warmup: int = 3):
+        self.drafter, self.head_rows = drafter, head_rows
+        self.ttt_length, self.step_decay, self.warmup = ttt_length, step_decay, warmup
+        self.params = [p for p in drafter.parameters() if p.requires_grad]
+        self.graph = self.static = self.loss = self.stats = None
+        self.captures = 0
+
+    def _body(self):
+        torch._foreach_zero_([p.grad for p in self.params])
+        with autocast(self.static.input_ids.device):
+            loss, stats = ttt_loss_stats(self.drafter, self.static, self.head_rows, self.ttt_length,
+                                         self.step_decay)
+        loss.backward()
+        return loss.detach(), stats
+
+    def _load(self, batch: Batch) -> None:
+        for name in _TENSOR_FIELDS:
+            getattr(self.static, name).copy_(getattr(batch, name), non_blocking=True)
+
+    def _capture(self, batch: Batch) -> None:
+        self.graph = self.loss = self.stats = None
+        self.static = Batch(**{n: getattr(batch, n).clone() for n in _TENSOR_FIELDS}, sample_ids=[])
+        for p in self.params:
+            if p.grad is None or p.grad.shape != p.shape:
+                p.grad = torch.zeros_like(p)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(self.warmup):
+                self._body()
+        torch.cuda.current_stream().wait_stream(side)
+        # copy_ bumps doc_ids' version, so the block-mask memo (eyas.drafter.ttt_block_mask_cached)
+        # misses and the mask is built INSIDE the graph, from the static doc_ids
+        self._load(batch)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.loss, self.stats = self._body()
+        self.captures += 1
+
+    def step(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float], dict]:
+        if self.static is None or self.static.input_ids.shape != batch.input_ids.shape \
+                or self.static.aux_hidden.shape != batch.aux_hidden.shape:
+            self._capture(batch)
+        else:
+            self._load(batch)
+        self.graph.replay()
+        counts = counts_from_stats(self.stats)
+        return self.loss, dict(summarise(counts, self.ttt_length)), counts

@@ -1,0 +1,184 @@
+"""Features at scale: the size estimate and the free-disk check, fp8 aux storage, and a DVC remote
+(real dvc and git in a temporary project)."""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from eyas.config import ParamsError, parse_params
+from eyas.features import (FP8, FeatureError, FeatureStore, ShardWriter, check_disk_space, bytes_per_token,
+                           dequantize_fp8, estimate_split_bytes, quantize_fp8)
+from eyas.ttt import PackedLoader
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+
+# --- size estimate ---------------------------------------------------------------------------
+
+def test_bytes_per_token_hand_worked():
+    # SmolLM2-135M: 3 aux layers, H = 576; ids + argmax int32 (8 bytes) + mask uint8 (1 byte)
+    assert bytes_per_token(3, 576, torch.bfloat16) == 4 * 576 * 2 + 9 == 4617
+    assert bytes_per_token(3, 576, torch.float32) == 4 * 576 * 4 + 9 == 9225
+    # fp8: 3 * 576 one-byte aux values + 3 float32 scales, final state bf16 (576 * 2)
+    assert bytes_per_token(3, 576, FP8) == 3 * 576 + 3 * 4 + 576 * 2 + 9 == 2901
+
+
+def test_estimate_hand_worked():
+    # 3 samples of 10/20/30 tokens in shards of 2 -> 2 shards, offsets 3 + 2 int64 entries
+    assert estimate_split_bytes([10, 20, 30], 2, 3, 576, torch.bfloat16) == 60 * 4617 + 8 * 5 == 277060
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, FP8])
+def test_estimate_equals_bytes_written(tmp_path, dtype):
+    n_aux, H, lengths = 2, 8, [5, 7, 3]
+    g = torch.Generator().manual_seed(0)
+    w = ShardWriter(tmp_path / "s", shard_samples=2, dtype=dtype)
+    for n in lengths:
+        w.add(torch.randint(0, 50, (n,), generator=g), torch.ones(n), torch.randn(n, n_aux * H, generator=g),
+              torch.randn(n, H, generator=g), torch.randint(0, 50, (n,), generator=g))
+    w.finish(aux_layers=[1, 2])
+    est = estimate_split_bytes(lengths, 2, n_aux, H, dtype)
+    assert w.bytes_written == est
+    on_disk = sum(f.stat().st_size for f in (tmp_path / "s").glob("shard-*.safetensors"))
+    assert est < on_disk < est + 2 * 1024  # + two safetensors headers
+
+
+def test_disk_check_refuses_naming_path_and_bytes(tmp_path):
+    out, work = tmp_path / "data/features", tmp_path / ".eyas/work/extract"  # neither exists yet
+    # same filesystem: only the output is checked; 1000 bytes + 10% headroom = 1100
+    with pytest.raises(FeatureError) as e:
+        check_disk_space(out, 1000, work, 600, headroom=0.1, free_bytes=lambda p: 1099)
+    msg = str(e.value)
+    assert str(out) in msg and "need 1100 bytes" in msg and "1099 bytes" in msg
+    r = check_disk_space(out, 1000, work, 600, headroom=0.1, free_bytes=lambda p: 1100)
+    assert r == {"needed": {str(out): 1100}, "free": {str(out): 1100}}
+    # the real free figure of this filesystem
+    real = check_disk_space(out, 0, work, 0)
+    assert real["free"][str(out)] == shutil.disk_usage(tmp_path).free
+
+
+def test_disk_check_staging_on_another_filesystem(tmp_path):
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or os.stat(shm).st_dev == os.stat(tmp_path).st_dev:
+        pytest.skip("no second filesystem (/dev/shm) here")
+    work = shm / f"eyas-test-{os.getpid()}"
+    free = {str(tmp_path / "f"): 10_000, str(work): 500}
+    with pytest.raises(FeatureError, match=f"{work}: not enough disk.*need 660 bytes.*500 bytes"):
+        check_disk_space(tmp_path / "f", 1000, work, 600, headroom=0.1, free_bytes=lambda p: free[str(p)])
+    free[str(work)] = 660
+    r = check_disk_space(tmp_path / "f", 1000, work, 600, headroom=0.1, free_bytes=lambda p: free[str(p)])
+    assert r["needed"] == {str(tmp_path / "f"): 1100, str(work): 660}
+
+
+# --- fp8 aux storage -------------------------------------------------------------------------
+
+def test_quantize_fp8_hand_worked():
+    x = torch.tensor([[896.0, 1.0, -3.0, 0.5], [0.0, 0.0, 2.0, 2.0]])
+    q, scale = quantize_fp8(x, groups=2)  # H = 2
+    assert q.dtype == FP8 and scale.dtype == torch.float32
+    # row 0: group 0 amax 896 -> scale 2, q = [448, 0.5]; group 1 amax 3 -> scale 3/448,
+    # q = [-448, 74.67] and e4m3 has step 8 in [64, 128): 74.67 -> 72, i.e. 0.5 -> 72 * 3/448
+    # row 1: an all-zero group keeps scale 1; [2, 2] -> scale 2/448, q = [448, 448]
+    assert torch.allclose(scale, torch.tensor([[2.0, 3 / 448], [1.0, 2 / 448]]))
+    assert q.float().tolist() == [[448.0, 0.5, -448.0, 72.0], [0.0, 0.0, 448.0, 448.0]]
+    d = dequantize_fp8(q, scale, torch.float32)
+    assert torch.allclose(d, torch.tensor([[896.0, 1.0, -3.0, 72 * 3 / 448], [0.0, 0.0, 2.0, 2.0]]))
+    with pytest.raises(ValueError, match="not a multiple of 3 groups"):
+        quantize_fp8(x, groups=3)
+
+
+def test_fp8_store_reads_back_dequantised(tmp_path):
+    from tiny import tiny_target, write_features
+
+    target = tiny_target()
+    ref = write_features(target, tmp_path / "f32", 6, seed=3)  # float32 store: the reference
+    w = ShardWriter(tmp_path / "fp8", shard_samples=4, dtype=FP8)
+    for s in ref.iter_samples():
+        w.add(s["input_ids"], s["loss_mask"], s["aux_hidden"], s["final_hidden"], s["target_argmax"])
+    w.finish(**{k: ref.manifest[k] for k in ("aux_layers", "hidden_size", "vocab_size")})
+    q = FeatureStore.open(tmp_path / "fp8")
+    assert q.manifest["storage_dtype"] == "float8_e4m3fn"
+    with safe_open(str(tmp_path / "fp8/shard-00000.safetensors"), framework="pt") as f:
+        assert f.get_slice("aux_hidden").get_dtype() == "F8_E4M3"
+        assert f.get_slice("final_hidden").get_dtype() == "BF16"
+        assert f.get_slice("aux_hidden_scale").get_shape() == [f.get_slice("input_ids").get_shape()[0], 3]
+    H = ref.manifest["hidden_size"]
+    for a, b in zip(ref.iter_samples(), q.iter_samples(), strict=True):
+        assert set(b) == set(a)  # scales never surface
+        assert b["aux_hidden"].dtype == torch.bfloat16
+        assert torch.equal(b["input_ids"], a["input_ids"]) and torch.equal(b["target_argmax"], a["target_argmax"])
+        assert torch.equal(b["final_hidden"], a["final_hidden"].to(torch.bfloat16))
+        for i in range(3):  # e4m3 + bf16 rounding: within 2**-4 + 2**-8 of the row's max per value
+            x, y = a["aux_hidden"][:, i * H:(i + 1) * H], b["aux_hidden"][:, i * H:(i + 1) * H].float()
+            bound = x.abs().amax(-1, keepdim=True) * (2**-4 + 2**-8)
+            assert ((y - x).abs() <= bound).all()
+            assert (y - x).abs().max() > 0  # it really was quantised
+    # the training loader reads the same dequantised values
+    batch = next(PackedLoader(q, 10**6, seed=0, shuffle=False).batches(0))
+    first = next(q.iter_samples())
+    n = len(first["input_ids"])
+    assert batch.aux_hidden.dtype == torch.bfloat16
+    assert torch.equal(batch.aux_hidden[0, :n], first["aux_hidden"])
+
+
+def test_extract_dtype_schema():
+    assert parse_params({"extract": {"dtype": "float8_e4m3fn"}}).extract.dtype == "float8_e4m3fn"
+    with pytest.raises(ParamsError, match=r"'extract.dtype' must be one of .*'float8_e4m3fn'.*got 'float8_e5m2'"):
+        parse_params({"extract": {"dtype": "float8_e5m2"}})
+    with pytest.raises(ParamsError, match="'target.dtype' must be one of"):  # storage only, not compute
+        parse_params({"target": {"dtype": "float8_e4m3fn"}})
+
+
+# --- a DVC remote: push, clone without the cache, pull ------------------------------------------
+
+def _git(args: list[str], cwd: Path) -> str:
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@t"}
+    r = subprocess.run(["git", *args], cwd=cwd, env=env, capture_output=True, text=True)
+    assert r.returncode == 0, f"git {' '.join(args)} in {cwd}: {r.stdout}\n{r.stderr}"
+    return r.stdout
+
+
+def _dvc(args: list[str], cwd: Path, monkeypatch) -> None:
+    """The real dvc command line, in this process (one import instead of a start-up per call)."""
+    from dvc.cli import main
+
+    monkeypatch.chdir(cwd)
+    assert main(args) == 0, f"dvc {' '.join(args)} in {cwd} failed"
+
+
+def test_dvc_remote_push_clone_pull(tmp_path, monkeypatch):
+    pytest.importorskip("dvc")
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    monkeypatch.setenv("DVC_NO_ANALYTICS", "1")
+    proj, remote, clone = tmp_path / "proj", tmp_path / "remote", tmp_path / "clone"
+    proj.mkdir()
+    _git(["init", "-q"], proj)
+    _dvc(["init", "-q"], proj, monkeypatch)
+    feats = proj / "data/features/train"
+    feats.mkdir(parents=True)
+    g = torch.Generator().manual_seed(0)
+    files = {"shard-00000.bin": torch.randint(0, 256, (50_000,), generator=g, dtype=torch.uint8).numpy().tobytes(),
+             "manifest.json": b'{"num_samples": 3}\n'}
+    for name, data in files.items():
+        (feats / name).write_bytes(data)
+    _dvc(["add", "-q", "data/features"], proj, monkeypatch)
+    _dvc(["remote", "add", "-d", "store", str(remote)], proj, monkeypatch)
+    _git(["add", "-A"], proj)
+    _git(["commit", "-q", "-m", "features"], proj)
+    tracked = _git(["ls-files"], proj).split()
+    assert "data/features.dvc" in tracked and not any(t.startswith("data/features/") for t in tracked)
+    _dvc(["push", "-q"], proj, monkeypatch)
+    assert sum(1 for p in remote.rglob("*") if p.is_file()) >= 3  # 2 files + the directory listing
+    _git(["clone", "-q", str(proj), str(clone)], tmp_path)
+    assert not (clone / "data/features").exists() and not (clone / ".dvc/cache").exists()
+    _dvc(["pull", "-q"], clone, monkeypatch)
+    for name, data in files.items():
+        assert (clone / "data/features/train" / name).read_bytes() == data

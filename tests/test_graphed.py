@@ -1,0 +1,79 @@
+"""eyas/graphed.py: padding to a static shape leaves the TTT loss, gradients and counts unchanged
+(CPU), and on CUDA one graph replay gives the eager loss and gradients for batches whose documents
+differ (the block mask is rebuilt inside the graph)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from eyas.drafter import DrafterConfig, Eagle3Drafter
+from eyas.graphed import GraphedTTT, pad_batch
+from eyas.ttt import Batch, autocast, ttt_forward
+
+CFG = DrafterConfig(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
+                    head_dim=8, vocab_size=100, draft_vocab_size=40, target_hidden_size=32, num_target_layers=8)
+
+
+def batch(docs: list[list[int]], seed: int) -> Batch:
+    g = torch.Generator().manual_seed(seed)
+    B, T = len(docs), max(sum(r) for r in docs)
+    pos, doc = torch.zeros(B, T, dtype=torch.long), torch.full((B, T), -1, dtype=torch.long)
+    for b, row in enumerate(docs):
+        a = 0
+        for i, n in enumerate(row):
+            pos[b, a:a + n], doc[b, a:a + n] = torch.arange(n), i
+            a += n
+    return Batch(input_ids=torch.randint(0, 100, (B, T), generator=g), loss_mask=(doc >= 0) & (pos > 2),
+                 aux_hidden=torch.randn(B, T, 96, generator=g), final_hidden=torch.randn(B, T, 32, generator=g),
+                 target_argmax=torch.randint(0, 100, (B, T), generator=g), positions=pos, doc_ids=doc,
+                 sample_ids=[])
+
+
+def drafter(device="cpu") -> tuple[Eagle3Drafter, torch.Tensor]:
+    torch.manual_seed(0)
+    d = Eagle3Drafter(CFG)
+    d.embed_tokens.weight.data.normal_()
+    d.set_vocab(torch.arange(40) * 2 - torch.arange(40), torch.arange(100) % 2 == 0)  # draft i -> target 2i
+    return d.to(device), (torch.randn(40, 32, generator=torch.Generator().manual_seed(5)) * 0.3).to(device)
+
+
+def loss_grads_counts(d, b, head, ttt=3):
+    d.zero_grad(set_to_none=True)
+    with autocast(b.input_ids.device):
+        loss, _, counts = ttt_forward(d, b, head, ttt, 0.8)
+    loss.backward()
+    return float(loss.detach()), [p.grad.clone() for p in d.parameters() if p.requires_grad], counts
+
+
+def test_pad_batch_keeps_loss_grads_and_counts():
+    d, head = drafter()
+    b = batch([[7, 9], [12]], seed=1)  # [2, 16]
+    p = pad_batch(b, 3, 24)
+    assert p.input_ids.shape == (3, 24) and p.aux_hidden.shape == (3, 24, 96)
+    assert (p.doc_ids[2] == -1).all() and not p.loss_mask[:, 16:].any() and (p.doc_ids[:, 16:] == -1).all()
+    l0, g0, c0 = loss_grads_counts(d, b, head)
+    l1, g1, c1 = loss_grads_counts(d, p, head)
+    # step 0 supervises t when token t+2 is in t's document at position > 2: n - 3 per document
+    assert c1 == c0 and c0["tokens_0"] == (7 - 3) + (9 - 3) + (12 - 3)
+    assert l1 == pytest.approx(l0, rel=1e-6)
+    for a, e in zip(g1, g0):
+        torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-7)
+    with pytest.raises(ValueError, match=r"\[2, 16\].*\[2, 8\]"):
+        pad_batch(b, 2, 8)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_graph_replay_equals_eager_over_batches_with_other_documents():
+    d, head = drafter("cuda")
+    bs = [batch(rows, seed=s).to("cuda") for s, rows in enumerate([[[64, 40, 24]], [[24, 24, 80]]])]
+    ref = [loss_grads_counts(d, b, head) for b in bs]
+    g = GraphedTTT(d, head, 3, 0.8)
+    for i in (0, 1, 0):
+        loss, _, counts = g.step(bs[i])
+        assert counts["tokens_0"] == ref[i][2]["tokens_0"]
+        assert float(loss) == pytest.approx(ref[i][0], rel=1e-4)
+        for p, e in zip([p for p in d.parameters() if p.requires_grad], ref[i][1]):
+            assert float((p.grad - e).norm()) <= 1e-3 * float(e.norm()) + 1e-6
+    assert g.captures == 1
+    assert ref[0][0] != pytest.approx(ref[1][0], rel=1e-3)  # the two batches really differ
