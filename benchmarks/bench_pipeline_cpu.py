@@ -7,7 +7,9 @@ clone; then extract's peak memory at two data sizes (does it stream?).
 Pipeline part: ``git clone`` of this repository's HEAD into ``--workdir`` (no outputs, no DVC
 cache: every stage runs, as on a fresh machine), then ``dvc repro --single-item STAGE`` for each
 stage in the order ``dvc repro --dry`` prints, then a second plain ``dvc repro`` (must do nothing)
-and ``dvc status``. Per stage it records:
+and ``dvc status``; ``--resume`` pulls a newer commit into the clone and reruns only the stages it
+made stale (the total then sums figures of two sessions on the same idle machine). Per stage it
+records:
 
 - ``seconds``: wall time of the ``dvc repro -s`` call (DVC's own hashing included);
 - ``peak_rss_largest_process_mib``: the kernel's ``ru_maxrss`` from ``wait4`` (MiB): the peak
@@ -46,6 +48,7 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results"
 MIB = 2**20
+STAGES_FILE = ".bench_stages.json"  # per-stage figures, written as each stage finishes
 
 
 def run_measured(cmd: list[str], cwd: Path, marker: bytes | None = None) -> dict:
@@ -97,9 +100,10 @@ def run_measured(cmd: list[str], cwd: Path, marker: bytes | None = None) -> dict
     return r
 
 
-def stage_order(cwd: Path) -> list[str]:
-    out = subprocess.run(["dvc", "repro", "--dry", "--force"], cwd=cwd, capture_output=True, text=True,
-                         check=True).stdout
+def stage_order(cwd: Path, force: bool = True) -> list[str]:
+    """Stages in the order `dvc repro` runs them (all with ``force``, else only those out of date)."""
+    out = subprocess.run(["dvc", "repro", "--dry", *(["--force"] if force else [])], cwd=cwd,
+                         capture_output=True, text=True, check=True).stdout
     return [line.split("'")[1] for line in out.splitlines() if line.startswith("Running stage '")]
 
 
@@ -109,15 +113,23 @@ def check(r: dict, what: str) -> None:
         raise SystemExit(f"{what} failed (exit {r['returncode']})")
 
 
-def pipeline(work: Path) -> dict:
-    stages = {}
+def pipeline(work: Path, resume: bool = False) -> dict:
+    """Every stage, measured; with ``resume`` only the stages a newer commit made stale (after a
+    ``git pull`` in ``work``), keeping the figures already recorded for the others.
+
+    Each stage's figures are saved to ``work/STAGES_FILE`` as soon as it finishes."""
+    done_file = work / STAGES_FILE
+    stages = json.loads(done_file.read_text()) if resume and done_file.exists() else {}
+    if resume:
+        subprocess.run(["git", "pull", "--quiet", str(REPO), "HEAD"], cwd=work, check=True)
     t0 = time.perf_counter()
-    for stage in stage_order(work):
+    for stage in stage_order(work, force=not resume):
         r = run_measured(["dvc", "repro", "--single-item", stage], work)
         check(r, f"dvc repro -s {stage}")
         stages[stage] = {k: v for k, v in r.items() if k != "output_tail"}
+        done_file.write_text(json.dumps(stages, indent=1))
         print(f"{stage}: {stages[stage]}", flush=True)
-    total = time.perf_counter() - t0
+    total = sum(st["seconds"] for st in stages.values())
     again = run_measured(["dvc", "repro"], work)
     check(again, "second dvc repro")
     status = subprocess.run(["dvc", "status"], cwd=work, capture_output=True, text=True).stdout.strip()
@@ -126,6 +138,8 @@ def pipeline(work: Path) -> dict:
     metrics = {name: json.loads((work / "metrics" / name).read_text())
                for name in ("extract.json", "train_scratch.json", "train_finetune.json")}
     return {"stages": stages, "total_seconds": round(total, 1), "total_minutes": round(total / 60, 1),
+            "commit": subprocess.run(["git", "rev-parse", "HEAD"], cwd=work, capture_output=True,
+                                     text=True).stdout.strip(),
             "second_repro_seconds": again["seconds"], "dvc_status": status,
             "max_stage_peak_rss_tree_mib": max(s["peak_rss_tree_mib"] for s in stages.values()),
             "extract_tokens": metrics["extract.json"]["total_tokens"],
@@ -177,6 +191,8 @@ def main() -> None:
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/eyas-pipeline-bench"))
     ap.add_argument("--out", type=Path, default=RESULTS / "pipeline_cpu.json")
     ap.add_argument("--skip-pipeline", action="store_true", help="reuse --workdir's finished pipeline run")
+    ap.add_argument("--resume", action="store_true",
+                    help="git pull this repo's HEAD into --workdir and rerun only the stages it made stale")
     ap.add_argument("--growth-n", type=int, default=50, help="train conversations of the small extract run (x4 for the large)")
     ap.add_argument("--growth-shard-samples", type=int, default=20)
     a = ap.parse_args()
@@ -186,10 +202,11 @@ def main() -> None:
            "commit": subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip(),
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     if not a.skip_pipeline:
-        if a.workdir.exists():
-            shutil.rmtree(a.workdir)
-        subprocess.run(["git", "clone", "--quiet", str(REPO), str(a.workdir)], check=True)
-        doc["pipeline"] = pipeline(a.workdir)
+        if not a.resume:
+            if a.workdir.exists():
+                shutil.rmtree(a.workdir)
+            subprocess.run(["git", "clone", "--quiet", str(REPO), str(a.workdir)], check=True)
+        doc["pipeline"] = pipeline(a.workdir, resume=a.resume)
     doc["extract_growth"] = extract_growth(a.workdir, a.growth_n, a.growth_shard_samples)
     a.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = a.out.with_suffix(".tmp")

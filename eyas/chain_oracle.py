@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import statistics
 
 import torch
 
@@ -179,6 +180,30 @@ def chain_acceptance_length(counts: list[int], num_tokens: int, chain_length: in
     if not steps:
         return float("nan"), 0
     return acceptance_length([c for _, c in steps]), len(steps)
+
+
+def walk_metrics(counts: list[list[int]], outputs: list[list[int]], num_draft_tokens: int) -> dict:
+    """The decoding metrics of :func:`eyas.speculative.evaluate_prompts` (same keys and pooling:
+    ``accept_len``, ``accept_len_per_prompt_mean``, ``per_position_accept_rate``,
+    ``accepted_histogram``, ``upper_bound``, ``num_prompts``, ``num_verify_steps``,
+    ``new_tokens``) of greedy chain decoding with k = ``num_draft_tokens``, from the per-prompt
+    :func:`accepted_draft_counts` on the greedy ``outputs``: what a real run reports, without its
+    wall time (tests/test_chain_oracle.py checks them equal for the n-gram proposer)."""
+    k = num_draft_tokens
+    walks = [chain_walk(c, len(y), k) for c, y in zip(counts, outputs)]
+    steps = [s for w in walks for s in w]
+    n = len(steps)
+    per_prompt = [acceptance_length([c for _, c in w]) for w in walks if w]
+    return {
+        "accept_len": acceptance_length([c for _, c in steps]) if n else None,
+        "accept_len_per_prompt_mean": statistics.fmean(per_prompt) if per_prompt else None,
+        "per_position_accept_rate": [sum(a > i for a, _ in steps) / n if n else 0.0 for i in range(k)],
+        "accepted_histogram": [sum(a == j for a, _ in steps) for j in range(k + 1)],
+        "upper_bound": k + 1,
+        "num_prompts": len(outputs),
+        "num_verify_steps": n,
+        "new_tokens": sum(len(y) for y in outputs),
+    }
 
 
 def repetition_loop_period(tokens: list[int], *, min_span: int = 16, max_period: int = 16,

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from eyas.chain_oracle import (accepted_draft_counts, chain_acceptance_length, chain_report, chain_walk,
+from eyas.chain_oracle import (walk_metrics, accepted_draft_counts, chain_acceptance_length, chain_report, chain_walk,
                                repetition_loop_period)
 from eyas.drafter import DrafterConfig, Eagle3Drafter
 from eyas.speculative import NgramProposer, evaluate_prompts, greedy_generate, speculative_generate
@@ -157,6 +157,8 @@ def test_chain_report_matches_evaluate_prompts(setup, trained_drafter):
                   for p, y in zip(prompts, outputs)]
         r = chain_report(counts, outputs, K, real)
         assert r["oracle_matches_real"] is True
+        walked = walk_metrics(counts, outputs, K)  # every decoding metric the real run reports
+        assert walked == {key: real[key] for key in walked}
         assert r["accept_len_by_chain_length"][str(K)] == real["accept_len"]
         assert list(r["accept_len_by_chain_length"]) == ["1", "2", "3", "4"]
         steps = [[chain_acceptance_length(c, len(y), j)[1] for c, y in zip(counts, outputs)]
