@@ -49,6 +49,7 @@ REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results"
 MIB = 2**20
 STAGES_FILE = ".bench_stages.json"  # per-stage figures, written as each stage finishes
+CLONE_MARK = ".bench_clone"  # marks a --workdir this script cloned (only such a dir is ever deleted)
 
 
 def run_measured(cmd: list[str], cwd: Path, marker: bytes | None = None) -> dict:
@@ -157,8 +158,11 @@ def extract_growth(work: Path, n: int, shard_samples: int) -> dict:
     beside ``work`` that takes ``work``'s self-distilled data (``work`` itself stays untouched)."""
     grow = work.with_name(work.name + "-growth")
     if grow.exists():
+        if not (grow / CLONE_MARK).exists():
+            raise SystemExit(f"{grow} exists and is not a clone this benchmark made: move it away")
         shutil.rmtree(grow)
     subprocess.run(["git", "clone", "--quiet", str(REPO), str(grow)], check=True)
+    (grow / CLONE_MARK).write_text("made by benchmarks/bench_pipeline_cpu.py; deleted by its next run\n")
     source = work / "data" / "distilled"
     (grow / "data" / "distilled").mkdir(parents=True)
     work = grow
@@ -201,11 +205,22 @@ def main() -> None:
                        "processor": platform.processor() or platform.machine(), "python": platform.python_version()},
            "commit": subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip(),
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    if a.growth_n < 1:
+        raise SystemExit(f"--growth-n must be >= 1, got {a.growth_n}")
+    if (a.resume or a.skip_pipeline) and not (a.workdir / CLONE_MARK).exists():
+        raise SystemExit(f"{a.workdir}: no pipeline clone of this benchmark there; run without "
+                         "--resume/--skip-pipeline first")
+    if a.skip_pipeline and a.out.exists():  # keep the pipeline figures of the file it updates
+        doc["pipeline"] = json.loads(a.out.read_text()).get("pipeline")
     if not a.skip_pipeline:
         if not a.resume:
             if a.workdir.exists():
+                if not (a.workdir / CLONE_MARK).exists():
+                    raise SystemExit(f"{a.workdir} exists and is not a clone this benchmark made: "
+                                     "choose another --workdir (it would be deleted)")
                 shutil.rmtree(a.workdir)
             subprocess.run(["git", "clone", "--quiet", str(REPO), str(a.workdir)], check=True)
+            (a.workdir / CLONE_MARK).write_text("made by benchmarks/bench_pipeline_cpu.py; deleted by its next run\n")
         doc["pipeline"] = pipeline(a.workdir, resume=a.resume)
     doc["extract_growth"] = extract_growth(a.workdir, a.growth_n, a.growth_shard_samples)
     a.out.parent.mkdir(parents=True, exist_ok=True)

@@ -72,9 +72,17 @@ def _eagle_counts(model, proposer: EagleProposer, aux_ids: list[int], prompt_ids
         hs = model(input_ids=seq, output_hidden_states=True, use_cache=False, **kw).hidden_states
         aux = torch.cat([hs[i] for i in aux_ids], dim=-1)                  # [1, T, n_aux*H]
     else:  # the decoder's own: every position but the last, whose drafts are never matched
+        width = drafter.config.hidden_size * len(aux_ids)
+        if not isinstance(features, torch.Tensor) or features.dim() != 3 or features.shape[0] != 1 \
+                or features.shape[2] != width or not features.is_floating_point():
+            raise ValueError(f"accepted_draft_counts: features must be a float tensor [1, positions, {width}] "
+                             f"(n_aux x hidden), got {getattr(features, 'dtype', type(features).__name__)} "
+                             f"{list(getattr(features, 'shape', []))}")
         if features.shape[1] != T - 1:
             raise ValueError(f"accepted_draft_counts: features cover {features.shape[1]} positions, "
                              f"expected len(prompt) + len(output) - 1 = {T - 1}")
+        if not torch.isfinite(features).all():
+            raise ValueError("accepted_draft_counts: features hold NaN or inf")
         aux = torch.cat([features, features[:, -1:]], dim=1).to(seq.device)
     pos = torch.arange(T, device=seq.device)[None]
     docs = torch.zeros_like(seq)
@@ -152,12 +160,14 @@ def chain_walk(counts: list[int], num_tokens: int, chain_length: int) -> list[tu
     speculative_generate's ``accepted_per_step``.
 
     Raises:
-        ValueError: ``chain_length < 1`` or ``num_tokens > len(counts)``.
+        ValueError: ``chain_length < 1``, ``num_tokens > len(counts)`` or a negative count.
     """
     if chain_length < 1:
         raise ValueError(f"chain_length must be >= 1, got {chain_length}")
     if num_tokens > len(counts):
         raise ValueError(f"num_tokens {num_tokens} exceeds the {len(counts)} counts given")
+    if any(c < 0 for c in counts):
+        raise ValueError(f"counts must be >= 0, got {min(counts)}")
     steps, p = [], 1
     while p < num_tokens:
         a = min(counts[p], chain_length)
@@ -189,6 +199,8 @@ def walk_metrics(counts: list[list[int]], outputs: list[list[int]], num_draft_to
     ``new_tokens``) of greedy chain decoding with k = ``num_draft_tokens``, from the per-prompt
     :func:`accepted_draft_counts` on the greedy ``outputs``: what a real run reports, without its
     wall time (tests/test_chain_oracle.py checks them equal for the n-gram proposer)."""
+    if len(counts) != len(outputs):
+        raise ValueError(f"walk_metrics: {len(counts)} count lists for {len(outputs)} outputs")
     k = num_draft_tokens
     walks = [chain_walk(c, len(y), k) for c, y in zip(counts, outputs)]
     steps = [s for w in walks for s in w]
@@ -241,6 +253,8 @@ def chain_report(counts: list[list[int]], outputs: list[list[int]], num_draft_to
         :func:`repetition_loop_period` flags), ``looping_prompt_indices``, and the pooled
         ``accept_len_looping`` / ``accept_len_non_looping`` at j = k (None when a group is empty).
     """
+    if len(counts) != len(outputs):
+        raise ValueError(f"chain_report: {len(counts)} count lists for {len(outputs)} outputs")
     k = num_draft_tokens
     lengths = [len(y) for y in outputs]
 

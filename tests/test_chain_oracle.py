@@ -38,6 +38,13 @@ def test_chain_walk_hand_worked():
         chain_walk(counts, 8, 0)
 
 
+def test_bad_counts_and_mismatched_lists_are_refused():
+    with pytest.raises(ValueError, match="counts must be >= 0"):
+        chain_walk([0, -3, -3, 0], 4, 2)  # would walk backwards forever
+    with pytest.raises(ValueError, match="2 count lists for 1 outputs"):
+        walk_metrics([[0, 1], [0, 1]], [[5, 6]], 2)
+
+
 def test_repetition_loop_period_hand_worked():
     assert repetition_loop_period([5] * 16) == 1
     assert repetition_loop_period([5] * 15) is None            # periodic, but shorter than 16
@@ -132,6 +139,13 @@ def test_oracle_on_the_decoders_own_features_equals_its_own_forward(setup, train
     with pytest.raises(ValueError, match="features cover"):
         accepted_draft_counts(target, trained_drafter, p, y, num_draft_tokens=K, aux_layer_ids=None,
                               features=run["features"][:, :-1])
+    f = run["features"]
+    for bad, match in ((f[0], "must be a float tensor"), (f.repeat(2, 1, 1), "must be a float tensor"),
+                       (f[..., :-1], "must be a float tensor"), (f.long(), "must be a float tensor"),
+                       (torch.full_like(f, float("nan")), "NaN or inf")):
+        with pytest.raises(ValueError, match=match):
+            accepted_draft_counts(target, trained_drafter, p, y, num_draft_tokens=K, aux_layer_ids=None,
+                                  features=bad)
 
 
 def test_ngram_oracle_equals_real_decoding_with_eos(setup):
