@@ -11,7 +11,9 @@ Rows (tokens/s, median over timed batches of B x T tokens):
             buffers (no concatenation, no in-memory serialisation); timed from the first forward
             to the manifest (all bytes durable); ``tail_s`` is the part after the last sample
             was handed over (the last shard's write, which no compute can hide).
-Plus local disk's fsync'd write rate and bytes/token.
+Plus local disk's fsync'd write rate and bytes/token. ``--dtype float8_e4m3fn`` adds an ``e2e``
+run with fp8 aux states, quantised on the GPU before the copy (eyas.features.quantize_capture, as
+stages/extract.py does): ``e2e_fp8``.
 
     python benchmarks/bench_extract.py --out bench_extract.json
 """
@@ -31,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from benchmarks.common import median, sync, timed, write_result  # noqa: E402
-from eyas.features import HostCopy, ShardWriter, bytes_per_token  # noqa: E402
+from eyas.features import FP8, HostCopy, ShardWriter, bytes_per_token, quantize_capture  # noqa: E402
 from eyas.target import Target  # noqa: E402
 
 
@@ -62,18 +64,23 @@ def e2e(target, batches, out_dir, dtype, pipelined: bool, shard_samples: int) ->
     host = HostCopy(dev)
     pending = None
 
+    fp8 = dtype == FP8
+
     def store(handle, ids):
         out = handle.wait()
         for j in range(ids.shape[0]):
             w.add(ids[j], torch.ones(ids.shape[1], dtype=torch.bool), out["aux_hidden"][j],
-                  out["final_hidden"][j], out["target_argmax"][j])
+                  out["final_hidden"][j], out["target_argmax"][j], out["aux_scale"][j] if fp8 else None)
 
     with torch.inference_mode():
         for ids in batches:
             att = torch.ones_like(ids)
             out = target.capture(ids.to(dev, non_blocking=True), att.to(dev, non_blocking=True), aux)
             if pipelined:
-                h = host.submit(out, {"aux_hidden": dtype, "final_hidden": dtype, "target_argmax": torch.int32})
+                if fp8:
+                    out = quantize_capture(out, len(aux))
+                h = host.submit(out, {"final_hidden": torch.bfloat16 if fp8 else dtype, "target_argmax": torch.int32,
+                                      **({} if fp8 else {"aux_hidden": dtype})})
                 if pending is not None:
                     store(*pending)
                 pending = (h, ids)
@@ -115,6 +122,7 @@ def main():
     ap.add_argument("--shard-samples", type=int, default=16)
     ap.add_argument("--dir", default=None, help="where shards go (default: a temp dir on local disk)")
     ap.add_argument("--tiny", action="store_true")
+    ap.add_argument("--fp8", action="store_true", help="also the e2e run with fp8 aux states (e2e_fp8)")
     ap.add_argument("--out", default="bench_extract.json")
     a = ap.parse_args()
     target, cfg = build(a.tiny)
@@ -146,6 +154,12 @@ def main():
     res["e2e_sync"] = e2e(target, batches[:n_sync], root / "sync", dtype, False, a.shard_samples)
     shutil.rmtree(root / "sync", ignore_errors=True)
     print("e2e_sync", res["e2e_sync"], flush=True)
+    if a.fp8:
+        res["e2e_fp8"] = e2e(target, batches, root / "fp8", FP8, True, a.shard_samples)
+        shutil.rmtree(root / "fp8", ignore_errors=True)
+        res["e2e_fp8"]["bytes_per_token_floor"] = bytes_per_token(3, cfg.hidden_size, FP8)
+        res["e2e_fp8_over_bare"] = res["e2e_fp8"]["tokens_per_s"] / res["bare_tok_s"]
+        print("e2e_fp8", res["e2e_fp8"], flush=True)
     res["disk_write_GiB_s"] = disk_rate(root)
     res["disk_bound_tok_s"] = res["disk_write_GiB_s"] * 2**30 / res["bytes_per_token_floor"]
     for k in ("capture_tok_s", "disk_bound_tok_s"):

@@ -84,10 +84,48 @@ def exact_flops(c: DrafterConfig, rows, ttt: int, lm_head_trainable: bool) -> di
             "exact_peer_convention_lm_frozen": sum(parts.values()) - (ttt * 2 * p_head * T if lm_head_trainable else 0)}
 
 
+KERNEL_KINDS = (("gemm", ("gemm", "nvjet", "cutlass", "xmma", "sm90_", "cublas")),
+                ("attention", ("flex", "attention", "triton_tem")),
+                ("optimizer", ("adam", "multi_tensor", "foreach", "norm_kernel", "clip")),
+                ("copy/fill", ("memcpy", "memset", "copy", "fill", "cat")),
+                ("triton fused", ("triton_",)))
+
+
+def kernel_kind(name: str) -> str:
+    n = name.lower()
+    return next((kind for kind, keys in KERNEL_KINDS if any(k in n for k in keys)), "other")
+
+
+def profile_steps(step, n: int) -> dict:
+    """GPU kernel time of ``n`` calls of ``step`` (torch.profiler): per step, by kind (the first
+    matching rule of KERNEL_KINDS) and the 25 largest kernels, next to the wall time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    sync()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t0 = __import__("time").perf_counter()
+        for _ in range(n):
+            step()
+        sync()
+        wall = __import__("time").perf_counter() - t0
+    kernels = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+    per = [(e.key, e.self_device_time_total / 1e3 / n, e.count // n) for e in kernels]
+    kinds: dict = {}
+    for name, ms, _ in per:
+        kinds[kernel_kind(name)] = kinds.get(kernel_kind(name), 0.0) + ms
+    busy = sum(ms for _, ms, _ in per)
+    top = sorted(per, key=lambda x: -x[1])[:25]
+    return {"steps": n, "wall_ms_per_step": wall * 1e3 / n, "gpu_busy_ms_per_step": busy,
+            "ms_by_kind": {k: round(v, 2) for k, v in sorted(kinds.items(), key=lambda x: -x[1])},
+            "kernels_per_step": sum(c for _, _, c in per),
+            "top_kernels": [{"name": k[:160], "ms": round(ms, 3), "calls": c} for k, ms, c in top]}
+
+
 def bench(c, dev, tokens: int, ttt: int, freeze_lm_head: bool, warmup: int, steps: int, tiny: bool,
-          graphs: bool = False) -> dict:
+          graphs: bool = False, profile: int = 0) -> dict:
     """One timed configuration; ``graphs``: forward + backward replayed as a CUDA graph
-    (eyas.graphed.GraphedTTT, as train_drafter does on one GPU), else eager with compiled parts."""
+    (eyas.graphed.GraphedTTT, as train_drafter does on one GPU), else eager with compiled parts.
+    ``profile`` > 0: then that many steps under torch.profiler (:func:`profile_steps`)."""
     torch.manual_seed(0)
     with torch.device(dev):  # initialise on the device (a 1B-parameter CPU init takes seconds)
         d = Eagle3Drafter(c)
@@ -144,6 +182,10 @@ def bench(c, dev, tokens: int, ttt: int, freeze_lm_head: bool, warmup: int, step
            "losses": [round(x, 4) for x in losses], "n_timed": len(t)}
     if dev.type == "cuda":
         out["peak_alloc_GiB"] = torch.cuda.max_memory_allocated() / 2**30
+    if profile:
+        out["profile"] = profile_steps(step, profile)
+        print("profile:", {k: out["profile"][k] for k in ("wall_ms_per_step", "gpu_busy_ms_per_step", "ms_by_kind")},
+              flush=True)
     print(f"eyas T={fl['tokens']} ttt={ttt} lm_head={out['lm_head']:9s} {out['mode']:10s} attn={out['attn']}: "
           f"{out['step_ms_median']:.1f} ms  {out['tokens_per_s']:.0f} tok/s  MFU(exact) {out['mfu_exact']:.3f}  "
           f"peak {out.get('peak_alloc_GiB', 0):.1f} GiB  warmup {out['warmup_ms'][:2]}", flush=True)
@@ -154,33 +196,46 @@ def bench(c, dev, tokens: int, ttt: int, freeze_lm_head: bool, warmup: int, step
 
 
 def check_flex(c, dev, tokens: int, ttt: int) -> dict:
-    """ttt_forward loss/metrics and one ttt_step with flex attention vs the dense reference path
-    on the same weights and batch (CUDA, bf16 autocast)."""
-    import eyas.drafter as dr
+    """ttt_forward loss, metrics and gradients, and three ttt_steps, with flex attention vs the
+    dense reference path on the same weights and batch, under bf16 autocast and in fp32 (CUDA)."""
     torch.manual_seed(0)
     with torch.device(dev):
         d = Eagle3Drafter(c)
     d.set_vocab(torch.zeros(c.draft_vocab_size, dtype=torch.long), torch.arange(c.vocab_size) < c.draft_vocab_size)
+    d.lm_head.weight.requires_grad_(False)
     rows = DOCS[tokens] if c.hidden_size > 64 else TINY_DOCS[tokens]
     b = make_batch(rows, c, dev, 7)
     head = (torch.randn(c.draft_vocab_size, c.target_hidden_size) * 0.02).to(dev)
-    res = {}
-    for mode in ("dense", "flex"):
-        os.environ["EYAS_ATTN"] = mode
-        with torch.no_grad(), autocast(dev):
-            loss, m, _ = ttt_forward(d, b, head, ttt, 0.8)
-            h = d.project(b.aux_hidden.to(torch.float32))
-            cache, outs = [], []
-            for k in range(3):
-                h = d.ttt_step(h, b.input_ids, b.positions + k, b.doc_ids, cache)
-                outs.append(h.float())
-        res[mode] = (float(loss), m, outs)
-    os.environ["EYAS_ATTN"] = "flex"
-    rel = [float((a - f).norm() / a.norm()) for a, f in zip(res["dense"][2], res["flex"][2])]
-    out = {"loss_dense": res["dense"][0], "loss_flex": res["flex"][0],
-           "loss_rel_diff": abs(res["dense"][0] - res["flex"][0]) / abs(res["dense"][0]),
-           "ttt_step_rel_err": rel, "acc_0": [res["dense"][1]["acc_0"], res["flex"][1]["acc_0"]]}
-    print("flex vs dense:", out, flush=True)
+    params = [p for p in d.parameters() if p.requires_grad]
+    out = {}
+    for precision in ("bf16", "fp32"):
+        amp = autocast(dev) if precision == "bf16" else torch.autocast(dev.type, enabled=False)
+        res = {}
+        for mode in ("dense", "flex"):
+            os.environ["EYAS_ATTN"] = mode
+            for p in params:
+                p.grad = None
+            with amp:
+                loss, m, _ = ttt_forward(d, b, head, ttt, 0.8)
+            loss.backward()
+            grads = [p.grad.float().clone() for p in params]
+            with torch.no_grad(), amp:
+                h = d.project(b.aux_hidden.to(torch.float32))
+                cache, outs = [], []
+                for k in range(3):
+                    h = d.ttt_step(h, b.input_ids, b.positions + k, b.doc_ids, cache)
+                    outs.append(h.float())
+            res[mode] = (float(loss.detach()), m, outs, grads)
+        os.environ["EYAS_ATTN"] = "flex"
+        gd, gf = res["dense"][3], res["flex"][3]
+        out[precision] = {
+            "loss_dense": res["dense"][0], "loss_flex": res["flex"][0],
+            "loss_rel_diff": abs(res["dense"][0] - res["flex"][0]) / abs(res["dense"][0]),
+            "grad_rel_err": (sum(float((a - f).norm() ** 2) for a, f in zip(gd, gf))
+                             / sum(float(a.norm() ** 2) for a in gd)) ** 0.5,
+            "ttt_step_rel_err": [float((a - f).norm() / a.norm()) for a, f in zip(res["dense"][2], res["flex"][2])],
+            "acc_0": [res["dense"][1]["acc_0"], res["flex"][1]["acc_0"]]}
+        print(f"flex vs dense ({precision}):", out[precision], flush=True)
     del d
     return out
 
@@ -240,6 +295,7 @@ def main():
     ap.add_argument("--modes", nargs="+", default=["eager", "graphs"], choices=["eager", "graphs"],
                     help="graphs: CUDA-graph replay (train_drafter's default on one GPU); eager: compiled parts only")
     ap.add_argument("--skip-checks", action="store_true", help="skip the flex-vs-dense and graph-vs-eager checks")
+    ap.add_argument("--profile", type=int, default=0, help="then profile this many steps (kernel time by kind)")
     ap.add_argument("--out", default="bench_train.json")
     a = ap.parse_args()
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -263,7 +319,8 @@ def main():
                 if mode == "graphs" and dev.type != "cuda":
                     continue
                 try:
-                    doc["runs"].append(bench(c, dev, T, a.ttt, freeze, a.warmup, a.steps, a.tiny, mode == "graphs"))
+                    doc["runs"].append(bench(c, dev, T, a.ttt, freeze, a.warmup, a.steps, a.tiny, mode == "graphs",
+                                             a.profile))
                 except Exception as e:  # noqa: BLE001
                     import traceback; traceback.print_exc()
                     doc["errors"].append(f"T={T} freeze={freeze} mode={mode}: {e!r}")

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -88,6 +89,15 @@ class DrafterConfig:
         return asdict(self)
 
 
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm over the last dim in fp32, scaled by ``weight`` after casting back to x's dtype
+    (HF Llama's order): x [..., D], weight [D] -> [..., D]."""
+    dtype = x.dtype
+    x = x.float()
+    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x.to(dtype)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -95,10 +105,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+        return rms_norm(x, self.weight, self.eps)
 
 
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype) -> tuple:
@@ -117,43 +124,44 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos[:, None] + rotated * sin[:, None]
 
 
+def expand_kv(t: torch.Tensor, rep: int) -> torch.Tensor:
+    """Grouped-query attention: kv heads [B, nkv, T, hd] -> [B, nkv * rep, T, hd]."""
+    return t.repeat_interleave(rep, dim=1) if rep > 1 else t
+
+
 class Attention(nn.Module):
+    """The attention projections (parameters only; the math is :func:`layer_pre`/:func:`layer_post`)."""
+
     def __init__(self, c: DrafterConfig):
         super().__init__()
-        self.c = c
         self.q_proj = nn.Linear(2 * c.hidden_size, c.num_attention_heads * c.head_dim, bias=False)
         self.k_proj = nn.Linear(2 * c.hidden_size, c.num_key_value_heads * c.head_dim, bias=False)
         self.v_proj = nn.Linear(2 * c.hidden_size, c.num_key_value_heads * c.head_dim, bias=False)
         self.o_proj = nn.Linear(c.num_attention_heads * c.head_dim, c.hidden_size, bias=False)
 
-    def qkv(self, x: torch.Tensor, positions: torch.Tensor):
-        """x [B, T, 2H] -> q [B, nh, T, hd], k/v [B, nkv, T, hd], RoPE applied at ``positions``."""
-        B, T, _ = x.shape
-        c = self.c
-        q = self.q_proj(x).view(B, T, c.num_attention_heads, c.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(B, T, c.num_key_value_heads, c.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(B, T, c.num_key_value_heads, c.head_dim).transpose(1, 2)
-        cos, sin = rope_cos_sin(positions, c.head_dim, c.rope_theta, q.dtype)
-        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
-
-    def _expand_kv(self, t: torch.Tensor) -> torch.Tensor:
-        rep = self.c.num_attention_heads // self.c.num_key_value_heads
-        return t.repeat_interleave(rep, dim=1) if rep > 1 else t
-
-    def out(self, o: torch.Tensor) -> torch.Tensor:
-        B, nh, T, hd = o.shape
-        return self.o_proj(o.transpose(1, 2).reshape(B, T, nh * hd))
-
 
 class Mlp(nn.Module):
+    """The SwiGLU projections (parameters only; the math is :func:`layer_post`)."""
+
     def __init__(self, c: DrafterConfig):
         super().__init__()
         self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
         self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
         self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+class LayerWeights(NamedTuple):
+    """The decoder layer's weights as one forward pass uses them (:meth:`MidLayer.weights`):
+    q/k/v stacked into one matrix and gate/up into another (one GEMM each instead of three and
+    two), the matrices optionally cast once. Norm weights stay in their own dtype."""
+
+    input_norm: torch.Tensor   # [H]
+    hidden_norm: torch.Tensor  # [H]
+    qkv: torch.Tensor          # [(nh + 2 * nkv) * hd, 2H]: q rows, then k, then v
+    o: torch.Tensor            # [H, nh * hd]
+    post_norm: torch.Tensor    # [H]
+    gate_up: torch.Tensor      # [2I, H]: gate rows, then up
+    down: torch.Tensor         # [H, I]
 
 
 class MidLayer(nn.Module):
@@ -165,13 +173,49 @@ class MidLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.mlp = Mlp(c)
 
-    def attn_input(self, embeds: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-        # embedding FIRST, then the normed hidden state (EAGLE, SpecForge, SGLang, vLLM agree)
-        return torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
+    def weights(self, dtype: torch.dtype | None = None) -> LayerWeights:
+        """The weights of one forward pass (differentiable: gradients reach the parameters).
 
-    def finish(self, hidden: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
-        h = hidden + attn_out  # the residual is the UN-normed hidden state
-        return h + self.mlp(self.post_attention_layernorm(h))
+        ``dtype`` (e.g. bf16 under autocast) casts the matrices ONCE for a whole TTT unroll:
+        autocast inside a torch.compile'd region would cast every weight at each of the unroll's
+        steps. As with eager autocast's cast cache, each step's weight gradients are then summed
+        in ``dtype`` before the one cast back to the parameter's dtype."""
+        a, m = self.self_attn, self.mlp
+
+        def w(lin: nn.Linear) -> torch.Tensor:
+            return lin.weight if dtype is None else lin.weight.to(dtype)
+
+        return LayerWeights(self.input_layernorm.weight, self.hidden_norm.weight,
+                            torch.cat([w(a.q_proj), w(a.k_proj), w(a.v_proj)]), w(a.o_proj),
+                            self.post_attention_layernorm.weight, torch.cat([w(m.gate_proj), w(m.up_proj)]),
+                            w(m.down_proj))
+
+
+def layer_pre(w: LayerWeights, c: DrafterConfig, embeds: torch.Tensor, hidden: torch.Tensor,
+              positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The decoder layer up to attention: embeds/hidden [B, T, H] -> q [B, nh, T, hd] and
+    k, v [B, nkv, T, hd], RoPE applied at ``positions`` [B, T]. The attention input is
+    ``cat([input_layernorm(embeds), hidden_norm(hidden)])``: embedding FIRST (EAGLE, SpecForge,
+    SGLang and vLLM agree)."""
+    B, T, _ = hidden.shape
+    nh, nkv, hd = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+    x = torch.cat([rms_norm(embeds, w.input_norm, c.rms_norm_eps), rms_norm(hidden, w.hidden_norm, c.rms_norm_eps)],
+                  dim=-1)
+    q, k, v = F.linear(x, w.qkv).split([nh * hd, nkv * hd, nkv * hd], dim=-1)
+    q = q.reshape(B, T, nh, hd).transpose(1, 2)
+    k = k.reshape(B, T, nkv, hd).transpose(1, 2)
+    v = v.reshape(B, T, nkv, hd).transpose(1, 2)
+    cos, sin = rope_cos_sin(positions, hd, c.rope_theta, q.dtype)
+    return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+
+def layer_post(w: LayerWeights, c: DrafterConfig, hidden: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+    """The decoder layer after attention: o [B, nh, T, hd] -> output [B, T, H]. The residual is
+    the UN-normed ``hidden`` [B, T, H]; the MLP is SwiGLU ``down(silu(gate(x)) * up(x))``."""
+    B, nh, T, hd = o.shape
+    h = hidden + F.linear(o.transpose(1, 2).reshape(B, T, nh * hd), w.o)
+    gate, up = F.linear(rms_norm(h, w.post_norm, c.rms_norm_eps), w.gate_up).chunk(2, dim=-1)
+    return h + F.linear(F.silu(gate) * up, w.down)
 
 
 class Eagle3Drafter(nn.Module):
@@ -217,12 +261,14 @@ class Eagle3Drafter(nn.Module):
         """aux_hidden [B, T, n_aux * target_hidden] -> [B, T, H] through ``fc``."""
         return self.fc(aux_hidden)
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Pre-norm hidden [..., H] -> draft logits [..., draft_vocab] (``lm_head(norm(h))``)."""
-        return self.lm_head(self.norm(hidden))
+    def logits(self, hidden: torch.Tensor, head_weight: torch.Tensor | None = None) -> torch.Tensor:
+        """Pre-norm hidden [..., H] -> draft logits [..., draft_vocab] (``lm_head(norm(h))``);
+        ``head_weight``: the lm_head weight [draft_vocab, H] already cast (TTT casts it once)."""
+        return F.linear(self.norm(hidden), self.lm_head.weight if head_weight is None else head_weight)
 
     # --- training-time test -------------------------------------------------------------
-    def ttt_step(self, hidden, input_ids, positions, doc_ids, cache: list) -> torch.Tensor:
+    def ttt_step(self, hidden, input_ids, positions, doc_ids, cache: list,
+                 weights: LayerWeights | None = None) -> torch.Tensor:
         """One TTT step over packed sequences.
 
         Args:
@@ -231,39 +277,43 @@ class Eagle3Drafter(nn.Module):
             positions: [B, T] int64 RoPE positions (already advanced by the step index).
             doc_ids: [B, T] int64 document of each packed token; attention never crosses them.
             cache: list of (k, v) from earlier steps of this TTT unroll; appended to in place.
+            weights: ``self.midlayer.weights(...)``, built once per unroll by the caller; ``None``
+                builds them here.
         Returns:
             [B, T, H] pre-norm hidden state. Query t attends causally (same document) to step-0
             keys and, from steps 1..k, only to the keys at its own index t: the keys a chain draft
             would have at serving time.
         """
-        attn = self.midlayer.self_attn
-        if use_flex_attention(hidden):
-            # CUDA: the elementwise work around the GEMMs (norms, RoPE, SiLU*up, residuals) runs
-            # through two torch.compile'd graphs shared by every TTT step; the block mask's step-0
-            # part is built once per batch (ttt_block_mask_cached)
-            q, k, v = _layer_fn("pre")(self.midlayer, self.embed_tokens(input_ids), hidden, positions)
+        c = self.config
+        w = self.midlayer.weights() if weights is None else weights
+        embeds = self.embed_tokens(input_ids)
+        if use_flex_attention(hidden, c.head_dim):
+            # CUDA: the layer around attention (norms, GEMMs, RoPE, SiLU*up, residuals) runs
+            # through two torch.compile'd graphs shared by every TTT step; attention is
+            # flex_ttt_attention (its block mask is built once per batch)
+            q, k, v = _compiled("pre", layer_pre)(w, c, embeds, hidden, positions)
             cache.append((k, v))
-            o = flex_ttt_attention(q, cache, doc_ids)
-            return _layer_fn("post")(self.midlayer, hidden, o)
-        x = self.midlayer.attn_input(self.embed_tokens(input_ids), hidden)
-        q, k, v = attn.qkv(x, positions)
+            return _compiled("post", layer_post)(w, c, hidden, flex_ttt_attention(q, cache, doc_ids))
+        q, k, v = layer_pre(w, c, embeds, hidden, positions)
         cache.append((k, v))
-        k0, v0 = attn._expand_kv(cache[0][0]), attn._expand_kv(cache[0][1])
-        scale = 1.0 / math.sqrt(self.config.head_dim)
+        rep = c.num_attention_heads // c.num_key_value_heads
+        k0, v0 = expand_kv(cache[0][0], rep), expand_kv(cache[0][1], rep)
+        scale = 1.0 / math.sqrt(c.head_dim)
         T = q.shape[2]
         s0 = torch.matmul(q, k0.transpose(-1, -2)) * scale  # [B, nh, T, T]
         causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
         allowed = causal[None] & (doc_ids[:, :, None] == doc_ids[:, None, :])
         s0 = s0.masked_fill(~allowed[:, None], float("-inf"))
-        diag = [(q * attn._expand_kv(kj)).sum(-1, keepdim=True) * scale for kj, _ in cache[1:]]
+        diag = [(q * expand_kv(kj, rep)).sum(-1, keepdim=True) * scale for kj, _ in cache[1:]]
         scores = torch.cat([s0, *diag], dim=-1).float().softmax(-1).to(q.dtype)
         o = torch.matmul(scores[..., :T], v0)
         for j, (_, vj) in enumerate(cache[1:]):
-            o = o + scores[..., T + j : T + j + 1] * attn._expand_kv(vj)
-        return self.midlayer.finish(hidden, attn.out(o))
+            o = o + scores[..., T + j : T + j + 1] * expand_kv(vj, rep)
+        return layer_post(w, c, hidden, o)
 
     # --- incremental decoding -----------------------------------------------------------
-    def decode(self, hidden, input_ids, positions, kv: "KVCache") -> torch.Tensor:
+    def decode(self, hidden, input_ids, positions, kv: "KVCache",
+               weights: LayerWeights | None = None) -> torch.Tensor:
         """Causal decoding over a KV cache (speculative decoding).
 
         Args:
@@ -271,39 +321,42 @@ class Eagle3Drafter(nn.Module):
                 [1, n, H] the drafter's own previous output (``fc`` skipped, as in SGLang).
             input_ids: [1, n] int64; positions: [1, n] int64 absolute positions.
             kv: the drafter's cache; the new keys/values are appended.
+            weights: ``self.midlayer.weights()``, reused across calls while the weights do not
+                change; ``None`` builds them here.
         Returns: [1, n, H] pre-norm hidden states.
         """
-        if hidden.shape[-1] != self.config.hidden_size:
+        c = self.config
+        if hidden.shape[-1] != c.hidden_size:
             hidden = self.fc(hidden)
-        attn = self.midlayer.self_attn
-        x = self.midlayer.attn_input(self.embed_tokens(input_ids), hidden)
-        q, k, v = attn.qkv(x, positions)
+        w = self.midlayer.weights() if weights is None else weights
+        q, k, v = layer_pre(w, c, self.embed_tokens(input_ids), hidden, positions)
         k, v = kv.append(k, v)
         n, total = q.shape[2], k.shape[2]
         mask = torch.ones(n, total, dtype=torch.bool, device=q.device).tril(total - n)
-        o = F.scaled_dot_product_attention(q, attn._expand_kv(k), attn._expand_kv(v), attn_mask=mask)
-        return self.midlayer.finish(hidden, attn.out(o))
+        rep = c.num_attention_heads // c.num_key_value_heads
+        o = F.scaled_dot_product_attention(q, expand_kv(k, rep), expand_kv(v, rep), attn_mask=mask)
+        return layer_post(w, c, hidden, o)
 
     def state_dict_for_export(self) -> dict[str, torch.Tensor]:
         """The tensors of the served checkpoint: everything but the (target's) embedding."""
         return {k: v for k, v in self.state_dict().items() if not k.startswith("embed_tokens")}
 
 
-# --- TTT attention on CUDA: one block-sparse flex_attention call per step ----------------------
+# --- TTT attention on CUDA: block-sparse flex_attention over step-0 keys + the diagonal ---------
 # Keys of step k are [step-0 keys | step-1 keys | ... | step-k keys] (each T long); query t may see
 # step-0 key j when j <= t in the same document, and key t of every later step (the diagonal).
-# The block mask skips every all-masked 128x128 tile, so the cost is the causal part plus one
-# tile per diagonal block: no [T, T] score matrix and no Python loop over diagonal keys.
-# The CPU path above is the reference (and what the tests check); EYAS_ATTN=dense forces it.
-
-_flex_fn = None
-_flex_broken = False
+# flex_attention covers the step-0 part (skipping every all-masked 128x128 tile: no [T, T] score
+# matrix); merge_diagonal adds the diagonal keys through the log-sum-exp.
+# The dense path of ttt_step is the reference (and what the CPU tests check); EYAS_ATTN=dense
+# forces it.
 
 
-def use_flex_attention(q: torch.Tensor) -> bool:
+def use_flex_attention(x: torch.Tensor, head_dim: int) -> bool:
+    """Whether TTT attention runs through :func:`flex_ttt_attention`: on CUDA (``x`` any input of
+    the step), for head_dim >= 16 (flex_attention's minimum), unless EYAS_ATTN is not "flex"."""
     import os
 
-    if _flex_broken or q.device.type != "cuda" or os.environ.get("EYAS_ATTN", "flex") != "flex":
+    if x.device.type != "cuda" or head_dim < 16 or os.environ.get("EYAS_ATTN", "flex") != "flex":
         return False
     try:
         import torch.nn.attention.flex_attention  # noqa: F401
@@ -312,100 +365,106 @@ def use_flex_attention(q: torch.Tensor) -> bool:
     return True
 
 
-def _layer_pre(layer: "MidLayer", embeds, hidden, positions):
-    return layer.self_attn.qkv(layer.attn_input(embeds, hidden), positions)
+_compiled_fns: dict = {}
 
 
-def _layer_post(layer: "MidLayer", hidden, o):
-    return layer.finish(hidden, layer.self_attn.out(o))
-
-
-_layer_fns: dict = {}
-
-
-def _layer_fn(name: str):
-    """``_layer_pre``/``_layer_post``, through torch.compile unless EYAS_COMPILE=0 or
-    EYAS_COMPILE_LAYER=0 (shapes are fixed per batch shape: dynamic=False)."""
+def _compile_enabled() -> bool:
     import os
 
-    fn = _layer_pre if name == "pre" else _layer_post
-    if os.environ.get("EYAS_COMPILE", "1") == "0" or os.environ.get("EYAS_COMPILE_LAYER", "1") == "0":
+    return os.environ.get("EYAS_COMPILE", "1") != "0"
+
+
+def _compiled(name: str, fn, dynamic: bool | None = False):
+    """``fn`` through torch.compile (one compiled function per ``name``), or ``fn`` itself when
+    EYAS_COMPILE=0. The layer halves (``pre``/``post``) also stay eager with EYAS_COMPILE_LAYER=0.
+    Shapes are fixed per batch shape: ``dynamic=False`` by default."""
+    import os
+
+    if not _compile_enabled() or (name in ("pre", "post") and os.environ.get("EYAS_COMPILE_LAYER", "1") == "0"):
         return fn
-    if name not in _layer_fns:
-        _layer_fns[name] = torch.compile(fn, dynamic=False)
-    return _layer_fns[name]
+    if name not in _compiled_fns:
+        _compiled_fns[name] = torch.compile(fn, dynamic=dynamic)
+    return _compiled_fns[name]
 
 
-_mask_memo: tuple | None = None  # (weakref to doc_ids, its _version, step-0 BlockMask)
+_mask_memo: tuple | None = None  # (weakref to doc_ids, its _version, BlockMask)
 
 
-def ttt_block_mask_cached(doc_ids: torch.Tensor, num_steps: int):
-    """:func:`ttt_block_mask`, with the step-0 (causal, same-document) part built once per
-    ``doc_ids`` tensor and the diagonal blocks of steps 1..n-1 appended as block indices (no
-    mask evaluation over the n*T keys). Falls back to a full build when T is not a multiple of
-    the block size."""
+def doc_causal_block_mask(doc_ids: torch.Tensor):
+    """The flex_attention BlockMask of causal attention inside packed documents: query t sees
+    key j <= t when ``doc_ids[b, t] == doc_ids[b, j]`` (doc_ids [B, T] int64). Memoised on the
+    tensor and its version: every TTT step of a batch shares one mask, and ``copy_`` into
+    ``doc_ids`` (as eyas.graphed.GraphedTTT does, inside its graph) builds a new one."""
     global _mask_memo
     import weakref
 
-    from torch.nn.attention.flex_attention import _DEFAULT_SPARSE_BLOCK_SIZE as BS, BlockMask
-
-    B, T = doc_ids.shape
-    if T % BS != 0:
-        return ttt_block_mask(doc_ids, num_steps)
-    m = _mask_memo
-    if m is not None and m[0]() is doc_ids and m[1] == doc_ids._version:
-        base = m[2]
-    else:
-        base = ttt_block_mask(doc_ids, 1)
-        _mask_memo = (weakref.ref(doc_ids), doc_ids._version, base)
-    n = num_steps
-    if n == 1:
-        return base
-    nb = T // BS
-    num, idx = base.kv_num_blocks, base.kv_indices  # [B, 1, nb], [B, 1, nb, nb]
-    rows = torch.arange(nb, device=idx.device, dtype=idx.dtype)
-    diag = (rows[:, None] + nb * torch.arange(1, n, device=idx.device, dtype=idx.dtype)[None, :])
-    diag = diag.expand(*idx.shape[:2], nb, n - 1)
-    pad = idx.new_zeros(*idx.shape[:3], n * nb - nb - (n - 1))
-    # valid entries first: the n-1 diagonal blocks, then the step-0 partial blocks
-    new_idx = torch.cat([diag, idx, pad], dim=-1)
-    full_num = full_idx = None
-    if base.full_kv_num_blocks is not None:
-        full_num = base.full_kv_num_blocks
-        full_idx = torch.cat([base.full_kv_indices, base.full_kv_indices.new_zeros(*idx.shape[:3], n * nb - nb)], -1)
-    return BlockMask.from_kv_blocks(num + (n - 1), new_idx, full_num, full_idx, BLOCK_SIZE=base.BLOCK_SIZE,
-                                    mask_mod=base.mask_mod, seq_lengths=(T, n * T))
-
-
-def ttt_block_mask(doc_ids: torch.Tensor, num_steps: int):
-    """The flex_attention BlockMask of a TTT step with ``num_steps`` key sets of length T."""
     from torch.nn.attention.flex_attention import create_block_mask
 
-    B, T = doc_ids.shape
+    m = _mask_memo
+    if m is not None and m[0]() is doc_ids and m[1] == doc_ids._version:
+        return m[2]
 
     def mask_mod(b, h, q_idx, kv_idx):
-        j = kv_idx % T
-        first = kv_idx < T
-        causal = (j <= q_idx) & (doc_ids[b, q_idx] == doc_ids[b, j])
-        return (first & causal) | (~first & (j == q_idx))
+        return (kv_idx <= q_idx) & (doc_ids[b, q_idx] == doc_ids[b, kv_idx])
 
-    return create_block_mask(mask_mod, B, None, T, num_steps * T, device=doc_ids.device, _compile=True)
+    B, T = doc_ids.shape
+    mask = create_block_mask(mask_mod, B, None, T, T, device=doc_ids.device,
+                             _compile=_compile_enabled() and doc_ids.device.type == "cuda")
+    _mask_memo = (weakref.ref(doc_ids), doc_ids._version, mask)
+    return mask
+
+
+def merge_diagonal(q: torch.Tensor, o0: torch.Tensor, lse0: torch.Tensor, kd: torch.Tensor,
+                   vd: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Add the diagonal keys of TTT steps 1..n to attention over the step-0 keys, exactly.
+
+    Args:
+        q: [B, nh, T, hd] queries; o0 [B, nh, T, hd] their attention output over the step-0 keys
+            and lse0 [B, nh, T] float32 its log-sum-exp of scaled scores (natural log).
+        kd, vd: [B, nkv, T, W, hd] the keys/values of steps 1..n stacked (W >= n; query t sees only
+            index t of each; grouped-query: head h uses kv head h // (nh / nkv)).
+        valid: [W] bool, True for the n real entries of kd/vd (the rest is padding, never seen).
+    Returns:
+        [B, nh, T, hd] in q's dtype: softmax attention over the union of the step-0 keys and the n
+        diagonal keys, the two parts weighted by their log-sum-exps (computed in float32).
+    """
+    B, nh, T, hd = q.shape
+    nkv = kd.shape[1]
+    qg = q.float().view(B, nkv, nh // nkv, T, 1, hd)
+    s = (qg * kd.float()[:, :, None]).sum(-1) / math.sqrt(hd)  # [B, nkv, rep, T, W]
+    s = s.masked_fill(~valid, float("-inf"))
+    lse0 = lse0.view(B, nkv, nh // nkv, T)
+    lse = torch.logaddexp(lse0, torch.logsumexp(s, dim=-1))
+    o = o0.float().view(B, nkv, nh // nkv, T, hd) * torch.exp(lse0 - lse)[..., None]
+    o = o + (torch.exp(s - lse[..., None])[..., None] * vd.float()[:, :, None]).sum(-2)
+    return o.view(B, nh, T, hd).to(q.dtype)
 
 
 def flex_ttt_attention(q: torch.Tensor, cache: list, doc_ids: torch.Tensor) -> torch.Tensor:
-    """TTT attention of q [B, nh, T, hd] over the cached (k, v) of steps 0..k: [B, nh, T, hd]."""
-    global _flex_fn
-    from torch.nn.attention.flex_attention import flex_attention
+    """TTT attention of q [B, nh, T, hd] over the cached (k, v) of steps 0..n: [B, nh, T, hd].
 
-    if _flex_fn is None:
-        _flex_fn = torch.compile(flex_attention)
-    n = len(cache)
-    k = cache[0][0] if n == 1 else torch.cat([kv[0] for kv in cache], dim=2)
-    v = cache[0][1] if n == 1 else torch.cat([kv[1] for kv in cache], dim=2)
-    v = v.to(q.dtype)
-    k = k.to(q.dtype)
-    return _flex_fn(q, k, v, block_mask=ttt_block_mask_cached(doc_ids, n),
-                    enable_gqa=q.shape[1] != k.shape[1])
+    The step-0 keys go through one block-sparse flex_attention call with the causal same-document
+    mask (:func:`doc_causal_block_mask`, the same at every step), which also returns its
+    log-sum-exp; the keys of steps 1..n are one per query (its own index), so
+    :func:`merge_diagonal` adds them with per-row dot products. No n*T key set is concatenated
+    and no kernel tile is spent on a diagonal key. The stacked diagonal keys are one compiled
+    graph for every n >= 2 (their count is marked dynamic); n = 1 is padded to 2."""
+    from torch.nn.attention.flex_attention import AuxRequest, flex_attention
+
+    k0, v0 = cache[0]
+    o0, aux = _compiled("flex", flex_attention, dynamic=None)(
+        q, k0.to(q.dtype), v0.to(q.dtype), block_mask=doc_causal_block_mask(doc_ids),
+        enable_gqa=q.shape[1] != k0.shape[1], return_aux=AuxRequest(lse=True))
+    n = len(cache) - 1
+    if n == 0:
+        return o0
+    pad = [torch.zeros_like(k0)] * (n == 1)  # a size-1 dim would be specialised, not dynamic
+    kd = torch.stack([k for k, _ in cache[1:]] + pad, dim=3)
+    vd = torch.stack([v for _, v in cache[1:]] + pad, dim=3)
+    valid = torch.arange(kd.shape[3], device=q.device) < n
+    for t in (kd, vd, valid):
+        torch._dynamo.maybe_mark_dynamic(t, t.dim() - 2 if t.dim() > 1 else 0)
+    return _compiled("merge", merge_diagonal)(q, o0, aux.lse, kd, vd, valid)
 
 
 class KVCache:

@@ -228,17 +228,28 @@ class ShardWriter:
                 t.start()
                 self._threads.append(t)
 
-    def add(self, input_ids, loss_mask, aux_hidden, final_hidden, target_argmax) -> None:
+    def add(self, input_ids, loss_mask, aux_hidden, final_hidden, target_argmax, aux_scale=None) -> None:
         """One sample: input_ids/loss_mask/target_argmax [T]; aux_hidden [T, n_aux*H]; final_hidden [T, H].
-        With fp8 storage aux_hidden is quantised here (:func:`quantize_fp8`; pass it in a wider
-        float dtype) and final_hidden stored as bfloat16."""
+        With fp8 storage aux_hidden is quantised here (:func:`quantize_fp8`) when it comes in a
+        wider float dtype, or arrives quantised (float8_e4m3fn, with ``aux_scale`` [T, n_aux]
+        float32: :func:`quantize_capture` on the GPU, before the host copy); final_hidden is stored
+        as bfloat16.
+
+        Raises:
+            ValueError: fp8 ``aux_hidden`` without its ``aux_scale``.
+        """
         sample = {
             "input_ids": input_ids.to(torch.int32).cpu(),
             "loss_mask": loss_mask.to(torch.uint8).cpu(),
             "target_argmax": target_argmax.to(torch.int32).cpu(),
         }
         if self.dtype == FP8:
-            q, scale = quantize_fp8(aux_hidden, aux_hidden.shape[-1] // final_hidden.shape[-1])
+            if aux_hidden.dtype == FP8:
+                if aux_scale is None:
+                    raise ValueError(f"{self.out}: sample {self.num_samples} has fp8 aux_hidden but no aux_scale")
+                q, scale = aux_hidden, aux_scale
+            else:
+                q, scale = quantize_fp8(aux_hidden, aux_hidden.shape[-1] // final_hidden.shape[-1])
             sample["aux_hidden"], sample["aux_hidden" + SCALE_SUFFIX] = q.cpu(), scale.cpu()
             sample["final_hidden"] = final_hidden.to(torch.bfloat16).cpu()
         else:
@@ -349,6 +360,16 @@ class ShardWriter:
         write_json(self.out / MANIFEST, manifest)
         (self.out / PROGRESS).unlink(missing_ok=True)  # after the manifest: complete either way
         return manifest
+
+
+def quantize_capture(out: dict[str, torch.Tensor], n_aux: int) -> dict[str, torch.Tensor]:
+    """A capture (``Target.capture``: aux_hidden [B, T, n_aux*H], ...) with aux_hidden quantised
+    where it lies (:func:`quantize_fp8`, per token and layer) and its scales added as
+    ``aux_scale`` [B, T, n_aux] float32: on a GPU, fp8 crosses to the host instead of bf16."""
+    aux = out["aux_hidden"]
+    B, T, D = aux.shape
+    q, scale = quantize_fp8(aux.reshape(B * T, D), n_aux)
+    return {**out, "aux_hidden": q.view(B, T, D), "aux_scale": scale.view(B, T, n_aux)}
 
 
 class HostCopy:

@@ -7,13 +7,14 @@ are static for a given batch shape, so the whole forward (block masks included) 
 be recorded once and replayed as one launch (PyTorch's "whole network capture",
 https://pytorch.org/docs/stable/notes/cuda.html#cuda-graphs).
 
-What the graph holds: zeroing the gradients, :func:`eyas.ttt.ttt_loss_stats` under bf16 autocast
-(the flex block mask of the batch is rebuilt from the static ``doc_ids`` inside the graph, so
-every batch gets its own mask) and ``loss.backward()``, which accumulates into gradient tensors
-allocated once before capture. Not in the graph: copying the batch into the static inputs, the
-finiteness check, clipping and the optimizer step (eager, unchanged), so a non-finite loss still
-stops training before any update. The caller must not set ``.grad`` to ``None``
-(``zero_grad(set_to_none=True)``) between steps: the graph writes into the tensors it captured.
+What the graph holds: :func:`eyas.ttt.ttt_loss_stats` under bf16 autocast (the flex block mask of
+the batch is rebuilt from the static ``doc_ids`` inside the graph, so every batch gets its own
+mask) and ``loss.backward()``, whose gradients are allocated in the graph's memory pool during
+capture and rewritten by every replay (no zeroing pass, no accumulation into old gradients). Not
+in the graph: copying the batch into the static inputs, the finiteness check, clipping and the
+optimizer step (eager, unchanged), so a non-finite loss still stops training before any update.
+The caller must not replace ``.grad`` (``zero_grad(set_to_none=True)``) between steps: the
+optimizer must read the tensors the graph writes.
 
 One graph (one batch shape) at a time: :func:`pad_batch` pads batches to a fixed shape with rows
 that carry no loss and attend only to themselves, so a training run captures once.
@@ -32,11 +33,12 @@ _TENSOR_FIELDS = ("input_ids", "loss_mask", "aux_hidden", "final_hidden", "targe
 
 
 def cuda_graphs_enabled(device: torch.device | str, world: int = 1) -> bool:
-    """Whether training replays CUDA graphs: opt-in with ``EYAS_CUDA_GRAPHS=1``, on CUDA, single
-    process (DDP's gradient hooks are not captured), unless ``EYAS_COMPILE=0``. Off by default:
-    benchmarked (benchmarks/README.md, round 4) but not yet run through a whole training stage."""
+    """Whether training replays CUDA graphs: on CUDA, single process (DDP's gradient hooks are not
+    captured), unless ``EYAS_CUDA_GRAPHS=0`` or ``EYAS_COMPILE=0``. Measured in
+    benchmarks/README.md (rounds 4-5); a whole train_drafter run with graphs matches eager
+    (tests/test_graphed.py, on a GPU)."""
     return (torch.device(device).type == "cuda" and world == 1
-            and os.environ.get("EYAS_CUDA_GRAPHS", "0") == "1" and os.environ.get("EYAS_COMPILE", "1") != "0")
+            and os.environ.get("EYAS_CUDA_GRAPHS", "1") != "0" and os.environ.get("EYAS_COMPILE", "1") != "0")
 
 
 def pad_batch(batch: Batch, rows: int, tokens: int) -> Batch:
@@ -80,7 +82,10 @@ class GraphedTTT:
         self.captures = 0
 
     def _body(self):
-        torch._foreach_zero_([p.grad for p in self.params])
+        # gradients are written, not accumulated: during capture backward allocates them in the
+        # graph's pool and every replay rewrites that memory (no zeroing pass, no add into it)
+        for p in self.params:
+            p.grad = None
         with autocast(self.static.input_ids.device):
             loss, stats = ttt_loss_stats(self.drafter, self.static, self.head_rows, self.ttt_length,
                                          self.step_decay)
@@ -94,16 +99,13 @@ class GraphedTTT:
     def _capture(self, batch: Batch) -> None:
         self.graph = self.loss = self.stats = None
         self.static = Batch(**{n: getattr(batch, n).clone() for n in _TENSOR_FIELDS}, sample_ids=[])
-        for p in self.params:
-            if p.grad is None or p.grad.shape != p.shape:
-                p.grad = torch.zeros_like(p)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(self.warmup):
                 self._body()
         torch.cuda.current_stream().wait_stream(side)
-        # copy_ bumps doc_ids' version, so the block-mask memo (eyas.drafter.ttt_block_mask_cached)
+        # copy_ bumps doc_ids' version, so the block-mask memo (eyas.drafter.doc_causal_block_mask)
         # misses and the mask is built INSIDE the graph, from the static doc_ids
         self._load(batch)
         self.graph = torch.cuda.CUDAGraph()

@@ -119,11 +119,13 @@ class EagleProposer:
         m = len(next_ids)
         pos = torch.arange(self.n_real, self.n_real + m, device=self.device)[None]
         ids = torch.tensor([next_ids], device=self.device)
-        self.h = self.drafter.decode(features[:, :m].to(self.device, self.dtype), ids, pos, self.kv)[:, -1:]
+        self.h = self.drafter.decode(features[:, :m].to(self.device, self.dtype), ids, pos, self.kv,
+                                     self.weights)[:, -1:]
         self.n_real += m
 
     def prefill(self, tokens, features):
         self.kv, self.n_real = KVCache(), 0
+        self.weights = self.drafter.midlayer.weights()  # built once per sequence, not per decode call
         self._feed(features, tokens[1:])  # pairs (g_t, x_{t+1}), t = 0..n-1
 
     def propose(self, k):
@@ -133,7 +135,7 @@ class EagleProposer:
             drafts.append(d)
             if i + 1 < k:  # feed (own hidden, d) one position further to draft the next token
                 pos = torch.tensor([[self.n_real + i]], device=self.device)
-                h = self.drafter.decode(h, torch.tensor([[d]], device=self.device), pos, self.kv)
+                h = self.drafter.decode(h, torch.tensor([[d]], device=self.device), pos, self.kv, self.weights)
         return drafts
 
     def accept(self, committed, features):

@@ -162,11 +162,25 @@ class PackedLoader:
             yield pack(rows, [r for refs in plan_rows for r in refs])
 
 
-def teacher_probs(final_hidden: torch.Tensor, head_rows: torch.Tensor) -> torch.Tensor:
-    """Target distribution restricted to the draft vocab: softmax(final_hidden @ head_rows.T) in
-    fp32. final_hidden [B, T, H]; head_rows [draft_vocab, H] = target lm_head rows of the draft
-    vocab (in draft-id order). Returns [B, T, draft_vocab] float32."""
-    return torch.matmul(final_hidden.to(head_rows.dtype), head_rows.T).float().softmax(-1)
+def teacher_logits(final_hidden: torch.Tensor, head_rows: torch.Tensor, pad: int = 0
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The target's logits over the draft vocab and their log-sum-exp: the teacher distribution
+    is ``exp(logits - lse)``, the target's softmax restricted to the draft vocab and renormalised.
+
+    Args:
+        final_hidden: [B, T, H] the target's post-norm final hidden states.
+        head_rows: [draft_vocab, H] the target lm_head rows of the draft vocab, in draft-id order.
+        pad: zero rows appended after T (uniform teachers, never supervised), so every TTT step
+            can take a [B, T] window of the teacher (static shapes for torch.compile).
+    Returns:
+        (logits [B, T + pad, draft_vocab] in the matmul's dtype: bf16 under autocast, the
+        precision the teacher always had; lse [B, T + pad] float32).
+    """
+    h = final_hidden.to(head_rows.dtype)
+    if pad:
+        h = torch.cat([h, h.new_zeros(h.shape[0], pad, h.shape[2])], dim=1)
+    logits = torch.matmul(h, head_rows.T)
+    return logits, logits.float().logsumexp(-1)
 
 
 def step_mask(batch: Batch, k: int) -> torch.Tensor:
@@ -179,43 +193,41 @@ def supervised_counts(batch: Batch, ttt_length: int) -> torch.Tensor:
     return torch.stack([step_mask(batch, k).sum() for k in range(ttt_length)])
 
 
-def _token_loss(logits: torch.Tensor, teacher: torch.Tensor):
-    """Per-position soft cross-entropy against ``teacher`` [B, T', V] (T' <= T: the positions that
-    have a teacher at this step) in fp32, and the draft argmax over all T positions."""
+def _token_loss(logits: torch.Tensor, teacher_logits: torch.Tensor, teacher_lse: torch.Tensor):
+    """Per-position soft cross-entropy of ``logits`` [B, T, V] against the teacher
+    ``exp(teacher_logits - teacher_lse)`` ([B, T, V] and [B, T]) in fp32: ([B, T] float32, the
+    draft argmax [B, T] int64)."""
     logp = logits.float().log_softmax(-1)
-    return -(teacher * logp[:, : teacher.shape[1]]).sum(-1), logp.argmax(-1)
+    p = torch.exp(teacher_logits.float() - teacher_lse[..., None])
+    return -(p * logp).sum(-1), logp.argmax(-1)
 
 
-_compiled_token_loss = None
-
-
-def token_loss(logits: torch.Tensor, teacher: torch.Tensor):
-    """:func:`_token_loss`; on CUDA through torch.compile (one fused pass over the [T, V] logits
-    instead of materialising fp32 log-probabilities) unless ``EYAS_COMPILE=0``."""
-    global _compiled_token_loss
-    if logits.device.type != "cuda" or os.environ.get("EYAS_COMPILE", "1") == "0":
-        return _token_loss(logits, teacher)
-    if _compiled_token_loss is None:
-        _compiled_token_loss = torch.compile(_token_loss, dynamic=True)
-    return _compiled_token_loss(logits, teacher)
-
-
-def _head_token_loss(drafter: Eagle3Drafter, hidden: torch.Tensor, teacher: torch.Tensor):
-    return _token_loss(drafter.logits(hidden), teacher)
+def _head_token_loss(drafter: Eagle3Drafter, hidden: torch.Tensor, teacher_logits: torch.Tensor,
+                     teacher_lse: torch.Tensor, head_weight: torch.Tensor | None = None):
+    return _token_loss(drafter.logits(hidden, head_weight), teacher_logits, teacher_lse)
 
 
 _compiled_head_loss = None
 
 
-def head_token_loss(drafter: Eagle3Drafter, hidden: torch.Tensor, teacher: torch.Tensor):
-    """:func:`token_loss` of ``drafter.logits(hidden)``; on CUDA the final norm, lm_head and loss
-    are one torch.compile'd graph (unless ``EYAS_COMPILE=0``)."""
+def head_token_loss(drafter: Eagle3Drafter, hidden: torch.Tensor, teacher_logits: torch.Tensor,
+                    teacher_lse: torch.Tensor, head_weight: torch.Tensor | None = None):
+    """:func:`_token_loss` of ``drafter.logits(hidden, head_weight)``; on CUDA the final norm,
+    lm_head and loss are one torch.compile'd graph (static shapes: every TTT step passes [B, T]
+    windows), unless ``EYAS_COMPILE=0``."""
     global _compiled_head_loss
     if hidden.device.type != "cuda" or os.environ.get("EYAS_COMPILE", "1") == "0":
-        return _token_loss(drafter.logits(hidden), teacher)
+        return _head_token_loss(drafter, hidden, teacher_logits, teacher_lse, head_weight)
     if _compiled_head_loss is None:
-        _compiled_head_loss = torch.compile(_head_token_loss, dynamic=True)
-    return _compiled_head_loss(drafter, hidden, teacher)
+        _compiled_head_loss = torch.compile(_head_token_loss, dynamic=False)
+    return _compiled_head_loss(drafter, hidden, teacher_logits, teacher_lse, head_weight)
+
+
+def unroll_dtype(device) -> torch.dtype | None:
+    """The dtype autocast computes in on ``device`` (None when autocast is off there): the TTT
+    unroll casts its weights to it once (:meth:`eyas.drafter.MidLayer.weights`)."""
+    kind = torch.device(device).type
+    return torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else None
 
 
 def ttt_forward(drafter: Eagle3Drafter, batch: Batch, head_rows: torch.Tensor, ttt_length: int,
@@ -248,8 +260,12 @@ def ttt_loss_stats(drafter: Eagle3Drafter, batch: Batch, head_rows: torch.Tensor
         batch's device: per step the supervised positions, the step's mean loss, correct,
         chain-valid, chain-ok and chain-previous-ok counts; :func:`counts_from_stats` reads them).
     """
-    p_all = teacher_probs(batch.final_hidden, head_rows)
+    T = batch.input_ids.shape[1]
+    t_logits, t_lse = teacher_logits(batch.final_hidden, head_rows, pad=ttt_length)
     hidden = drafter.project(batch.aux_hidden.to(drafter.fc.weight.dtype))
+    cast = unroll_dtype(hidden.device)
+    weights = drafter.midlayer.weights(cast)
+    head_weight = drafter.lm_head.weight if cast is None else drafter.lm_head.weight.to(cast)
     cache: list = []
     total = hidden.new_zeros((), dtype=torch.float32)
     chain_ok = torch.ones_like(batch.loss_mask)
@@ -257,16 +273,17 @@ def ttt_loss_stats(drafter: Eagle3Drafter, batch: Batch, head_rows: torch.Tensor
     per_step = []  # device tensors; read back once at the end (no host sync inside the unroll)
     for k in range(ttt_length):
         ids_in = shift_left(batch.input_ids, 1 + k, 0)
-        # the teacher of index t is p_all[t+1+k]: a view, not a shifted copy; positions without
-        # one (t >= T-1-k) are never supervised (the step mask is False there)
-        teacher = p_all[:, 1 + k:]
+        # the teacher of index t is row t+1+k: a [B, T] window, not a shifted copy; positions
+        # without one (t >= T-1-k: padding rows) are never supervised (the step mask is False)
+        window = slice(1 + k, 1 + k + T)
         ref = shift_left(batch.target_argmax, 1 + k, -1)
         mask = step_mask(batch, k)
-        hidden = drafter.ttt_step(hidden, ids_in, batch.positions + k, batch.doc_ids, cache)
-        tok_loss, draft_argmax = head_token_loss(drafter, hidden, teacher)
+        hidden = drafter.ttt_step(hidden, ids_in, batch.positions + k, batch.doc_ids, cache, weights)
+        tok_loss, draft_argmax = head_token_loss(drafter, hidden, t_logits[:, window], t_lse[:, window],
+                                                 head_weight)
         n = mask.sum()
         # a where-sum, not boolean indexing: no device->host sync (nonzero) inside the unroll
-        loss_sum = torch.where(mask[:, : tok_loss.shape[1]], tok_loss, 0.0).sum()
+        loss_sum = torch.where(mask, tok_loss, 0.0).sum()
         loss_k = loss_sum / n.clamp(min=1)
         term = loss_k if step_norms is None else loss_sum / step_norms[k]
         total = total + (step_decay ** k) * term

@@ -68,8 +68,10 @@ def extract_split(target, rendered: list[dict], truncated: int, empty: int, out_
                       "aux": aux_ids}, [(r["input_ids"], r["loss_mask"]) for r in rendered]],
         sort_keys=True, default=str).encode()).hexdigest()
     dtype = getattr(torch, e.dtype)
-    # fp8 is quantised with per-token scales by the writer: the host copy keeps the model's dtype
-    host_dtype = target.model.dtype if dtype == features.FP8 else dtype
+    fp8 = dtype == features.FP8
+    # fp8: aux states are quantised on the device (per-token scales) before the host copy; the
+    # final hidden state is stored in bf16
+    host_dtype = torch.bfloat16 if fp8 else dtype
     dev = target.device
     # Overlap: batch i+1's forward runs while batch i's features cross to pinned host memory on a
     # side stream and earlier shards are written (fsync'd) by writer threads.
@@ -85,7 +87,8 @@ def extract_split(target, rendered: list[dict], truncated: int, empty: int, out_
         for j, r in enumerate(chunk):
             n = len(r["input_ids"])
             writer.add(ids[j, :n], torch.tensor(r["loss_mask"]), out["aux_hidden"][j, :n],
-                       out["final_hidden"][j, :n], out["target_argmax"][j, :n])
+                       out["final_hidden"][j, :n], out["target_argmax"][j, :n],
+                       out["aux_scale"][j, :n] if fp8 else None)
 
     for i in tqdm(range(writer.resumed_samples, len(rendered), e.batch_size), desc=f"extract {out_dir.name}",
                   unit="batch"):
@@ -97,7 +100,10 @@ def extract_split(target, rendered: list[dict], truncated: int, empty: int, out_
             ids[j, : len(r["input_ids"])] = torch.tensor(r["input_ids"])
             att[j, : len(r["input_ids"])] = 1
         out = target.capture(ids.to(dev, non_blocking=True), att.to(dev, non_blocking=True), aux_ids)
-        handle = host.submit(out, {"aux_hidden": host_dtype, "final_hidden": host_dtype, "target_argmax": torch.int32})
+        if fp8:
+            out = features.quantize_capture(out, len(aux_ids))
+        handle = host.submit(out, {"final_hidden": host_dtype, "target_argmax": torch.int32,
+                                   **({} if fp8 else {"aux_hidden": host_dtype})})
         if pending is not None:
             store(*pending)
         pending = (handle, chunk, ids)

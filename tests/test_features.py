@@ -182,3 +182,30 @@ def test_dvc_remote_push_clone_pull(tmp_path, monkeypatch):
     _dvc(["pull", "-q"], clone, monkeypatch)
     for name, data in files.items():
         assert (clone / "data/features/train" / name).read_bytes() == data
+
+
+def test_fp8_quantised_before_the_host_copy_writes_the_same_bytes(tmp_path):
+    """quantize_capture (what extract does on a GPU, per batch) + add(aux_scale=...) writes the
+    bytes the writer's own per-sample quantisation writes; fp8 without scales is refused."""
+    from eyas.features import quantize_capture
+    from tiny import tiny_target, write_features
+
+    ref = write_features(tiny_target(), tmp_path / "f32", 5, seed=4)
+    samples = list(ref.iter_samples())
+    batch = {"aux_hidden": torch.stack([s["aux_hidden"] for s in samples])}  # equal lengths: [5, T, 3H]
+    pre = quantize_capture(batch, 3)
+    assert pre["aux_hidden"].dtype == FP8 and pre["aux_scale"].shape == (5, samples[0]["input_ids"].numel(), 3)
+    fields = {k: ref.manifest[k] for k in ("aux_layers", "hidden_size", "vocab_size")}
+    for name, scaled in (("own", False), ("pre", True)):
+        w = ShardWriter(tmp_path / name, shard_samples=4, dtype=FP8)
+        for j, s in enumerate(samples):
+            aux = pre["aux_hidden"][j] if scaled else s["aux_hidden"]
+            w.add(s["input_ids"], s["loss_mask"], aux, s["final_hidden"], s["target_argmax"],
+                  pre["aux_scale"][j] if scaled else None)
+        w.finish(**fields)
+    for shard in ("shard-00000.safetensors", "shard-00001.safetensors"):
+        assert (tmp_path / "own" / shard).read_bytes() == (tmp_path / "pre" / shard).read_bytes()
+    w = ShardWriter(tmp_path / "bad", shard_samples=4, dtype=FP8)
+    s = samples[0]
+    with pytest.raises(ValueError, match="no aux_scale"):
+        w.add(s["input_ids"], s["loss_mask"], pre["aux_hidden"][0], s["final_hidden"], s["target_argmax"])

@@ -12,7 +12,7 @@ from eyas.graphed import GraphedTTT, pad_batch
 from eyas.ttt import Batch, autocast, ttt_forward
 
 CFG = DrafterConfig(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
-                    head_dim=8, vocab_size=100, draft_vocab_size=40, target_hidden_size=32, num_target_layers=8)
+                    head_dim=16, vocab_size=100, draft_vocab_size=40, target_hidden_size=32, num_target_layers=8)
 
 
 def batch(docs: list[list[int]], seed: int) -> Batch:
@@ -77,3 +77,44 @@ def test_graph_replay_equals_eager_over_batches_with_other_documents():
             assert float((p.grad - e).norm()) <= 1e-3 * float(e.norm()) + 1e-6
     assert g.captures == 1
     assert ref[0][0] != pytest.approx(ref[1][0], rel=1e-3)  # the two batches really differ
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_training_stage_with_graphs_matches_eager(tmp_path, monkeypatch):
+    """train_drafter on a GPU, the default (graph replay: padded static batches, one capture)
+    against EYAS_CUDA_GRAPHS=0 (eager): same train losses, val metrics and weights to bf16
+    precision over 6 optimizer steps."""
+    import eyas.graphed as graphed
+    from eyas.config import TrainParams
+    from eyas.tracking import Tracker
+    from eyas.train import new_drafter, train_drafter
+    from eyas.vocab import build_mapping, count_tokens
+    from tests.tiny import tiny_target, write_features
+
+    target = tiny_target()
+    train = write_features(target, tmp_path / "train", 24, seed=1)
+    val = write_features(target, tmp_path / "val", 8, seed=2)
+    head = target.head_weights()
+    ids, mask = train.token_stats()
+    mapping, _ = build_mapping(count_tokens(ids, mask, train.manifest["vocab_size"]), 64)
+    captures = []
+    real_capture = graphed.GraphedTTT._capture
+    monkeypatch.setattr(graphed.GraphedTTT, "_capture",
+                        lambda self, b: (captures.append(tuple(b.input_ids.shape)), real_capture(self, b))[1])
+    runs = {}
+    for mode in ("1", "0"):
+        monkeypatch.setenv("EYAS_CUDA_GRAPHS", mode)
+        d = new_drafter(train.manifest, mapping, head["embed_tokens"], seed=0)
+        tp = TrainParams(ttt_length=3, step_decay=0.8, batch_tokens=128, epochs=1, warmup_ratio=0.0,
+                         grad_clip=1.0, eval_every=100, max_steps=6)
+        r = train_drafter(d, train_store=train, val_store=val, lm_head=head["lm_head"], tp=tp, lr=1e-3, seed=0,
+                          tracker=Tracker(), device=torch.device("cuda"))
+        runs[mode] = ([c["loss"] for c in r.curve if c["split"] == "train"], r.final_val,
+                      torch.cat([p.detach().float().flatten() for p in d.parameters() if p.requires_grad]))
+    assert len(captures) == 1  # every batch padded to one static shape
+    (l1, v1, w1), (l0, v0, w0) = runs["1"], runs["0"]
+    assert len(l1) == len(l0) == 6
+    for a, b in zip(l1, l0):
+        assert a == pytest.approx(b, rel=2e-3)
+    assert v1["loss_0"] == pytest.approx(v0["loss_0"], rel=2e-3)
+    assert float((w1 - w0).norm()) <= 2e-3 * float(w0.norm())

@@ -2,6 +2,8 @@
 docstring), the same-document rule for packed rows, and the chain semantic of ``ttt_step`` checked
 against the drafter's incremental ``decode`` with a KV cache."""
 
+import math
+
 import pytest
 import torch
 
@@ -57,8 +59,8 @@ def _capture(drafter, monkeypatch):
     calls = []
     real = drafter.ttt_step
 
-    def spy(hidden, input_ids, positions, doc_ids, cache):
-        out = real(hidden, input_ids, positions, doc_ids, cache)
+    def spy(hidden, input_ids, positions, doc_ids, cache, weights=None):
+        out = real(hidden, input_ids, positions, doc_ids, cache, weights)
         calls.append({"hidden": hidden.detach().clone(), "input_ids": input_ids.clone(),
                       "positions": positions.clone(), "doc_ids": doc_ids.clone(), "out": out.detach().clone()})
         return out
@@ -165,3 +167,50 @@ def test_ttt_steps_equal_incremental_decode():
             assert torch.allclose(o2[0, 0], h2[0, t], atol=1e-5), (t, (o2[0, 0] - h2[0, t]).abs().max())
         # the comparison is not vacuous: step 1 differs from re-running step 0's attention
         assert not torch.allclose(h1, h0, atol=1e-3)
+
+
+def _dense_ttt_attention(q, ks, vs, doc):
+    """TTT attention written out: softmax over [step-0 keys (causal, same document) | the
+    query's own index in steps 1..n], GQA by repeating kv heads."""
+    rep, hd, T = q.shape[1] // ks[0].shape[1], q.shape[-1], q.shape[2]
+    k0, v0 = (t.repeat_interleave(rep, dim=1) for t in (ks[0], vs[0]))
+    s0 = q @ k0.transpose(-1, -2) / math.sqrt(hd)
+    allowed = torch.ones(T, T, dtype=torch.bool).tril()[None] & (doc[:, :, None] == doc[:, None, :])
+    s0 = s0.masked_fill(~allowed[:, None], float("-inf"))
+    diag = [(q * k.repeat_interleave(rep, dim=1)).sum(-1, keepdim=True) / math.sqrt(hd) for k in ks[1:]]
+    p = torch.cat([s0, *diag], dim=-1).softmax(-1)
+    o = p[..., :T] @ v0
+    for j, v in enumerate(vs[1:]):
+        o = o + p[..., T + j:T + j + 1] * v.repeat_interleave(rep, dim=1)
+    return o, s0.logsumexp(-1), p[..., :T] @ v0 / p[..., :T].sum(-1, keepdim=True)
+
+
+def test_flex_ttt_attention_equals_dense_softmax(monkeypatch):
+    """The CUDA path's attention (flex over step-0 keys, then merge_diagonal through the
+    log-sum-exp) equals one softmax over all allowed keys: forward through eager flex_attention
+    on CPU (no backward there), and merge_diagonal's gradients from a dense step-0 part."""
+    from eyas.drafter import flex_ttt_attention, merge_diagonal
+
+    monkeypatch.setenv("EYAS_COMPILE", "0")
+    g = torch.Generator().manual_seed(0)
+    B, nh, nkv, T, hd = 2, 4, 2, 128, 8
+    q = torch.randn(B, nh, T, hd, generator=g, requires_grad=True)
+    ks = [torch.randn(B, nkv, T, hd, generator=g, requires_grad=True) for _ in range(3)]
+    vs = [torch.randn(B, nkv, T, hd, generator=g, requires_grad=True) for _ in range(3)]
+    doc = torch.zeros(B, T, dtype=torch.long)
+    doc[0, 50:], doc[1, 100:] = 1, -1  # two documents; padding (doc -1) attends to itself
+    ref, lse0, o0 = _dense_ttt_attention(q, ks, vs, doc)
+    with torch.no_grad():
+        for n in (1, 3):  # step 0 alone, and step 2 (two diagonal keys)
+            out = flex_ttt_attention(q.detach(), [(k.detach(), v.detach()) for k, v in zip(ks[:n], vs[:n])], doc)
+            want = _dense_ttt_attention(q, ks[:n], vs[:n], doc)[0]
+            torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+    pad = [torch.zeros_like(ks[0])] * 3  # two real diagonal keys, three padding entries never seen
+    merged = merge_diagonal(q, o0, lse0, torch.stack(ks[1:] + pad, dim=3), torch.stack(vs[1:] + pad, dim=3),
+                            torch.arange(5) < 2)
+    torch.testing.assert_close(merged, ref, rtol=1e-5, atol=1e-5)
+    w = torch.randn(ref.shape, generator=g)
+    got = torch.autograd.grad((merged * w).sum(), [q, *ks, *vs], retain_graph=True)
+    want = torch.autograd.grad((ref * w).sum(), [q, *ks, *vs])
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
