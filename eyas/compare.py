@@ -21,7 +21,9 @@ Run: ``eyas compare [--experiment eyas] [--limit 8] [--all-params] [--out compar
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 import re
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -45,7 +47,24 @@ STAGE_METRICS: list[tuple[str, str | None, str]] = [
 
 
 class CompareError(RuntimeError):
-    """No store, no such experiment: the message says what is missing."""
+    """No store, no such experiment, no answer from the server: the message says what is missing."""
+
+
+# MLflow's own HTTP settings for the first request, which doubles as the reachability probe: its
+# defaults (7 retries with exponential backoff, 120 s timeout) wait minutes on a dead server
+_PROBE_HTTP_ENV = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "5"}
+
+
+@contextlib.contextmanager
+def _fail_fast_http():
+    """Set :data:`_PROBE_HTTP_ENV` for the block, except what the user set; then restore."""
+    unset = [k for k in _PROBE_HTTP_ENV if k not in os.environ]
+    os.environ.update({k: _PROBE_HTTP_ENV[k] for k in unset})
+    try:
+        yield
+    finally:
+        for k in unset:
+            os.environ.pop(k, None)
 
 
 @dataclass
@@ -169,10 +188,12 @@ def compare(uri: str | None = None, experiment: str | None = None, limit: int = 
     """Read the store and return the Markdown comparison.
 
     Raises:
-        CompareError: the sqlite file does not exist (nothing is created), or the MLflow
-            experiment does not.
+        CompareError: the sqlite file does not exist (nothing is created), the MLflow
+            experiment does not, or the tracking store does not answer its first request (a
+            dead or unreachable server fails within seconds; the message names the URI).
     """
     from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
 
     uri = uri or tracking_uri()
     db = _sqlite_path(uri)
@@ -180,7 +201,14 @@ def compare(uri: str | None = None, experiment: str | None = None, limit: int = 
         raise CompareError(f"no MLflow store at {db} (run the pipeline first, or set MLFLOW_TRACKING_URI)")
     name = experiment or _experiment_name()
     client = MlflowClient(tracking_uri=uri)
-    exp = client.get_experiment_by_name(name)
+    try:
+        with _fail_fast_http():
+            exp = client.get_experiment_by_name(name)
+    except MlflowException as e:
+        hint = (" (is the server up? MLFLOW_HTTP_REQUEST_TIMEOUT and MLFLOW_HTTP_REQUEST_MAX_RETRIES "
+                "make it wait longer)" if uri.startswith(("http:", "https:")) else "")
+        raise CompareError(f"cannot query the MLflow tracking store {_safe_uri(uri)}{hint}: "
+                           f"{_safe_uri(str(e))}") from e
     if exp is None:
         raise CompareError(f"no MLflow experiment {name!r} in {_safe_uri(uri)}")
     pipes = collect(client, exp.experiment_id, limit)

@@ -194,8 +194,9 @@ def parse_params(raw: dict | None, source: str = "params.yaml") -> Params:
     """Validate a raw params mapping against the schema.
 
     Raises:
-        ParamsError: on an unknown key or a wrong type; the message names ``source`` and the
-            key's dotted path (e.g. ``params.yaml: 'train.lr' must be a number``).
+        ParamsError: on an unknown key, a wrong type or a value out of range (e.g. an empty
+            ``distill.splits``); the message names ``source`` and the key's dotted path (e.g.
+            ``params.yaml: 'train.lr' must be a number``).
     """
     params = _build(Params, raw or {}, "", source)
     _check_ranges(params, source)
@@ -219,6 +220,8 @@ _RANGES = [
     ("distill.max_new_tokens", lambda v: v >= 1, ">= 1"),
     ("distill.batch_size", lambda v: v >= 1, ">= 1"),
     ("distill.max_prompt_tokens", lambda v: v >= 0, ">= 0 (0 = extract.max_length - distill.max_new_tokens)"),
+    ("distill.splits", lambda v: len(v) > 0,
+     "a non-empty list of splits to regenerate (to regenerate none, set 'distill.enabled: false')"),
     ("extract.max_length", lambda v: v >= 8, ">= 8"),
     ("extract.dtype", lambda v: v in _STORAGE_DTYPES,
      f"one of {_STORAGE_DTYPES} (hidden states are stored in it; float8_e4m3fn: aux states in fp8 with "

@@ -59,9 +59,11 @@ def inspect_checkpoint(path: str | Path, vocab_dir: str | Path | None = None,
         (name -> [shape, dtype]), ``num_params``, ``aux_layers``, ``vocab``, ``engines``
         (``sglang`` / ``vllm``: ``skipped_keys``, ``ignored_keys``, ``assumes``,
         ``embedding``), ``compare_vocab`` (with ``vocab_dir``), ``errors`` (the checkpoint is
-        wrong for serving) and ``warnings``.
+        wrong for serving, or ``vocab_dir`` maps a target vocab of another size) and ``warnings``.
     Raises:
-        FileNotFoundError: config.json or model.safetensors is missing.
+        FileNotFoundError: config.json or model.safetensors (or ``vocab_dir``'s
+            vocab.safetensors) is missing.
+        VocabError: ``vocab_dir``'s mapping is invalid in itself.
     """
     path = Path(path)
     raw_cfg = read_json(path / "config.json")
@@ -139,6 +141,14 @@ def inspect_checkpoint(path: str | Path, vocab_dir: str | Path | None = None,
         other, _ = load_mapping(vocab_dir)
         if mapping is None:
             report["compare_vocab"] = {"vocab_dir": str(vocab_dir), "error": "the checkpoint has no usable d2t"}
+        elif other.vocab_size != mapping.vocab_size:
+            # different tokenizers: overlaps "through target ids" would compare unrelated tokens
+            msg = (f"target vocab mismatch: {vocab_dir} maps a target vocab of {other.vocab_size} tokens, "
+                   f"the checkpoint's target has {mapping.vocab_size}: they are for different targets "
+                   f"(remap cannot bridge them)")
+            report["compare_vocab"] = {"vocab_dir": str(vocab_dir), "vocab_size_checkpoint": mapping.vocab_size,
+                                       "vocab_size_vocab_dir": other.vocab_size, "error": msg}
+            errors.append(msg)
         else:
             cmp = compare_mappings(mapping, other)
             cmp["vocab_dir"] = str(vocab_dir)

@@ -18,7 +18,18 @@ import sys
 from pathlib import Path
 
 
-def resolve_nproc(value) -> int:
+def resolve_nproc(value, source: str = "nproc") -> int:
+    """The process count for ``value`` (an int, a string of one, ``'auto'``, ``0`` or ``None``).
+
+    ``None`` / ``''`` = 1; ``0`` / ``'0'`` / ``'auto'`` = one per visible CUDA device (1 without).
+
+    Raises:
+        ValueError: ``value`` is a bool, a float (``2.5`` would silently become 2; the params schema
+            takes no float for ``train.nproc`` either), a string that is not an integer, or < 0.
+            The message names ``source`` (e.g. ``EYAS_NPROC``) and the value.
+    """
+    if isinstance(value, (bool, float)):  # before the `in` test: False == 0 and 0.0 == 0
+        raise ValueError(f"{source} must be an integer or 'auto', got {value!r}")
     if value in (None, "", "auto", 0, "0"):
         try:
             import torch
@@ -26,9 +37,12 @@ def resolve_nproc(value) -> int:
             return max(1, torch.cuda.device_count()) if value in ("auto", 0, "0") else 1
         except ImportError:
             return 1
-    n = int(value)
+    try:
+        n = int(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{source} must be an integer or 'auto', got {value!r}") from None
     if n < 1:
-        raise ValueError(f"nproc must be >= 1 or 'auto', got {value!r}")
+        raise ValueError(f"{source} must be >= 1 or 'auto', got {value!r}")
     return n
 
 
@@ -54,8 +68,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("module")
     ap.add_argument("args", nargs=argparse.REMAINDER)
     a = ap.parse_args(argv)
-    raw = a.nproc or os.environ.get("EYAS_NPROC") or nproc_from_params(section=a.params_section)
-    n = resolve_nproc(raw)
+    if a.nproc:
+        raw, source = a.nproc, "--nproc"
+    elif os.environ.get("EYAS_NPROC"):
+        raw, source = os.environ["EYAS_NPROC"], "EYAS_NPROC"
+    else:
+        raw, source = nproc_from_params(section=a.params_section), f"params.yaml {a.params_section}.nproc"
+    n = resolve_nproc(raw, source)
     if n <= 1 or "RANK" in os.environ:  # already inside torchrun: just run
         sys.argv = [a.module, *a.args]
         runpy.run_module(a.module, run_name="__main__", alter_sys=True)

@@ -39,6 +39,8 @@ def test_dvc_written_float_string_is_read_as_float(tmp_path):
     ({"eval": {"humaneval_prompts": 200}}, r"'eval.humaneval_prompts' must be in \[1, 164\]"),
     ({"lr": "nan"}, r"'lr' must be in \(0, 1\)"),
     ({"extract": {"aux_layers": [3, 2]}}, "unique and ascending"),
+    # an empty list regenerated nothing while distill.enabled said otherwise
+    ({"distill": {"splits": []}}, r"^params\.yaml: 'distill\.splits' must be a non-empty list .*, got \[\]$"),
     ({"distill": {"max_new_tokens": 600}}, r"'distill.max_new_tokens' \(600\) must be < 'extract.max_length'"),
 ])
 def test_bad_params_name_the_key(raw, message):

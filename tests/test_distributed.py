@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import sys
 
@@ -227,3 +228,29 @@ def test_launch_resolves_nproc_and_builds_torchrun_argv(tmp_path):
     assert argv[:3] == [sys.executable, "-m", "torch.distributed.run"]
     assert "--nproc-per-node=4" in argv
     assert argv[-2:] == ["stages.train_scratch", "--x"]
+
+
+@pytest.mark.parametrize("value, message", [
+    (2.5, "nproc must be an integer or 'auto', got 2.5"),  # used to run 2 processes
+    (2.0, "nproc must be an integer or 'auto', got 2.0"),  # the params schema refuses it too
+    (True, "nproc must be an integer or 'auto', got True"),  # used to run 1 (True == 1)
+    (False, "nproc must be an integer or 'auto', got False"),  # used to mean auto (False == 0)
+    ("2.5", "nproc must be an integer or 'auto', got '2.5'"),
+])
+def test_launch_refuses_non_integer_nproc(value, message):
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        launch.resolve_nproc(value)
+    with pytest.raises(ValueError, match=f"^EYAS_NPROC {re.escape(message.removeprefix('nproc '))}$"):
+        launch.resolve_nproc(value, "EYAS_NPROC")
+
+
+def test_launch_main_names_where_a_bad_nproc_came_from(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("EYAS_NPROC", raising=False)
+    monkeypatch.setenv("RANK", "0")  # as if inside torchrun: never exec torchrun, whatever nproc resolves to
+    (tmp_path / "params.yaml").write_text("train:\n  nproc: 2.5\n")
+    with pytest.raises(ValueError, match=r"^params\.yaml train\.nproc must be an integer or 'auto', got 2\.5$"):
+        launch.main(["no_such_module_eyas"])
+    monkeypatch.setenv("EYAS_NPROC", "two")
+    with pytest.raises(ValueError, match="^EYAS_NPROC must be an integer or 'auto', got 'two'$"):
+        launch.main(["no_such_module_eyas"])

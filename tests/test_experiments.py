@@ -29,6 +29,7 @@ import math
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -524,6 +525,26 @@ def test_compare_errors_without_store(unit_store, capsys):
     assert main(["compare", "--experiment", "nope"]) == 2
     assert main(["compare"]) == 1  # the store and experiment exist, no pipeline run yet
     assert "No pipeline runs found." in capsys.readouterr().out
+
+
+def test_compare_fails_fast_on_a_dead_tracking_server(unit_store, monkeypatch):
+    """MLflow's default HTTP retries (7, exponential backoff) used to hang `eyas compare` for minutes."""
+    for var in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT"):
+        monkeypatch.delenv(var, raising=False)
+    with socket.socket() as s:  # a free port: nothing listens on it once closed
+        s.bind(("127.0.0.1", 0))
+        uri = f"http://127.0.0.1:{s.getsockname()[1]}"
+    # the real CLI in a fresh process (imports included) must be done well within 15 s
+    r = subprocess.run([sys.executable, "-m", "eyas.cli", "compare", "--tracking-uri", uri],
+                       cwd=unit_store, capture_output=True, text=True, timeout=15)
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.startswith(f"eyas compare: error: cannot query the MLflow tracking store {uri} ")
+    assert "Connection refused" in r.stderr
+    t0 = time.monotonic()
+    with pytest.raises(eyas_compare.CompareError, match=re.escape(uri)):
+        eyas_compare.compare(uri)
+    assert time.monotonic() - t0 < 10
+    assert "MLFLOW_HTTP_REQUEST_MAX_RETRIES" not in os.environ  # the probe's settings do not leak
 
 
 def test_finish_training_logs_pngs_config_and_vocab_report(unit_store, monkeypatch):

@@ -143,6 +143,23 @@ def test_inspect_against_a_vocab_dir(tmp_path):
     assert any("remap" in w for w in r["warnings"])
 
 
+def test_inspect_against_a_vocab_dir_of_another_target(tmp_path, capsys):
+    save_drafter(make_drafter(tids=(1, 3, 5, 7)), tmp_path / "d")
+    # the same draft target ids, but built over a 2V-token target vocab: another tokenizer
+    tids = torch.tensor((1, 3, 5, 7))
+    t2d = torch.zeros(2 * V, dtype=torch.bool)
+    t2d[tids] = True
+    save_mapping(tmp_path / "v", VocabMapping(tids - torch.arange(4), t2d), torch.zeros(2 * V, dtype=torch.int64), {})
+    r = inspect_checkpoint(tmp_path / "d", vocab_dir=tmp_path / "v")
+    msg = (f"target vocab mismatch: {tmp_path / 'v'} maps a target vocab of 32 tokens, the checkpoint's "
+           f"target has 16: they are for different targets (remap cannot bridge them)")
+    assert r["errors"] == [msg]
+    assert r["compare_vocab"] == {"vocab_dir": str(tmp_path / "v"), "vocab_size_checkpoint": 16,
+                                  "vocab_size_vocab_dir": 32, "error": msg}
+    assert main(["inspect", str(tmp_path / "d"), "--vocab", str(tmp_path / "v")]) == 1
+    assert f"ERROR   {msg}" in capsys.readouterr().out.splitlines()
+
+
 # --- speculators layout ------------------------------------------------------------------------
 
 def test_write_speculators_layout(tmp_path):
