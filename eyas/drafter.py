@@ -153,7 +153,11 @@ class Mlp(nn.Module):
 class LayerWeights(NamedTuple):
     """The decoder layer's weights as one forward pass uses them (:meth:`MidLayer.weights`):
     q/k/v stacked into one matrix and gate/up into another (one GEMM each instead of three and
-    two), the matrices optionally cast once. Norm weights stay in their own dtype."""
+    two), the matrices optionally cast once. Norm weights stay in their own dtype.
+
+    A snapshot for one forward pass (a TTT unroll, one sequence's decode calls): ``qkv`` and
+    ``gate_up`` are copies, so rebuild it after the parameters change (optimizer step,
+    ``load_state_dict``), and build it under the grad mode it is used in."""
 
     input_norm: torch.Tensor   # [H]
     hidden_norm: torch.Tensor  # [H]

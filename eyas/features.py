@@ -236,20 +236,30 @@ class ShardWriter:
         as bfloat16.
 
         Raises:
-            ValueError: fp8 ``aux_hidden`` without its ``aux_scale``.
+            ValueError: pre-quantised input that does not fit: fp8 ``aux_hidden`` other than
+                e4m3, or for non-fp8 storage; ``aux_scale`` missing, not float32 [T, n_aux], or
+                given with unquantised ``aux_hidden``.
         """
         sample = {
             "input_ids": input_ids.to(torch.int32).cpu(),
             "loss_mask": loss_mask.to(torch.uint8).cpu(),
             "target_argmax": target_argmax.to(torch.int32).cpu(),
         }
+        n_aux = aux_hidden.shape[-1] // final_hidden.shape[-1]
+        if aux_hidden.dtype.itemsize == 1 or aux_scale is not None:  # arrives quantised: check it
+            where = f"{self.out}: sample {self.num_samples}"
+            if self.dtype != FP8 or aux_hidden.dtype != FP8:
+                raise ValueError(f"{where}: pre-quantised aux_hidden must be {FP8} for {FP8} storage, got "
+                                 f"{aux_hidden.dtype} for {self.dtype} storage")
+            want = (aux_hidden.shape[0], n_aux)
+            if aux_scale is None or aux_scale.dtype != torch.float32 or tuple(aux_scale.shape) != want:
+                got = None if aux_scale is None else (aux_scale.dtype, tuple(aux_scale.shape))
+                raise ValueError(f"{where}: fp8 aux_hidden needs aux_scale float32 {list(want)}, got {got}")
         if self.dtype == FP8:
             if aux_hidden.dtype == FP8:
-                if aux_scale is None:
-                    raise ValueError(f"{self.out}: sample {self.num_samples} has fp8 aux_hidden but no aux_scale")
                 q, scale = aux_hidden, aux_scale
             else:
-                q, scale = quantize_fp8(aux_hidden, aux_hidden.shape[-1] // final_hidden.shape[-1])
+                q, scale = quantize_fp8(aux_hidden, n_aux)
             sample["aux_hidden"], sample["aux_hidden" + SCALE_SUFFIX] = q.cpu(), scale.cpu()
             sample["final_hidden"] = final_hidden.to(torch.bfloat16).cpu()
         else:

@@ -186,7 +186,9 @@ def test_dvc_remote_push_clone_pull(tmp_path, monkeypatch):
 
 def test_fp8_quantised_before_the_host_copy_writes_the_same_bytes(tmp_path):
     """quantize_capture (what extract does on a GPU, per batch) + add(aux_scale=...) writes the
-    bytes the writer's own per-sample quantisation writes; fp8 without scales is refused."""
+    bytes the writer's own per-sample quantisation writes; pre-quantised input that does not fit
+    (no or wrong scales, another fp8 format, a scale for unquantised states, non-fp8 storage) is
+    refused before anything is buffered."""
     from eyas.features import quantize_capture
     from tiny import tiny_target, write_features
 
@@ -205,7 +207,15 @@ def test_fp8_quantised_before_the_host_copy_writes_the_same_bytes(tmp_path):
         w.finish(**fields)
     for shard in ("shard-00000.safetensors", "shard-00001.safetensors"):
         assert (tmp_path / "own" / shard).read_bytes() == (tmp_path / "pre" / shard).read_bytes()
-    w = ShardWriter(tmp_path / "bad", shard_samples=4, dtype=FP8)
-    s = samples[0]
-    with pytest.raises(ValueError, match="no aux_scale"):
-        w.add(s["input_ids"], s["loss_mask"], pre["aux_hidden"][0], s["final_hidden"], s["target_argmax"])
+    s, q, scale = samples[0], pre["aux_hidden"][0], pre["aux_scale"][0]
+    bad = [(FP8, q, None, r"needs aux_scale float32 \[\d+, 3\], got None"),
+           (FP8, q, scale[:, :2], r"needs aux_scale float32 \[\d+, 3\]"),  # would misplace layer borders
+           (FP8, q, scale.double(), "needs aux_scale float32"),
+           (FP8, q.to(torch.float8_e5m2), scale, "must be torch.float8_e4m3fn"),
+           (FP8, s["aux_hidden"], scale, "must be torch.float8_e4m3fn"),  # a scale for unquantised states
+           (torch.bfloat16, q, scale, "for torch.bfloat16 storage")]  # the scale would be dropped
+    for storage, aux, sc, msg in bad:
+        w = ShardWriter(tmp_path / "bad", shard_samples=4, dtype=storage)
+        with pytest.raises(ValueError, match=msg):
+            w.add(s["input_ids"], s["loss_mask"], aux, s["final_hidden"], s["target_argmax"], sc)
+        assert w.num_samples == 0
