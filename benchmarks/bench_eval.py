@@ -52,7 +52,8 @@ def main():
         dkv = KVCache()
         feats = torch.randn(1, a.ctx, 3 * cfg.hidden_size, device=dev, dtype=dt)
         pos = torch.arange(a.ctx, device=dev)[None]
-        d.decode(feats, ctx, pos, dkv)
+        w = d.midlayer.weights()  # built once per sequence, as eyas.speculative.EagleProposer does
+        d.decode(feats, ctx, pos, dkv, w)
         one = ctx[:, -1:]
 
         def bare():
@@ -67,7 +68,7 @@ def main():
                 tok = one
                 toks = []
                 for i in range(k):
-                    h = d.decode(h, tok, pos[:, -1:] + 1 + i, dkv)
+                    h = d.decode(h, tok, pos[:, -1:] + 1 + i, dkv, w)
                     tok = d.draft_to_target(d.logits(h).argmax(-1))
                     toks.append(tok)
                 dkv.crop(a.ctx)
@@ -80,7 +81,7 @@ def main():
                 h = torch.randn(1, 1, 3 * cfg.hidden_size, device=dev, dtype=dt)
                 tok = one
                 for i in range(k):
-                    h = d.decode(h, tok, pos[:, -1:] + 1 + i, dkv)
+                    h = d.decode(h, tok, pos[:, -1:] + 1 + i, dkv, w)
                     tok = d.draft_to_target(d.logits(h).argmax(-1))
                 dkv.crop(a.ctx)
 
