@@ -1,7 +1,7 @@
 """DVC stage `prepare-data`: load conversations, split them, write the splits and metrics.
 
 Reads params `data.*` and `seed`; writes `data/conversations/{train,val,test,publish}.jsonl`
-and `metrics/prepare_data.json`. `data.code_prompts` code conversations (eyas.code_data) are added
+and `metrics/prepare_data.json`, and logs the counts as the stage's MLflow child run. `data.code_prompts` code conversations (eyas.code_data) are added
 to train and val after the split. Run from the repository root: `python -m stages.prepare_data`.
 """
 
@@ -12,8 +12,9 @@ import os
 from pathlib import Path
 
 from eyas.code_data import add_to_splits, code_conversations
-from eyas.config import load_params
+from eyas.config import flatten, load_params
 from eyas.data import load_conversations, split_conversations, write_jsonl
+from eyas.tracking import start_stage_run
 
 OUT_DIR = Path("data/conversations")
 METRICS = Path("metrics/prepare_data.json")
@@ -21,6 +22,16 @@ METRICS = Path("metrics/prepare_data.json")
 
 def main() -> None:
     p = load_params()
+    with start_stage_run("prepare-data", p) as tracker:
+        metrics = prepare(p)
+        tracker.log_metrics({k: float(v) for k, v in flatten(metrics).items()
+                             if isinstance(v, (int, float)) and not isinstance(v, bool)})
+        tracker.log_dict(metrics, "prepare_data.json")
+    print(f"prepare-data: {metrics['conversations']} from {p.data.source!r}; stats {metrics['stats']}")
+
+
+def prepare(p) -> dict:
+    """Load, split and write the conversations of params ``p``; write and return the metrics."""
     d = p.data
     convs, stats = load_conversations(d.source, on_bad_line=d.on_bad_line)
     splits = split_conversations(convs, val=d.val, test=d.test, publish=d.publish,
@@ -43,8 +54,7 @@ def main() -> None:
     tmp = METRICS.with_name(METRICS.name + ".tmp")
     tmp.write_text(json.dumps(metrics, sort_keys=True, indent=2) + "\n")
     os.replace(tmp, METRICS)
-    # TODO(tracking): log params `data.*`/`seed` and `metrics` to MLflow here (eyas.tracking).
-    print(f"prepare-data: {metrics['conversations']} from {d.source!r}; stats {stats}")
+    return metrics
 
 
 if __name__ == "__main__":

@@ -83,5 +83,6 @@ def test_dvc_repro_end_to_end(tmp_path):
     # the stages logged child runs under one parent in <repo>/mlflow.db
     with sqlite3.connect(repo / "mlflow.db") as db:
         names = sorted(r[0] for r in db.execute("select name from runs"))
-    # one parent + one child per stage that logs (prepare-data writes only its metrics file)
-    assert len(names) == 10 and any(n.startswith("workspace") for n in names)
+    # one parent + one child per stage
+    assert len(names) == 11 and any(n.startswith("workspace") for n in names)
+    assert "prepare-data" in names
