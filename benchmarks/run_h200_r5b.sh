@@ -3,12 +3,7 @@
 # merge of diagonal keys became one dynamic-width graph and graph replays write gradients instead
 # of zeroing + accumulating, eyas and the peer again in the SAME call at 2048/7 and 8192/7; then
 # the GPU tests of eyas/graphed.py (a whole train_drafter run with graphs vs eager).
-set +e
-export PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR=/tmp/inductor_cache
-OUT=${OUT:-/tmp/out}; mkdir -p $OUT
-L=$OUT/log.txt
-run() { local lim=$1; shift; echo "=== [$(date +%T)] $*" | tee -a $L; timeout $lim "$@" 2>&1 | grep -v "Warning\|warn\|softmax\|reduction\|^$" | tee -a $L | grep "^eyas\|vs dense\|vs eager\|Error\|done in\|passed\|failed" | cut -c1-400; }
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl >>$L 2>&1
+source "$(dirname "$0")/h200_lib.sh"
 run 120 python3 benchmarks/bench_train.py --tokens 2048 --ttt 7 --warmup 4 --steps 12 --frozen-only --modes graphs --profile 3 --out bench_train_r5b_2048.json
 PYTHONPATH=/tmp/site run 105 python3 .devcarry/peer_speculators.py --ttt-steps 7 --seq-len 2048 --out $OUT/peer2048_r5b.json
 run 75 python3 benchmarks/bench_train.py --tokens 8192 --ttt 7 --warmup 4 --steps 12 --frozen-only --modes graphs --profile 3 --skip-checks --out bench_train_r5b_8192.json

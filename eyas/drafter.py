@@ -22,6 +22,7 @@ packed sequences, causal over the target-fed step plus a diagonal over earlier d
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import asdict, dataclass, field
 from typing import NamedTuple
 
@@ -295,9 +296,9 @@ class Eagle3Drafter(nn.Module):
             # CUDA: the layer around attention (norms, GEMMs, RoPE, SiLU*up, residuals) runs
             # through two torch.compile'd graphs shared by every TTT step; attention is
             # flex_ttt_attention (its block mask is built once per batch)
-            q, k, v = _compiled("pre", layer_pre)(w, c, embeds, hidden, positions)
+            q, k, v = compiled("pre", layer_pre)(w, c, embeds, hidden, positions)
             cache.append((k, v))
-            return _compiled("post", layer_post)(w, c, hidden, flex_ttt_attention(q, cache, doc_ids))
+            return compiled("post", layer_post)(w, c, hidden, flex_ttt_attention(q, cache, doc_ids))
         q, k, v = layer_pre(w, c, embeds, hidden, positions)
         cache.append((k, v))
         rep = c.num_attention_heads // c.num_key_value_heads
@@ -358,8 +359,6 @@ class Eagle3Drafter(nn.Module):
 def use_flex_attention(x: torch.Tensor, head_dim: int) -> bool:
     """Whether TTT attention runs through :func:`flex_ttt_attention`: on CUDA (``x`` any input of
     the step), for head_dim >= 16 (flex_attention's minimum), unless EYAS_ATTN is not "flex"."""
-    import os
-
     if x.device.type != "cuda" or head_dim < 16 or os.environ.get("EYAS_ATTN", "flex") != "flex":
         return False
     try:
@@ -373,17 +372,13 @@ _compiled_fns: dict = {}
 
 
 def _compile_enabled() -> bool:
-    import os
-
     return os.environ.get("EYAS_COMPILE", "1") != "0"
 
 
-def _compiled(name: str, fn, dynamic: bool | None = False):
-    """``fn`` through torch.compile (one compiled function per ``name``), or ``fn`` itself when
-    EYAS_COMPILE=0. The layer halves (``pre``/``post``) also stay eager with EYAS_COMPILE_LAYER=0.
-    Shapes are fixed per batch shape: ``dynamic=False`` by default."""
-    import os
-
+def compiled(name: str, fn, dynamic: bool | None = False):
+    """``fn`` through torch.compile (one compiled function per ``name``, made on first use), or
+    ``fn`` itself when EYAS_COMPILE=0. The layer halves (``pre``/``post``) also stay eager with
+    EYAS_COMPILE_LAYER=0. Shapes are fixed per batch shape: ``dynamic=False`` by default."""
     if not _compile_enabled() or (name in ("pre", "post") and os.environ.get("EYAS_COMPILE_LAYER", "1") == "0"):
         return fn
     if name not in _compiled_fns:
@@ -456,7 +451,7 @@ def flex_ttt_attention(q: torch.Tensor, cache: list, doc_ids: torch.Tensor) -> t
     from torch.nn.attention.flex_attention import AuxRequest, flex_attention
 
     k0, v0 = cache[0]
-    o0, aux = _compiled("flex", flex_attention, dynamic=None)(
+    o0, aux = compiled("flex", flex_attention, dynamic=None)(
         q, k0.to(q.dtype), v0.to(q.dtype), block_mask=doc_causal_block_mask(doc_ids),
         enable_gqa=q.shape[1] != k0.shape[1], return_aux=AuxRequest(lse=True))
     n = len(cache) - 1
@@ -468,7 +463,7 @@ def flex_ttt_attention(q: torch.Tensor, cache: list, doc_ids: torch.Tensor) -> t
     valid = torch.arange(kd.shape[3], device=q.device) < n
     for t in (kd, vd, valid):
         torch._dynamo.maybe_mark_dynamic(t, t.dim() - 2 if t.dim() > 1 else 0)
-    return _compiled("merge", merge_diagonal)(q, o0, aux.lse, kd, vd, valid)
+    return compiled("merge", merge_diagonal)(q, o0, aux.lse, kd, vd, valid)
 
 
 class KVCache:

@@ -22,7 +22,6 @@ equals the target's full-vocab argmax); ``full_acc_k`` correct at every step <= 
 from __future__ import annotations
 
 import math
-import os
 import random
 from dataclasses import dataclass
 from typing import Iterator
@@ -31,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from safetensors import safe_open
 
-from eyas.drafter import Eagle3Drafter
+from eyas.drafter import Eagle3Drafter, compiled
 from eyas.features import FeatureStore, read_tensors
 
 BATCH_KEYS = ("input_ids", "loss_mask", "aux_hidden", "final_hidden", "target_argmax")
@@ -207,20 +206,13 @@ def _head_token_loss(drafter: Eagle3Drafter, hidden: torch.Tensor, teacher_logit
     return _token_loss(drafter.logits(hidden, head_weight), teacher_logits, teacher_lse)
 
 
-_compiled_head_loss = None
-
-
 def head_token_loss(drafter: Eagle3Drafter, hidden: torch.Tensor, teacher_logits: torch.Tensor,
                     teacher_lse: torch.Tensor, head_weight: torch.Tensor | None = None):
     """:func:`_token_loss` of ``drafter.logits(hidden, head_weight)``; on CUDA the final norm,
     lm_head and loss are one torch.compile'd graph (static shapes: every TTT step passes [B, T]
     windows), unless ``EYAS_COMPILE=0``."""
-    global _compiled_head_loss
-    if hidden.device.type != "cuda" or os.environ.get("EYAS_COMPILE", "1") == "0":
-        return _head_token_loss(drafter, hidden, teacher_logits, teacher_lse, head_weight)
-    if _compiled_head_loss is None:
-        _compiled_head_loss = torch.compile(_head_token_loss, dynamic=False)
-    return _compiled_head_loss(drafter, hidden, teacher_logits, teacher_lse, head_weight)
+    fn = _head_token_loss if hidden.device.type != "cuda" else compiled("head_loss", _head_token_loss)
+    return fn(drafter, hidden, teacher_logits, teacher_lse, head_weight)
 
 
 def unroll_dtype(device) -> torch.dtype | None:
