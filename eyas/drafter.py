@@ -197,11 +197,13 @@ class MidLayer(nn.Module):
 
 
 def layer_pre(w: LayerWeights, c: DrafterConfig, embeds: torch.Tensor, hidden: torch.Tensor,
-              positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+              cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The decoder layer up to attention: embeds/hidden [B, T, H] -> q [B, nh, T, hd] and
-    k, v [B, nkv, T, hd], RoPE applied at ``positions`` [B, T]. The attention input is
-    ``cat([input_layernorm(embeds), hidden_norm(hidden)])``: embedding FIRST (EAGLE, SpecForge,
-    SGLang and vLLM agree)."""
+    k, v [B, nkv, T, hd], RoPE applied with ``cos``/``sin`` [B, T, hd] float32
+    (:func:`rope_cos_sin` of the positions; made outside so that a compiled graph does not
+    re-evaluate pow/cos/sin for every element of every head, forward and backward). The attention
+    input is ``cat([input_layernorm(embeds), hidden_norm(hidden)])``: embedding FIRST (EAGLE,
+    SpecForge, SGLang and vLLM agree)."""
     B, T, _ = hidden.shape
     nh, nkv, hd = c.num_attention_heads, c.num_key_value_heads, c.head_dim
     x = torch.cat([rms_norm(embeds, w.input_norm, c.rms_norm_eps), rms_norm(hidden, w.hidden_norm, c.rms_norm_eps)],
@@ -210,7 +212,7 @@ def layer_pre(w: LayerWeights, c: DrafterConfig, embeds: torch.Tensor, hidden: t
     q = q.reshape(B, T, nh, hd).transpose(1, 2)
     k = k.reshape(B, T, nkv, hd).transpose(1, 2)
     v = v.reshape(B, T, nkv, hd).transpose(1, 2)
-    cos, sin = rope_cos_sin(positions, hd, c.rope_theta, q.dtype)
+    cos, sin = cos.to(q.dtype), sin.to(q.dtype)
     return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
 
@@ -292,14 +294,15 @@ class Eagle3Drafter(nn.Module):
         c = self.config
         w = self.midlayer.weights() if weights is None else weights
         embeds = self.embed_tokens(input_ids)
+        cos, sin = rope_cos_sin(positions, c.head_dim, c.rope_theta, torch.float32)
         if use_flex_attention(hidden, c.head_dim):
             # CUDA: the layer around attention (norms, GEMMs, RoPE, SiLU*up, residuals) runs
             # through two torch.compile'd graphs shared by every TTT step; attention is
             # flex_ttt_attention (its block mask is built once per batch)
-            q, k, v = compiled("pre", layer_pre)(w, c, embeds, hidden, positions)
+            q, k, v = compiled("pre", layer_pre)(w, c, embeds, hidden, cos, sin)
             cache.append((k, v))
             return compiled("post", layer_post)(w, c, hidden, flex_ttt_attention(q, cache, doc_ids))
-        q, k, v = layer_pre(w, c, embeds, hidden, positions)
+        q, k, v = layer_pre(w, c, embeds, hidden, cos, sin)
         cache.append((k, v))
         rep = c.num_attention_heads // c.num_key_value_heads
         k0, v0 = expand_kv(cache[0][0], rep), expand_kv(cache[0][1], rep)
@@ -334,7 +337,8 @@ class Eagle3Drafter(nn.Module):
         if hidden.shape[-1] != c.hidden_size:
             hidden = self.fc(hidden)
         w = self.midlayer.weights() if weights is None else weights
-        q, k, v = layer_pre(w, c, self.embed_tokens(input_ids), hidden, positions)
+        cos, sin = rope_cos_sin(positions, c.head_dim, c.rope_theta, torch.float32)
+        q, k, v = layer_pre(w, c, self.embed_tokens(input_ids), hidden, cos, sin)
         k, v = kv.append(k, v)
         n, total = q.shape[2], k.shape[2]
         mask = torch.ones(n, total, dtype=torch.bool, device=q.device).tril(total - n)
@@ -384,6 +388,17 @@ def compiled(name: str, fn, dynamic: bool | None = False):
     if name not in _compiled_fns:
         _compiled_fns[name] = torch.compile(fn, dynamic=dynamic)
     return _compiled_fns[name]
+
+
+def use_triton(x: torch.Tensor) -> bool:
+    """Whether the TTT hot path's memory-bound pieces (head loss, diagonal merge) run as the
+    Triton kernels of eyas/triton_ttt.py: on CUDA when Triton is installed, unless EYAS_TRITON=0
+    or EYAS_COMPILE=0 (then the torch definitions run, compiled or eager)."""
+    if x.device.type != "cuda" or os.environ.get("EYAS_TRITON", "1") == "0" or not _compile_enabled():
+        return False
+    import importlib.util
+
+    return importlib.util.find_spec("triton") is not None
 
 
 _mask_memo: tuple | None = None  # (weakref to doc_ids, its _version, BlockMask)
@@ -457,6 +472,12 @@ def flex_ttt_attention(q: torch.Tensor, cache: list, doc_ids: torch.Tensor) -> t
     n = len(cache) - 1
     if n == 0:
         return o0
+    if use_triton(q):
+        from eyas.triton_ttt import DiagonalMerge
+
+        kd = torch.stack([k for k, _ in cache[1:]], dim=3)
+        vd = torch.stack([v for _, v in cache[1:]], dim=3)
+        return DiagonalMerge.apply(q, o0, aux.lse, kd, vd)
     pad = [torch.zeros_like(k0)] * (n == 1)  # a size-1 dim would be specialised, not dynamic
     kd = torch.stack([k for k, _ in cache[1:]] + pad, dim=3)
     vd = torch.stack([v for _, v in cache[1:]] + pad, dim=3)

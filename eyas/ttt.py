@@ -27,11 +27,11 @@ from dataclasses import dataclass
 from typing import Iterator
 
 import torch
-import torch.nn.functional as F
 from safetensors import safe_open
 
-from eyas.drafter import Eagle3Drafter, compiled
+from eyas.drafter import Eagle3Drafter, compiled, rms_norm
 from eyas.features import FeatureStore, read_tensors
+from eyas.head_loss import head_loss
 
 BATCH_KEYS = ("input_ids", "loss_mask", "aux_hidden", "final_hidden", "target_argmax")
 
@@ -192,27 +192,14 @@ def supervised_counts(batch: Batch, ttt_length: int) -> torch.Tensor:
     return torch.stack([step_mask(batch, k).sum() for k in range(ttt_length)])
 
 
-def _token_loss(logits: torch.Tensor, teacher_logits: torch.Tensor, teacher_lse: torch.Tensor):
-    """Per-position soft cross-entropy of ``logits`` [B, T, V] against the teacher
-    ``exp(teacher_logits - teacher_lse)`` ([B, T, V] and [B, T]) in fp32: ([B, T] float32, the
-    draft argmax [B, T] int64)."""
-    logp = logits.float().log_softmax(-1)
-    p = torch.exp(teacher_logits.float() - teacher_lse[..., None])
-    return -(p * logp).sum(-1), logp.argmax(-1)
+def normed_head_input(drafter: Eagle3Drafter, hidden: torch.Tensor, head_weight: torch.Tensor) -> torch.Tensor:
+    """The lm_head's input: ``drafter.norm(hidden)`` [B, T, H] in ``head_weight``'s dtype (one
+    torch.compile'd graph on CUDA, unless EYAS_COMPILE=0)."""
+    def norm(h, w, eps, dtype):
+        return rms_norm(h, w, eps).to(dtype)
 
-
-def _head_token_loss(drafter: Eagle3Drafter, hidden: torch.Tensor, teacher_logits: torch.Tensor,
-                     teacher_lse: torch.Tensor, head_weight: torch.Tensor | None = None):
-    return _token_loss(drafter.logits(hidden, head_weight), teacher_logits, teacher_lse)
-
-
-def head_token_loss(drafter: Eagle3Drafter, hidden: torch.Tensor, teacher_logits: torch.Tensor,
-                    teacher_lse: torch.Tensor, head_weight: torch.Tensor | None = None):
-    """:func:`_token_loss` of ``drafter.logits(hidden, head_weight)``; on CUDA the final norm,
-    lm_head and loss are one torch.compile'd graph (static shapes: every TTT step passes [B, T]
-    windows), unless ``EYAS_COMPILE=0``."""
-    fn = _head_token_loss if hidden.device.type != "cuda" else compiled("head_loss", _head_token_loss)
-    return fn(drafter, hidden, teacher_logits, teacher_lse, head_weight)
+    fn = norm if hidden.device.type != "cuda" else compiled("head_norm", norm)
+    return fn(hidden, drafter.norm.weight, drafter.config.rms_norm_eps, head_weight.dtype)
 
 
 def unroll_dtype(device) -> torch.dtype | None:
@@ -271,15 +258,17 @@ def ttt_loss_stats(drafter: Eagle3Drafter, batch: Batch, head_rows: torch.Tensor
         ref = shift_left(batch.target_argmax, 1 + k, -1)
         mask = step_mask(batch, k)
         hidden = drafter.ttt_step(hidden, ids_in, batch.positions + k, batch.doc_ids, cache, weights)
-        tok_loss, draft_argmax = head_token_loss(drafter, hidden, t_logits[:, window], t_lse[:, window],
-                                                 head_weight)
         n = mask.sum()
-        # a where-sum, not boolean indexing: no device->host sync (nonzero) inside the unroll
-        loss_sum = torch.where(mask, tok_loss, 0.0).sum()
-        loss_k = loss_sum / n.clamp(min=1)
-        term = loss_k if step_norms is None else loss_sum / step_norms[k]
-        total = total + (step_decay ** k) * term
+        denom = n.clamp(min=1) if step_norms is None else step_norms[k]
+        # the step's loss is sum(weight * token loss): mask, mean (or global normaliser) and decay
+        # in one weight, so the head loss makes its logits' gradient in its forward pass
+        weight = mask * ((step_decay ** k) / denom)
+        term, tok_loss, draft_argmax = head_loss(normed_head_input(drafter, hidden, head_weight), head_weight,
+                                                 t_logits[:, window], t_lse[:, window], weight)
+        total = total + term
         with torch.no_grad():
+            # a where-sum, not boolean indexing: no device->host sync (nonzero) inside the unroll
+            loss_k = torch.where(mask, tok_loss, 0.0).sum() / n.clamp(min=1)
             correct = drafter.draft_to_target(draft_argmax) == ref
             chain_valid = chain_valid & mask
             prev_ok = chain_ok & chain_valid

@@ -1,0 +1,225 @@
+"""Triton kernels for the two memory-bound pieces of a TTT unroll on CUDA.
+
+Both have plain-torch definitions that stay the reference (and the CPU path):
+:func:`eyas.head_loss.soft_cross_entropy_grad` and :func:`eyas.drafter.merge_diagonal`. Under
+torch.compile, Inductor turns each into several passes over its data (the head loss: ~1.2 ms per
+TTT step at 8192 tokens x 32000 draft ids for ~1.5 GB of traffic; the diagonal merge: five
+kernels per step, fwd+bwd), profiled in benchmarks/README.md (round 6). The kernels here read
+each input once per pass they need and keep every intermediate in registers.
+
+Importing this module needs Triton (shipped with CUDA builds of torch); nothing imports it on CPU.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+
+# --- head loss: soft cross-entropy against the teacher, with the logits' gradient ---------------
+
+@triton.jit
+def _head_ce_kernel(z_ptr, t_ptr, tlse_ptr, w_ptr, loss_ptr, argmax_ptr, grad_ptr, V: tl.constexpr, T,
+                    s_zb, s_zt, s_tb, s_tt, s_lb, s_lt, s_gb, s_gt,
+                    BLOCK: tl.constexpr, WITH_GRAD: tl.constexpr):
+    t_idx = tl.program_id(0)
+    b_idx = tl.program_id(1)
+    z_row = z_ptr + b_idx * s_zb + t_idx * s_zt
+    t_row = t_ptr + b_idx * s_tb + t_idx * s_tt
+    tlse = tl.load(tlse_ptr + b_idx * s_lb + t_idx * s_lt)
+    offs = tl.arange(0, BLOCK)
+    # pass 1: online log-sum-exp of z, sum(p), sum(p * z), first argmax
+    m = -float("inf")
+    s = 0.0
+    psum = 0.0
+    pz = 0.0
+    best = -float("inf")
+    best_idx = 0
+    for start in range(0, V, BLOCK):
+        idx = start + offs
+        inb = idx < V
+        z = tl.load(z_row + idx, mask=inb, other=-float("inf")).to(tl.float32)
+        t = tl.load(t_row + idx, mask=inb, other=-float("inf")).to(tl.float32)
+        p = tl.exp(t - tlse)
+        bmax = tl.max(z, 0)
+        bidx = tl.argmax(z, 0)
+        new_m = tl.maximum(m, bmax)
+        s = s * tl.exp(m - new_m) + tl.sum(tl.exp(z - new_m), 0)
+        m = new_m
+        psum += tl.sum(p, 0)
+        pz += tl.sum(tl.where(inb, p * z, 0.0), 0)
+        better = bmax > best
+        best_idx = tl.where(better, start + bidx, best_idx)
+        best = tl.where(better, bmax, best)
+    lse = m + tl.log(s)
+    row = b_idx * T + t_idx
+    tl.store(loss_ptr + row, lse * psum - pz)
+    tl.store(argmax_ptr + row, best_idx.to(tl.int64))
+    if WITH_GRAD:
+        # pass 2: grad = w * (softmax(z) * sum(p) - p); rows of weight 0 only write zeros
+        wgt = tl.load(w_ptr + row)
+        g_row = grad_ptr + b_idx * s_gb + t_idx * s_gt
+        for start in range(0, V, BLOCK):
+            idx = start + offs
+            inb = idx < V
+            if wgt != 0.0:
+                z = tl.load(z_row + idx, mask=inb, other=0.0).to(tl.float32)
+                t = tl.load(t_row + idx, mask=inb, other=0.0).to(tl.float32)
+                g = wgt * (tl.exp(z - lse) * psum - tl.exp(t - tlse))
+            else:
+                g = tl.zeros([BLOCK], dtype=tl.float32)
+            tl.store(g_row + idx, g.to(grad_ptr.dtype.element_ty), mask=inb)
+
+
+def soft_cross_entropy_grad(logits: torch.Tensor, teacher_logits: torch.Tensor, teacher_lse: torch.Tensor,
+                            weight: torch.Tensor | None, block: int = 2048, num_warps: int = 8
+                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Triton version of :func:`eyas.head_loss.soft_cross_entropy_grad` (``weight=None``: loss and
+    argmax only, as :func:`eyas.head_loss.soft_cross_entropy`).
+
+    Args:
+        logits: [B, T, V] contiguous on CUDA; teacher_logits [B, T, V] (rows may be strided: a
+            window of a longer tensor); teacher_lse [B, T] float32; weight [B, T] float32.
+    Returns:
+        (loss [B, T] float32, argmax [B, T] int64, grad [B, T, V] in logits.dtype or None). The
+        loss is computed as ``lse(z) * sum(p) - sum(p * z)`` in float32 (one pass).
+    """
+    B, T, V = logits.shape
+    if logits.stride(2) != 1 or teacher_logits.stride(2) != 1:
+        raise ValueError("head loss kernel: the vocab dim of logits and teacher_logits must be contiguous")
+    loss = torch.empty(B, T, device=logits.device, dtype=torch.float32)
+    argmax = torch.empty(B, T, device=logits.device, dtype=torch.int64)
+    grad = torch.empty_like(logits) if weight is not None else None
+    w = weight.contiguous() if weight is not None else loss  # unread without the gradient
+    g = grad if grad is not None else logits
+    _head_ce_kernel[(T, B)](logits, teacher_logits, teacher_lse, w, loss, argmax, g, V, T,
+                            logits.stride(0), logits.stride(1), teacher_logits.stride(0), teacher_logits.stride(1),
+                            teacher_lse.stride(0), teacher_lse.stride(1), g.stride(0), g.stride(1),
+                            BLOCK=block, WITH_GRAD=weight is not None, num_warps=num_warps)
+    return loss, argmax, grad
+
+
+# --- the diagonal merge of TTT attention ---------------------------------------------------------
+# One program per (batch, kv head, position t): the REP query heads of that kv head at t, the n
+# diagonal keys/values at t and the step-0 partial result (o0, lse0). Everything one program needs
+# is [REP, n, hd]: no reduction crosses programs, so the backward needs no atomics.
+
+@triton.jit
+def _merge_load(q_ptr, o0_ptr, lse0_ptr, kd_ptr, vd_ptr, b, g, t, n, REP, HD,
+                s_qb, s_qh, s_qt, s_ob, s_oh, s_ot, s_lb, s_lh, s_lt, s_kb, s_kg, s_kt, s_kw,
+                REP_P: tl.constexpr, W_P: tl.constexpr, HD_P: tl.constexpr):
+    r = tl.arange(0, REP_P)
+    w = tl.arange(0, W_P)
+    d = tl.arange(0, HD_P)
+    h = g * REP + r
+    rd = (r[:, None] < REP) & (d[None, :] < HD)
+    wd = (w[:, None] < n) & (d[None, :] < HD)
+    q = tl.load(q_ptr + b * s_qb + h[:, None] * s_qh + t * s_qt + d[None, :], mask=rd, other=0.0).to(tl.float32)
+    o0 = tl.load(o0_ptr + b * s_ob + h[:, None] * s_oh + t * s_ot + d[None, :], mask=rd, other=0.0).to(tl.float32)
+    lse0 = tl.load(lse0_ptr + b * s_lb + h * s_lh + t * s_lt, mask=r < REP, other=0.0)
+    kv_off = b * s_kb + g * s_kg + t * s_kt + w[:, None] * s_kw + d[None, :]
+    kd = tl.load(kd_ptr + kv_off, mask=wd, other=0.0).to(tl.float32)
+    vd = tl.load(vd_ptr + kv_off, mask=wd, other=0.0).to(tl.float32)
+    return q, o0, lse0, kd, vd, h, rd, wd, kv_off
+
+
+@triton.jit
+def _merge_fwd_kernel(q_ptr, o0_ptr, lse0_ptr, kd_ptr, vd_ptr, o_ptr, lse_ptr, n, T, NKV, REP, HD, scale,
+                      s_qb, s_qh, s_qt, s_ob, s_oh, s_ot, s_lb, s_lh, s_lt, s_kb, s_kg, s_kt, s_kw,
+                      REP_P: tl.constexpr, W_P: tl.constexpr, HD_P: tl.constexpr):
+    t = tl.program_id(0)
+    bg = tl.program_id(1)
+    b = bg // NKV
+    g = bg % NKV
+    q, o0, lse0, kd, vd, h, rd, wd, kv_off = _merge_load(
+        q_ptr, o0_ptr, lse0_ptr, kd_ptr, vd_ptr, b, g, t, n, REP, HD,
+        s_qb, s_qh, s_qt, s_ob, s_oh, s_ot, s_lb, s_lh, s_lt, s_kb, s_kg, s_kt, s_kw, REP_P, W_P, HD_P)
+    w = tl.arange(0, W_P)
+    s = tl.sum(q[:, None, :] * kd[None, :, :], 2) * scale            # [REP, W]
+    s = tl.where(w[None, :] < n, s, -float("inf"))
+    m = tl.maximum(tl.max(s, 1), lse0)
+    e0 = tl.exp(lse0 - m)
+    es = tl.exp(s - m[:, None])
+    den = e0 + tl.sum(es, 1)
+    o = (e0 / den)[:, None] * o0 + tl.sum((es / den[:, None])[:, :, None] * vd[None, :, :], 1)
+    r = tl.arange(0, REP_P)
+    d = tl.arange(0, HD_P)
+    tl.store(o_ptr + b * s_ob + h[:, None] * s_oh + t * s_ot + d[None, :], o.to(o_ptr.dtype.element_ty), mask=rd)
+    tl.store(lse_ptr + b * s_lb + h * s_lh + t * s_lt, m + tl.log(den), mask=r < REP)
+
+
+@triton.jit
+def _merge_bwd_kernel(q_ptr, o0_ptr, lse0_ptr, kd_ptr, vd_ptr, lse_ptr, do_ptr,
+                      dq_ptr, do0_ptr, dlse0_ptr, dkd_ptr, dvd_ptr, n, T, NKV, REP, HD, scale,
+                      s_qb, s_qh, s_qt, s_ob, s_oh, s_ot, s_lb, s_lh, s_lt, s_kb, s_kg, s_kt, s_kw,
+                      REP_P: tl.constexpr, W_P: tl.constexpr, HD_P: tl.constexpr):
+    # q, o0, do, dq, do0 share o's strides; lse, dlse0 share lse0's; kd, vd, dkd, dvd share kd's
+    t = tl.program_id(0)
+    bg = tl.program_id(1)
+    b = bg // NKV
+    g = bg % NKV
+    q, o0, lse0, kd, vd, h, rd, wd, kv_off = _merge_load(
+        q_ptr, o0_ptr, lse0_ptr, kd_ptr, vd_ptr, b, g, t, n, REP, HD,
+        s_qb, s_qh, s_qt, s_ob, s_oh, s_ot, s_lb, s_lh, s_lt, s_kb, s_kg, s_kt, s_kw, REP_P, W_P, HD_P)
+    r = tl.arange(0, REP_P)
+    w = tl.arange(0, W_P)
+    d = tl.arange(0, HD_P)
+    o_off = b * s_ob + h[:, None] * s_oh + t * s_ot + d[None, :]
+    l_off = b * s_lb + h * s_lh + t * s_lt
+    lse = tl.load(lse_ptr + l_off, mask=r < REP, other=0.0)
+    do = tl.load(do_ptr + o_off, mask=rd, other=0.0).to(tl.float32)
+    s = tl.sum(q[:, None, :] * kd[None, :, :], 2) * scale
+    pw = tl.where(w[None, :] < n, tl.exp(s - lse[:, None]), 0.0)      # [REP, W]
+    a0 = tl.exp(lse0 - lse)                                           # [REP]
+    pv = tl.sum(pw[:, :, None] * vd[None, :, :], 1)                   # [REP, HD]
+    do_o0 = tl.sum(do * o0, 1)
+    D = a0 * do_o0 + tl.sum(do * pv, 1)                               # sum_d do * o
+    dpw = tl.sum(do[:, None, :] * vd[None, :, :], 2)                  # [REP, W]
+    ds = pw * (dpw - D[:, None]) * scale
+    dq = tl.sum(ds[:, :, None] * kd[None, :, :], 1)
+    dkd = tl.sum(ds[:, :, None] * q[:, None, :], 0)                   # [W, HD]
+    dvd = tl.sum(pw[:, :, None] * do[:, None, :], 0)
+    tl.store(dq_ptr + o_off, dq.to(dq_ptr.dtype.element_ty), mask=rd)
+    tl.store(do0_ptr + o_off, (a0[:, None] * do).to(do0_ptr.dtype.element_ty), mask=rd)
+    tl.store(dlse0_ptr + l_off, a0 * (do_o0 - D), mask=r < REP)
+    tl.store(dkd_ptr + kv_off, dkd.to(dkd_ptr.dtype.element_ty), mask=wd)
+    tl.store(dvd_ptr + kv_off, dvd.to(dvd_ptr.dtype.element_ty), mask=wd)
+
+
+def _merge_args(q, kd):
+    B, nh, T, hd = q.shape
+    nkv, n = kd.shape[1], kd.shape[3]
+    consts = dict(REP_P=triton.next_power_of_2(nh // nkv), W_P=triton.next_power_of_2(n),
+                  HD_P=triton.next_power_of_2(hd), num_warps=4)
+    return (T, B * nkv), (n, T, nkv, nh // nkv, hd, 1.0 / math.sqrt(hd)), consts
+
+
+class DiagonalMerge(torch.autograd.Function):
+    """Triton forward/backward of :func:`eyas.drafter.merge_diagonal` (same arguments, without
+    ``valid``: every one of kd's n entries is real). Inputs must have a contiguous last dim;
+    q and o0 must share strides, as must kd and vd."""
+
+    @staticmethod
+    def forward(ctx, q, o0, lse0, kd, vd):
+        q, o0, lse0, kd, vd = (x.contiguous() for x in (q, o0, lse0, kd, vd))
+        o = torch.empty_like(q)
+        lse = torch.empty_like(lse0)
+        grid, shape, consts = _merge_args(q, kd)
+        _merge_fwd_kernel[grid](q, o0, lse0, kd, vd, o, lse, *shape, *q.stride()[:3], *o0.stride()[:3],
+                                *lse0.stride(), *kd.stride()[:4], **consts)
+        ctx.save_for_backward(q, o0, lse0, kd, vd, lse)
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, o0, lse0, kd, vd, lse = ctx.saved_tensors
+        do = do.contiguous()
+        dq, do0, dkd, dvd = (torch.empty_like(x) for x in (q, o0, kd, vd))
+        dlse0 = torch.empty_like(lse0)
+        grid, shape, consts = _merge_args(q, kd)
+        _merge_bwd_kernel[grid](q, o0, lse0, kd, vd, lse, do, dq, do0, dlse0, dkd, dvd, *shape,
+                                *q.stride()[:3], *o0.stride()[:3], *lse0.stride(), *kd.stride()[:4], **consts)
+        return dq, do0, dlse0, dkd, dvd

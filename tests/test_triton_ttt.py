@@ -1,0 +1,56 @@
+"""The Triton kernels of eyas/triton_ttt.py against their torch definitions (CUDA only): the head
+loss pass (loss, argmax, logits' gradient, rows of zero weight, a strided teacher window) and the
+diagonal merge forward and backward, grouped-query and not, head counts and head dims that are
+not powers of two."""
+
+import pytest
+import torch
+
+from eyas.drafter import merge_diagonal
+from eyas.head_loss import soft_cross_entropy_grad
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="Triton kernels run on CUDA")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_head_loss_kernel_equals_torch(dtype):
+    from eyas import triton_ttt
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    B, T, V, pad = 2, 33, 3001, 3  # V not a multiple of the block
+    z = (3 * torch.randn(B, T, V, generator=g, device="cuda")).to(dtype)
+    teacher = (2 * torch.randn(B, T + pad, V, generator=g, device="cuda")).to(dtype)
+    window, lse = teacher[:, 1:1 + T], teacher.float().logsumexp(-1)[:, 1:1 + T]
+    weight = torch.rand(B, T, generator=g, device="cuda") * (torch.rand(B, T, generator=g, device="cuda") > 0.3)
+    loss, argmax, grad = triton_ttt.soft_cross_entropy_grad(z, window, lse, weight)
+    loss_ref, argmax_ref, grad_ref = soft_cross_entropy_grad(z, window, lse, weight)
+    torch.testing.assert_close(loss, loss_ref, rtol=1e-5, atol=2e-5)
+    assert torch.equal(argmax, argmax_ref)
+    torch.testing.assert_close(grad.float(), grad_ref.float(), rtol=1e-2 if dtype == torch.bfloat16 else 1e-5,
+                               atol=1e-7)
+    assert grad[weight == 0].abs().max() == 0
+    loss2, argmax2, none = triton_ttt.soft_cross_entropy_grad(z, window, lse, None)
+    assert none is None and torch.equal(loss2, loss) and torch.equal(argmax2, argmax)
+
+
+@pytest.mark.parametrize("nh,nkv,hd,n", [(4, 2, 16, 1), (8, 2, 64, 3), (6, 2, 24, 2), (4, 4, 128, 6)])
+def test_diagonal_merge_kernel_equals_torch(nh, nkv, hd, n):
+    from eyas.triton_ttt import DiagonalMerge
+
+    g = torch.Generator(device="cuda").manual_seed(1)
+    B, T = 2, 37
+
+    def r(*shape):
+        return torch.randn(*shape, generator=g, device="cuda").requires_grad_()
+
+    q, o0, lse0 = r(B, nh, T, hd), r(B, nh, T, hd), r(B, nh, T)
+    kd, vd = r(B, nkv, T, n, hd), r(B, nkv, T, n, hd)
+    do = torch.randn(B, nh, T, hd, generator=g, device="cuda")
+    inputs = (q, o0, lse0, kd, vd)
+    out = DiagonalMerge.apply(*inputs)
+    grads = torch.autograd.grad(out, inputs, do)
+    ref = merge_diagonal(*inputs, torch.ones(n, dtype=torch.bool, device="cuda"))
+    grads_ref = torch.autograd.grad(ref, inputs, do)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    for name, a, b in zip(("q", "o0", "lse0", "kd", "vd"), grads, grads_ref):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5, msg=name)
