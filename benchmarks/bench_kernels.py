@@ -3,7 +3,8 @@
 
 - head loss pass over [4, 2048, 32000] bf16 logits and teacher logits (loss, argmax, gradient);
 - diagonal merge forward + backward, q [4, 32, 2048, 128] bf16 over 8 kv heads, n = 1..6
-  diagonal keys (one TTT unroll of 7 steps runs n = 1..6 once each).
+  diagonal keys (one TTT unroll of 7 steps runs n = 1..6 once each); the torch timing includes
+  the padding/stacking its path does, the Triton timing does not include the stack of the keys.
 
 Per piece: median milliseconds over CUDA events, the bytes it must move at least and the
 resulting bandwidth, and the max abs difference from the torch definition. Usage (on a GPU):
@@ -63,13 +64,19 @@ def bench_merge(n: int, B=4, nh=32, nkv=8, T=2048, hd=128) -> dict:
     def r(*s):
         return torch.randn(*s, device="cuda", dtype=torch.bfloat16).requires_grad_()
 
-    q, o0 = r(B, nh, T, hd), r(B, nh, T, hd)
+    # as a TTT step passes them: q a transposed view (layer_pre's layout), kd/vd stacked on dim 0
+    q = torch.randn(B, T, nh, hd, device="cuda", dtype=torch.bfloat16).transpose(1, 2).requires_grad_()
+    o0 = r(B, nh, T, hd)
     lse0 = torch.randn(B, nh, T, device="cuda").requires_grad_()
-    kd, vd = r(B, nkv, T, n, hd), r(B, nkv, T, n, hd)
+    kd, vd = r(n, B, nkv, T, hd), r(n, B, nkv, T, hd)
     do = torch.randn(B, nh, T, hd, device="cuda", dtype=torch.bfloat16)
     inputs = (q, o0, lse0, kd, vd)
-    W = max(n, 2)  # the compiled torch path pads n = 1 to 2 (eyas.drafter.flex_ttt_attention)
-    pad = lambda t: torch.cat([t, t.new_zeros(*t.shape[:3], W - n, hd)], 3) if W > n else t  # noqa: E731
+    W = max(n, 2)  # the compiled torch path pads n = 1 to 2 and stacks on dim 3 (drafter.flex_ttt_attention)
+
+    def pad(t):
+        t = t.permute(1, 2, 3, 0, 4)
+        return torch.cat([t, t.new_zeros(*t.shape[:3], W - n, hd)], 3) if W > n else t
+
     valid = torch.arange(W, device="cuda") < n
     compiled = torch.compile(merge_diagonal)
 

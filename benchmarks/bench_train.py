@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from benchmarks.common import PEAK_BF16_TFLOPS, median, sync, timed, write_result  # noqa: E402
-from eyas.drafter import DrafterConfig, Eagle3Drafter  # noqa: E402
+from eyas.drafter import DrafterConfig, Eagle3Drafter, use_triton  # noqa: E402
 from eyas.graphed import GraphedTTT  # noqa: E402
 from eyas.ttt import Batch, autocast, ttt_forward  # noqa: E402
 
@@ -86,9 +86,11 @@ def exact_flops(c: DrafterConfig, rows, ttt: int, lm_head_trainable: bool) -> di
 
 
 # first match wins (round 5's result files were made with "copy/fill" before "triton fused", so
-# there Inductor kernels whose names hold "copy"/"cat", e.g. the loss, count as copy/fill)
+# there Inductor kernels whose names hold "copy"/"cat", e.g. the loss, count as copy/fill; in round
+# 6's first two calls eyas' own Triton kernels (eyas/triton_ttt.py) counted as "other")
 KERNEL_KINDS = (("gemm", ("gemm", "nvjet", "cutlass", "xmma", "sm90_", "cublas")),
-                ("attention", ("flex", "attention", "triton_tem")),
+                ("attention", ("flex", "attention", "triton_tem", "_merge_")),
+                ("head loss", ("_head_ce_kernel",)),
                 ("optimizer", ("adam", "multi_tensor", "foreach", "norm_kernel", "clip")),
                 ("triton fused", ("triton_",)),
                 ("copy/fill", ("memcpy", "memset", "copy", "fill", "cat")))
@@ -176,7 +178,8 @@ def bench(c, dev, tokens: int, ttt: int, freeze_lm_head: bool, warmup: int, step
     med = median(t)
     out = {"tokens_per_step": fl["tokens"], "ttt": ttt, "lm_head": "frozen" if freeze_lm_head else "trainable",
            "attn": os.environ.get("EYAS_ATTN", "flex") if dev.type == "cuda" else "dense",
-           "compile": os.environ.get("EYAS_COMPILE", "1"), "rows": rows,
+           "compile": os.environ.get("EYAS_COMPILE", "1"), "triton_kernels": use_triton(torch.empty(0, device=dev)),
+           "rows": rows,
            "mode": "cuda_graph" if graphs else "eager", "optimizer": "AdamW fused" if dev.type == "cuda" else "AdamW",
            "step_ms_median": med * 1e3, "step_ms_min": min(t) * 1e3, "step_ms_max": max(t) * 1e3,
            "warmup_ms": [round(x * 1e3, 1) for x in w], "tokens_per_s": fl["tokens"] / med,

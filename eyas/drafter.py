@@ -475,8 +475,8 @@ def flex_ttt_attention(q: torch.Tensor, cache: list, doc_ids: torch.Tensor) -> t
     if use_triton(q):
         from eyas.triton_ttt import DiagonalMerge
 
-        kd = torch.stack([k for k, _ in cache[1:]], dim=3)
-        vd = torch.stack([v for _, v in cache[1:]], dim=3)
+        kd = torch.stack([k for k, _ in cache[1:]])
+        vd = torch.stack([v for _, v in cache[1:]])
         return DiagonalMerge.apply(q, o0, aux.lse, kd, vd)
     pad = [torch.zeros_like(k0)] * (n == 1)  # a size-1 dim would be specialised, not dynamic
     kd = torch.stack([k for k, _ in cache[1:]] + pad, dim=3)

@@ -21,6 +21,9 @@ import triton.language as tl
 
 # --- head loss: soft cross-entropy against the teacher, with the logits' gradient ---------------
 
+@triton.autotune(configs=[triton.Config({"BLOCK": b}, num_warps=w)
+                          for b, w in ((1024, 4), (2048, 4), (2048, 8), (4096, 8), (4096, 16), (8192, 16))],
+                 key=["V", "WITH_GRAD"])
 @triton.jit
 def _head_ce_kernel(z_ptr, t_ptr, tlse_ptr, w_ptr, loss_ptr, argmax_ptr, grad_ptr, V: tl.constexpr, T,
                     s_zb, s_zt, s_tb, s_tt, s_lb, s_lt, s_gb, s_gt,
@@ -75,10 +78,10 @@ def _head_ce_kernel(z_ptr, t_ptr, tlse_ptr, w_ptr, loss_ptr, argmax_ptr, grad_pt
 
 
 def soft_cross_entropy_grad(logits: torch.Tensor, teacher_logits: torch.Tensor, teacher_lse: torch.Tensor,
-                            weight: torch.Tensor | None, block: int = 2048, num_warps: int = 8
-                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+                            weight: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Triton version of :func:`eyas.head_loss.soft_cross_entropy_grad` (``weight=None``: loss and
-    argmax only, as :func:`eyas.head_loss.soft_cross_entropy`).
+    argmax only, as :func:`eyas.head_loss.soft_cross_entropy`). The vocab block and warp count are
+    autotuned on first use per (V, with gradient), so before a CUDA graph capture.
 
     Args:
         logits: [B, T, V] contiguous on CUDA; teacher_logits [B, T, V] (rows may be strided: a
@@ -98,18 +101,26 @@ def soft_cross_entropy_grad(logits: torch.Tensor, teacher_logits: torch.Tensor, 
     _head_ce_kernel[(T, B)](logits, teacher_logits, teacher_lse, w, loss, argmax, g, V, T,
                             logits.stride(0), logits.stride(1), teacher_logits.stride(0), teacher_logits.stride(1),
                             teacher_lse.stride(0), teacher_lse.stride(1), g.stride(0), g.stride(1),
-                            BLOCK=block, WITH_GRAD=weight is not None, num_warps=num_warps)
+                            WITH_GRAD=weight is not None)
     return loss, argmax, grad
 
 
 # --- the diagonal merge of TTT attention ---------------------------------------------------------
-# One program per (batch, kv head, position t): the REP query heads of that kv head at t, the n
+# One program per (position t, batch, kv head): the REP query heads of that kv head at t, the n
 # diagonal keys/values at t and the step-0 partial result (o0, lse0). Everything one program needs
-# is [REP, n, hd]: no reduction crosses programs, so the backward needs no atomics.
+# is [REP, n, hd]: no reduction crosses programs, so the backward needs no atomics. Strides are
+# passed per tensor group, so no input is copied to a contiguous layout: q and dq share q's
+# strides; o0 and do0 share o0's; o and its gradient share o's (o is laid out [B, T, nh, hd], the
+# layout the o_proj GEMM reads); lse0, lse and dlse0 are [B, nh, T] contiguous; kd, vd, dkd and
+# dvd are [n, B, nkv, T, hd] contiguous: stacked on a new FIRST dim, each step's keys are one
+# contiguous copy, and the gradient of each is a contiguous slice.
+
+_MERGE_CONFIGS = [triton.Config({}, num_warps=w) for w in (1, 2, 4)]
+
 
 @triton.jit
-def _merge_load(q_ptr, o0_ptr, lse0_ptr, kd_ptr, vd_ptr, b, g, t, n, REP, HD,
-                s_qb, s_qh, s_qt, s_ob, s_oh, s_ot, s_lb, s_lh, s_lt, s_kb, s_kg, s_kt, s_kw,
+def _merge_load(q_ptr, o0_ptr, lse0_ptr, kd_ptr, vd_ptr, b, g, t, n, REP, HD, T,
+                s_qb, s_qh, s_qt, s_0b, s_0h, s_0t, s_kw, s_kb, s_kg, s_kt,
                 REP_P: tl.constexpr, W_P: tl.constexpr, HD_P: tl.constexpr):
     r = tl.arange(0, REP_P)
     w = tl.arange(0, W_P)
@@ -118,25 +129,26 @@ def _merge_load(q_ptr, o0_ptr, lse0_ptr, kd_ptr, vd_ptr, b, g, t, n, REP, HD,
     rd = (r[:, None] < REP) & (d[None, :] < HD)
     wd = (w[:, None] < n) & (d[None, :] < HD)
     q = tl.load(q_ptr + b * s_qb + h[:, None] * s_qh + t * s_qt + d[None, :], mask=rd, other=0.0).to(tl.float32)
-    o0 = tl.load(o0_ptr + b * s_ob + h[:, None] * s_oh + t * s_ot + d[None, :], mask=rd, other=0.0).to(tl.float32)
-    lse0 = tl.load(lse0_ptr + b * s_lb + h * s_lh + t * s_lt, mask=r < REP, other=0.0)
-    kv_off = b * s_kb + g * s_kg + t * s_kt + w[:, None] * s_kw + d[None, :]
+    o0 = tl.load(o0_ptr + b * s_0b + h[:, None] * s_0h + t * s_0t + d[None, :], mask=rd, other=0.0).to(tl.float32)
+    l_off = (b * tl.num_programs(2) * REP + h) * T + t  # lse0 [B, nh, T] contiguous
+    lse0 = tl.load(lse0_ptr + l_off, mask=r < REP, other=0.0)
+    kv_off = w[:, None] * s_kw + b * s_kb + g * s_kg + t * s_kt + d[None, :]
     kd = tl.load(kd_ptr + kv_off, mask=wd, other=0.0).to(tl.float32)
     vd = tl.load(vd_ptr + kv_off, mask=wd, other=0.0).to(tl.float32)
-    return q, o0, lse0, kd, vd, h, rd, wd, kv_off
+    return q, o0, lse0, kd, vd, h, rd, wd, kv_off, l_off
 
 
+@triton.autotune(configs=_MERGE_CONFIGS, key=["n", "REP", "HD"])
 @triton.jit
-def _merge_fwd_kernel(q_ptr, o0_ptr, lse0_ptr, kd_ptr, vd_ptr, o_ptr, lse_ptr, n, T, NKV, REP, HD, scale,
-                      s_qb, s_qh, s_qt, s_ob, s_oh, s_ot, s_lb, s_lh, s_lt, s_kb, s_kg, s_kt, s_kw,
+def _merge_fwd_kernel(q_ptr, o0_ptr, lse0_ptr, kd_ptr, vd_ptr, o_ptr, lse_ptr, n, T, REP, HD, scale,
+                      s_qb, s_qh, s_qt, s_0b, s_0h, s_0t, s_ob, s_oh, s_ot, s_kw, s_kb, s_kg, s_kt,
                       REP_P: tl.constexpr, W_P: tl.constexpr, HD_P: tl.constexpr):
     t = tl.program_id(0)
-    bg = tl.program_id(1)
-    b = bg // NKV
-    g = bg % NKV
-    q, o0, lse0, kd, vd, h, rd, wd, kv_off = _merge_load(
-        q_ptr, o0_ptr, lse0_ptr, kd_ptr, vd_ptr, b, g, t, n, REP, HD,
-        s_qb, s_qh, s_qt, s_ob, s_oh, s_ot, s_lb, s_lh, s_lt, s_kb, s_kg, s_kt, s_kw, REP_P, W_P, HD_P)
+    b = tl.program_id(1)
+    g = tl.program_id(2)
+    q, o0, lse0, kd, vd, h, rd, wd, kv_off, l_off = _merge_load(
+        q_ptr, o0_ptr, lse0_ptr, kd_ptr, vd_ptr, b, g, t, n, REP, HD, T,
+        s_qb, s_qh, s_qt, s_0b, s_0h, s_0t, s_kw, s_kb, s_kg, s_kt, REP_P, W_P, HD_P)
     w = tl.arange(0, W_P)
     s = tl.sum(q[:, None, :] * kd[None, :, :], 2) * scale            # [REP, W]
     s = tl.where(w[None, :] < n, s, -float("inf"))
@@ -148,29 +160,28 @@ def _merge_fwd_kernel(q_ptr, o0_ptr, lse0_ptr, kd_ptr, vd_ptr, o_ptr, lse_ptr, n
     r = tl.arange(0, REP_P)
     d = tl.arange(0, HD_P)
     tl.store(o_ptr + b * s_ob + h[:, None] * s_oh + t * s_ot + d[None, :], o.to(o_ptr.dtype.element_ty), mask=rd)
-    tl.store(lse_ptr + b * s_lb + h * s_lh + t * s_lt, m + tl.log(den), mask=r < REP)
+    tl.store(lse_ptr + l_off, m + tl.log(den), mask=r < REP)
 
 
+@triton.autotune(configs=_MERGE_CONFIGS, key=["n", "REP", "HD"])
 @triton.jit
 def _merge_bwd_kernel(q_ptr, o0_ptr, lse0_ptr, kd_ptr, vd_ptr, lse_ptr, do_ptr,
-                      dq_ptr, do0_ptr, dlse0_ptr, dkd_ptr, dvd_ptr, n, T, NKV, REP, HD, scale,
-                      s_qb, s_qh, s_qt, s_ob, s_oh, s_ot, s_lb, s_lh, s_lt, s_kb, s_kg, s_kt, s_kw,
+                      dq_ptr, do0_ptr, dlse0_ptr, dkd_ptr, dvd_ptr, n, T, REP, HD, scale,
+                      s_qb, s_qh, s_qt, s_0b, s_0h, s_0t, s_ob, s_oh, s_ot, s_kw, s_kb, s_kg, s_kt,
                       REP_P: tl.constexpr, W_P: tl.constexpr, HD_P: tl.constexpr):
-    # q, o0, do, dq, do0 share o's strides; lse, dlse0 share lse0's; kd, vd, dkd, dvd share kd's
     t = tl.program_id(0)
-    bg = tl.program_id(1)
-    b = bg // NKV
-    g = bg % NKV
-    q, o0, lse0, kd, vd, h, rd, wd, kv_off = _merge_load(
-        q_ptr, o0_ptr, lse0_ptr, kd_ptr, vd_ptr, b, g, t, n, REP, HD,
-        s_qb, s_qh, s_qt, s_ob, s_oh, s_ot, s_lb, s_lh, s_lt, s_kb, s_kg, s_kt, s_kw, REP_P, W_P, HD_P)
+    b = tl.program_id(1)
+    g = tl.program_id(2)
+    q, o0, lse0, kd, vd, h, rd, wd, kv_off, l_off = _merge_load(
+        q_ptr, o0_ptr, lse0_ptr, kd_ptr, vd_ptr, b, g, t, n, REP, HD, T,
+        s_qb, s_qh, s_qt, s_0b, s_0h, s_0t, s_kw, s_kb, s_kg, s_kt, REP_P, W_P, HD_P)
     r = tl.arange(0, REP_P)
     w = tl.arange(0, W_P)
     d = tl.arange(0, HD_P)
-    o_off = b * s_ob + h[:, None] * s_oh + t * s_ot + d[None, :]
-    l_off = b * s_lb + h * s_lh + t * s_lt
+    q_off = b * s_qb + h[:, None] * s_qh + t * s_qt + d[None, :]
+    o0_off = b * s_0b + h[:, None] * s_0h + t * s_0t + d[None, :]
     lse = tl.load(lse_ptr + l_off, mask=r < REP, other=0.0)
-    do = tl.load(do_ptr + o_off, mask=rd, other=0.0).to(tl.float32)
+    do = tl.load(do_ptr + b * s_ob + h[:, None] * s_oh + t * s_ot + d[None, :], mask=rd, other=0.0).to(tl.float32)
     s = tl.sum(q[:, None, :] * kd[None, :, :], 2) * scale
     pw = tl.where(w[None, :] < n, tl.exp(s - lse[:, None]), 0.0)      # [REP, W]
     a0 = tl.exp(lse0 - lse)                                           # [REP]
@@ -182,44 +193,46 @@ def _merge_bwd_kernel(q_ptr, o0_ptr, lse0_ptr, kd_ptr, vd_ptr, lse_ptr, do_ptr,
     dq = tl.sum(ds[:, :, None] * kd[None, :, :], 1)
     dkd = tl.sum(ds[:, :, None] * q[:, None, :], 0)                   # [W, HD]
     dvd = tl.sum(pw[:, :, None] * do[:, None, :], 0)
-    tl.store(dq_ptr + o_off, dq.to(dq_ptr.dtype.element_ty), mask=rd)
-    tl.store(do0_ptr + o_off, (a0[:, None] * do).to(do0_ptr.dtype.element_ty), mask=rd)
+    tl.store(dq_ptr + q_off, dq.to(dq_ptr.dtype.element_ty), mask=rd)
+    tl.store(do0_ptr + o0_off, (a0[:, None] * do).to(do0_ptr.dtype.element_ty), mask=rd)
     tl.store(dlse0_ptr + l_off, a0 * (do_o0 - D), mask=r < REP)
     tl.store(dkd_ptr + kv_off, dkd.to(dkd_ptr.dtype.element_ty), mask=wd)
     tl.store(dvd_ptr + kv_off, dvd.to(dvd_ptr.dtype.element_ty), mask=wd)
 
 
-def _merge_args(q, kd):
+def _merge_launch(kernel, q, o0, o, kd, *tensors):
     B, nh, T, hd = q.shape
-    nkv, n = kd.shape[1], kd.shape[3]
-    consts = dict(REP_P=triton.next_power_of_2(nh // nkv), W_P=triton.next_power_of_2(n),
-                  HD_P=triton.next_power_of_2(hd), num_warps=4)
-    return (T, B * nkv), (n, T, nkv, nh // nkv, hd, 1.0 / math.sqrt(hd)), consts
+    n, nkv = kd.shape[0], kd.shape[2]
+    for name, x in (("q", q), ("o0", o0), ("o", o)):
+        if x.stride(3) != 1:
+            raise ValueError(f"diagonal merge: {name} must have a contiguous head dim, strides {x.stride()}")
+    kernel[(T, B, nkv)](*tensors, n, T, nh // nkv, hd, 1.0 / math.sqrt(hd), *q.stride()[:3], *o0.stride()[:3],
+                        *o.stride()[:3], *kd.stride()[:4], REP_P=triton.next_power_of_2(nh // nkv),
+                        W_P=triton.next_power_of_2(n), HD_P=triton.next_power_of_2(hd))
 
 
 class DiagonalMerge(torch.autograd.Function):
-    """Triton forward/backward of :func:`eyas.drafter.merge_diagonal` (same arguments, without
-    ``valid``: every one of kd's n entries is real). Inputs must have a contiguous last dim;
-    q and o0 must share strides, as must kd and vd."""
+    """Triton forward/backward of :func:`eyas.drafter.merge_diagonal`, with kd and vd stacked on
+    their FIRST dim, [n, B, nkv, T, hd], and without ``valid`` (all n entries are real). q and o0
+    need a contiguous head dim (any other strides); the output is [B, nh, T, hd] laid out as [B, T, nh, hd] (a transposed view), the
+    layout o_proj reads, so reshaping it to [B, T, nh * hd] copies nothing."""
 
     @staticmethod
     def forward(ctx, q, o0, lse0, kd, vd):
-        q, o0, lse0, kd, vd = (x.contiguous() for x in (q, o0, lse0, kd, vd))
-        o = torch.empty_like(q)
+        B, nh, T, hd = q.shape
+        lse0, kd, vd = lse0.contiguous(), kd.contiguous(), vd.contiguous()
+        o = torch.empty(B, T, nh, hd, device=q.device, dtype=q.dtype).transpose(1, 2)
         lse = torch.empty_like(lse0)
-        grid, shape, consts = _merge_args(q, kd)
-        _merge_fwd_kernel[grid](q, o0, lse0, kd, vd, o, lse, *shape, *q.stride()[:3], *o0.stride()[:3],
-                                *lse0.stride(), *kd.stride()[:4], **consts)
+        _merge_launch(_merge_fwd_kernel, q, o0, o, kd, q, o0, lse0, kd, vd, o, lse)
         ctx.save_for_backward(q, o0, lse0, kd, vd, lse)
         return o
 
     @staticmethod
     def backward(ctx, do):
         q, o0, lse0, kd, vd, lse = ctx.saved_tensors
-        do = do.contiguous()
+        if do.stride(3) != 1:
+            do = do.contiguous()
         dq, do0, dkd, dvd = (torch.empty_like(x) for x in (q, o0, kd, vd))
         dlse0 = torch.empty_like(lse0)
-        grid, shape, consts = _merge_args(q, kd)
-        _merge_bwd_kernel[grid](q, o0, lse0, kd, vd, lse, do, dq, do0, dlse0, dkd, dvd, *shape,
-                                *q.stride()[:3], *o0.stride()[:3], *lse0.stride(), *kd.stride()[:4], **consts)
+        _merge_launch(_merge_bwd_kernel, q, o0, do, kd, q, o0, lse0, kd, vd, lse, do, dq, do0, dlse0, dkd, dvd)
         return dq, do0, dlse0, dkd, dvd

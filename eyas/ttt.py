@@ -241,8 +241,9 @@ def ttt_loss_stats(drafter: Eagle3Drafter, batch: Batch, head_rows: torch.Tensor
     """
     T = batch.input_ids.shape[1]
     t_logits, t_lse = teacher_logits(batch.final_hidden, head_rows, pad=ttt_length)
-    hidden = drafter.project(batch.aux_hidden.to(drafter.fc.weight.dtype))
-    cast = unroll_dtype(hidden.device)
+    cast = unroll_dtype(batch.aux_hidden.device)
+    # under autocast the aux states enter fc in the autocast dtype (no fp32 round trip)
+    hidden = drafter.project(batch.aux_hidden.to(cast or drafter.fc.weight.dtype))
     weights = drafter.midlayer.weights(cast)
     head_weight = drafter.lm_head.weight if cast is None else drafter.lm_head.weight.to(cast)
     cache: list = []

@@ -43,13 +43,17 @@ def test_diagonal_merge_kernel_equals_torch(nh, nkv, hd, n):
     def r(*shape):
         return torch.randn(*shape, generator=g, device="cuda").requires_grad_()
 
-    q, o0, lse0 = r(B, nh, T, hd), r(B, nh, T, hd), r(B, nh, T)
-    kd, vd = r(B, nkv, T, n, hd), r(B, nkv, T, n, hd)
+    # q in layer_pre's layout (a transposed view of [B, T, nh, hd]), as the TTT step passes it
+    q = torch.randn(B, T, nh, hd, generator=g, device="cuda").transpose(1, 2).requires_grad_()
+    o0, lse0 = r(B, nh, T, hd), r(B, nh, T)
+    kd, vd = r(n, B, nkv, T, hd), r(n, B, nkv, T, hd)  # the kernel's layout: stacked on dim 0
     do = torch.randn(B, nh, T, hd, generator=g, device="cuda")
     inputs = (q, o0, lse0, kd, vd)
     out = DiagonalMerge.apply(*inputs)
+    assert out.transpose(1, 2).is_contiguous()  # o_proj's layout: its reshape copies nothing
     grads = torch.autograd.grad(out, inputs, do)
-    ref = merge_diagonal(*inputs, torch.ones(n, dtype=torch.bool, device="cuda"))
+    ref = merge_diagonal(q, o0, lse0, kd.permute(1, 2, 3, 0, 4), vd.permute(1, 2, 3, 0, 4),
+                         torch.ones(n, dtype=torch.bool, device="cuda"))
     grads_ref = torch.autograd.grad(ref, inputs, do)
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
     for name, a, b in zip(("q", "o0", "lse0", "kd", "vd"), grads, grads_ref):
