@@ -29,9 +29,10 @@ import hashlib
 import importlib.util
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any, Iterable
+
+from eyas.io import atomic_path
 
 __all__ = [
     "DataError",
@@ -260,25 +261,14 @@ def split_conversations(convs: list[dict], *, val: int, test: int, publish: int,
 
 
 def write_jsonl(path: str | os.PathLike, rows: Iterable[dict]) -> int:
-    """Write ``rows`` as UTF-8 JSONL atomically (temp file in the same dir, fsync, os.replace).
-
-    Creates parent directories. Returns the number of rows written.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    """Write ``rows`` as UTF-8 JSONL atomically (:func:`eyas.io.atomic_path`: temp file in the same
+    dir, fsync, rename, the umask's permissions). Creates parent directories. Returns the number
+    of rows written."""
     n = 0
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            for row in rows:
-                f.write(json.dumps(row, ensure_ascii=False) + "\n")
-                n += 1
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+            n += 1
     return n
 
 

@@ -133,7 +133,7 @@ def quantize_fp8(x: torch.Tensor, groups: int) -> tuple[torch.Tensor, torch.Tens
     Returns:
         (q [N, groups * H] float8_e4m3fn, scale [N, groups] float32) with
         ``x[n, g*H:(g+1)*H] ~= q[n, g*H:(g+1)*H].float() * scale[n, g]``, scale = amax / 448
-        (1 for an all-zero row). Relative error per value <= 2**-4 where |x| >= scale * 2**-6
+        (1 for an all-zero row; inf/NaN for a row holding inf/NaN). Relative error per value <= 2**-4 where |x| >= scale * 2**-6
         (e4m3's smallest normal); smaller values are subnormal or flush to zero.
     Raises:
         ValueError: the last dim is not a multiple of ``groups``.
@@ -143,9 +143,20 @@ def quantize_fp8(x: torch.Tensor, groups: int) -> tuple[torch.Tensor, torch.Tens
         raise ValueError(f"quantize_fp8: last dim {d} is not a multiple of {groups} groups")
     xg = x.float().reshape(n, groups, d // groups)
     amax = xg.abs().amax(-1)
-    scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+    # all-zero rows get scale 1; inf/NaN rows keep an inf/NaN scale (the writer refuses them)
+    scale = torch.where(amax == 0, torch.ones_like(amax), amax / FP8_MAX)
     q = (xg / scale[..., None]).clamp(-FP8_MAX, FP8_MAX).to(FP8)
     return q.reshape(n, d), scale
+
+
+def _check_finite_scales(scale: torch.Tensor, where: str) -> None:
+    """Raise ValueError naming the first token and aux layer whose fp8 scale [T, n_aux] is not
+    finite: that row of the target's hidden states held inf/NaN, which e4m3 cannot store."""
+    bad = ~torch.isfinite(scale)
+    if bad.any():
+        t, g = bad.nonzero()[0].tolist()
+        raise ValueError(f"{where}: aux hidden state of token {t}, aux layer {g} is not finite (inf/NaN "
+                         f"in the target's forward); fp8 storage cannot hold it")
 
 
 def dequantize_fp8(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
@@ -238,7 +249,8 @@ class ShardWriter:
         Raises:
             ValueError: pre-quantised input that does not fit: fp8 ``aux_hidden`` other than
                 e4m3, or for non-fp8 storage; ``aux_scale`` missing, not float32 [T, n_aux], or
-                given with unquantised ``aux_hidden``.
+                given with unquantised ``aux_hidden``; with fp8 storage, an aux hidden state that is
+                not finite (its scale would be inf/NaN and the stored row garbage).
         """
         sample = {
             "input_ids": input_ids.to(torch.int32).cpu(),
@@ -261,6 +273,7 @@ class ShardWriter:
             else:
                 q, scale = quantize_fp8(aux_hidden, n_aux)
             sample["aux_hidden"], sample["aux_hidden" + SCALE_SUFFIX] = q.cpu(), scale.cpu()
+            _check_finite_scales(sample["aux_hidden" + SCALE_SUFFIX], f"{self.out}: sample {self.num_samples}")
             sample["final_hidden"] = final_hidden.to(torch.bfloat16).cpu()
         else:
             sample["aux_hidden"] = aux_hidden.to(self.dtype).cpu()

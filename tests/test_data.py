@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import os
 
 import pytest
 
@@ -266,6 +267,9 @@ def test_write_read_jsonl_roundtrip(tmp_path):
     assert write_jsonl(path, rows) == 2
     assert read_jsonl(path) == rows
     assert [p.name for p in path.parent.iterdir()] == ["x.jsonl"]  # no temp file left
+    umask = os.umask(0)
+    os.umask(umask)
+    assert path.stat().st_mode & 0o777 == 0o666 & ~umask  # not mkstemp's 0600
     path.write_text('{"a": 1}\n{oops\n')
     with pytest.raises(DataError, match=r"x\.jsonl:2: malformed JSON"):
         read_jsonl(path)

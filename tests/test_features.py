@@ -219,3 +219,28 @@ def test_fp8_quantised_before_the_host_copy_writes_the_same_bytes(tmp_path):
         with pytest.raises(ValueError, match=msg):
             w.add(s["input_ids"], s["loss_mask"], aux, s["final_hidden"], s["target_argmax"], sc)
         assert w.num_samples == 0
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("nan")])
+def test_fp8_storage_refuses_non_finite_aux_states(tmp_path, value):
+    """e4m3 cannot hold inf/NaN: its per-token scale would be inf/NaN and the stored row zeros or
+    NaN. The writer names the sample, token and aux layer, for both quantisation paths, and the
+    samples before it stay written."""
+    from eyas.features import quantize_capture
+    from tiny import tiny_target, write_features
+
+    ref = write_features(tiny_target(), tmp_path / "ref", 3, seed=5)
+    samples = list(ref.iter_samples())
+    H = ref.manifest["hidden_size"]
+    aux = samples[1]["aux_hidden"].clone()
+    aux[4, 2 * H + 7] = value  # token 4, third aux layer
+    pre = quantize_capture({"aux_hidden": aux[None]}, 3)
+    for scaled in (False, True):
+        w = ShardWriter(tmp_path / f"w{scaled}", shard_samples=1, dtype=FP8)
+        s = samples[0]
+        w.add(s["input_ids"], s["loss_mask"], s["aux_hidden"], s["final_hidden"], s["target_argmax"])
+        s = samples[1]
+        with pytest.raises(ValueError, match=r"sample 1: aux hidden state of token 4, aux layer 2 is not finite"):
+            w.add(s["input_ids"], s["loss_mask"], pre["aux_hidden"][0] if scaled else aux, s["final_hidden"],
+                  s["target_argmax"], pre["aux_scale"][0] if scaled else None)
+        assert w.num_samples == 1 and (tmp_path / f"w{scaled}" / "shard-00000.safetensors").exists()
