@@ -78,11 +78,17 @@ class HeadLoss(torch.autograd.Function):
     def backward(ctx, g, _loss, _argmax):
         x, head_weight, grad = ctx.saved_tensors
         gx = gw = None
+        scale = _scale if grad.device.type != "cuda" else compiled("scale", _scale)
         if ctx.needs_input_grad[0]:
-            gx = torch.matmul(grad, head_weight) * g.to(grad.dtype)
+            gx = scale(torch.matmul(grad, head_weight), g)
         if ctx.needs_input_grad[1]:
-            gw = torch.matmul(grad.flatten(0, -2).T, x.flatten(0, -2)) * g.to(grad.dtype)
+            gw = scale(torch.matmul(grad.flatten(0, -2).T, x.flatten(0, -2)), g)
         return gx, gw, None, None, None
+
+
+def _scale(x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """``x * g`` computed in float32 (the upstream gradient ``g`` is not rounded to bf16 first)."""
+    return (x.float() * g).to(x.dtype)
 
 
 def head_loss(x: torch.Tensor, head_weight: torch.Tensor, teacher_logits: torch.Tensor,
@@ -98,7 +104,8 @@ def head_loss(x: torch.Tensor, head_weight: torch.Tensor, teacher_logits: torch.
     Returns:
         (``sum(weight * loss)``: scalar float32 with grad to ``x`` and ``head_weight``, the token
         losses [B, T] float32 and the draft argmax [B, T] int64, both without grad). Without grad
-        mode (evaluation) no gradient is made. On CUDA the loss pass is one torch.compile'd graph
+        mode (evaluation) no gradient is made. On CUDA the loss pass is the Triton kernel of
+        :mod:`eyas.triton_ttt` (:func:`eyas.drafter.use_triton`), else one torch.compile'd graph
         (static shapes) unless EYAS_COMPILE=0.
     """
     if torch.is_grad_enabled() and (x.requires_grad or head_weight.requires_grad):

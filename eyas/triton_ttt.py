@@ -28,8 +28,8 @@ import triton.language as tl
 def _head_ce_kernel(z_ptr, t_ptr, tlse_ptr, w_ptr, loss_ptr, argmax_ptr, grad_ptr, V: tl.constexpr, T,
                     s_zb, s_zt, s_tb, s_tt, s_lb, s_lt, s_gb, s_gt,
                     BLOCK: tl.constexpr, WITH_GRAD: tl.constexpr):
-    t_idx = tl.program_id(0)
-    b_idx = tl.program_id(1)
+    t_idx = tl.program_id(0).to(tl.int64)  # int64 offsets: B * T * V may exceed 2**31
+    b_idx = tl.program_id(1).to(tl.int64)
     z_row = z_ptr + b_idx * s_zb + t_idx * s_zt
     t_row = t_ptr + b_idx * s_tb + t_idx * s_tt
     tlse = tl.load(tlse_ptr + b_idx * s_lb + t_idx * s_lt)
@@ -89,8 +89,15 @@ def soft_cross_entropy_grad(logits: torch.Tensor, teacher_logits: torch.Tensor, 
     Returns:
         (loss [B, T] float32, argmax [B, T] int64, grad [B, T, V] in logits.dtype or None). The
         loss is computed as ``lse(z) * sum(p) - sum(p * z)`` in float32 (one pass).
+    Raises:
+        ValueError: shapes that do not match, or a vocab dim that is not contiguous.
     """
     B, T, V = logits.shape
+    if teacher_logits.shape != logits.shape or teacher_lse.shape != (B, T) or (
+            weight is not None and weight.shape != (B, T)):
+        raise ValueError(f"head loss kernel: logits {tuple(logits.shape)} need teacher_logits of the same shape "
+                         f"and teacher_lse/weight [B, T]; got {tuple(teacher_logits.shape)}, "
+                         f"{tuple(teacher_lse.shape)}, {None if weight is None else tuple(weight.shape)}")
     if logits.stride(2) != 1 or teacher_logits.stride(2) != 1:
         raise ValueError("head loss kernel: the vocab dim of logits and teacher_logits must be contiguous")
     loss = torch.empty(B, T, device=logits.device, dtype=torch.float32)
@@ -143,9 +150,9 @@ def _merge_load(q_ptr, o0_ptr, lse0_ptr, kd_ptr, vd_ptr, b, g, t, n, REP, HD, T,
 def _merge_fwd_kernel(q_ptr, o0_ptr, lse0_ptr, kd_ptr, vd_ptr, o_ptr, lse_ptr, n, T, REP, HD, scale,
                       s_qb, s_qh, s_qt, s_0b, s_0h, s_0t, s_ob, s_oh, s_ot, s_kw, s_kb, s_kg, s_kt,
                       REP_P: tl.constexpr, W_P: tl.constexpr, HD_P: tl.constexpr):
-    t = tl.program_id(0)
-    b = tl.program_id(1)
-    g = tl.program_id(2)
+    t = tl.program_id(0).to(tl.int64)
+    b = tl.program_id(1).to(tl.int64)
+    g = tl.program_id(2).to(tl.int64)
     q, o0, lse0, kd, vd, h, rd, wd, kv_off, l_off = _merge_load(
         q_ptr, o0_ptr, lse0_ptr, kd_ptr, vd_ptr, b, g, t, n, REP, HD, T,
         s_qb, s_qh, s_qt, s_0b, s_0h, s_0t, s_kw, s_kb, s_kg, s_kt, REP_P, W_P, HD_P)
@@ -169,9 +176,9 @@ def _merge_bwd_kernel(q_ptr, o0_ptr, lse0_ptr, kd_ptr, vd_ptr, lse_ptr, do_ptr,
                       dq_ptr, do0_ptr, dlse0_ptr, dkd_ptr, dvd_ptr, n, T, REP, HD, scale,
                       s_qb, s_qh, s_qt, s_0b, s_0h, s_0t, s_ob, s_oh, s_ot, s_kw, s_kb, s_kg, s_kt,
                       REP_P: tl.constexpr, W_P: tl.constexpr, HD_P: tl.constexpr):
-    t = tl.program_id(0)
-    b = tl.program_id(1)
-    g = tl.program_id(2)
+    t = tl.program_id(0).to(tl.int64)
+    b = tl.program_id(1).to(tl.int64)
+    g = tl.program_id(2).to(tl.int64)
     q, o0, lse0, kd, vd, h, rd, wd, kv_off, l_off = _merge_load(
         q_ptr, o0_ptr, lse0_ptr, kd_ptr, vd_ptr, b, g, t, n, REP, HD, T,
         s_qb, s_qh, s_qt, s_0b, s_0h, s_0t, s_kw, s_kb, s_kg, s_kt, REP_P, W_P, HD_P)
@@ -200,12 +207,15 @@ def _merge_bwd_kernel(q_ptr, o0_ptr, lse0_ptr, kd_ptr, vd_ptr, lse_ptr, do_ptr,
     tl.store(dvd_ptr + kv_off, dvd.to(dvd_ptr.dtype.element_ty), mask=wd)
 
 
+def _dense(x: torch.Tensor) -> torch.Tensor:
+    """``x`` itself when its layout is dense (``empty_like`` keeps its strides, so gradients
+    allocated like it share them), else a contiguous copy (a slice of a wider tensor, an expand)."""
+    return x if torch.empty_like(x, device="meta").stride() == x.stride() and x.stride(-1) == 1 else x.contiguous()
+
+
 def _merge_launch(kernel, q, o0, o, kd, *tensors):
     B, nh, T, hd = q.shape
     n, nkv = kd.shape[0], kd.shape[2]
-    for name, x in (("q", q), ("o0", o0), ("o", o)):
-        if x.stride(3) != 1:
-            raise ValueError(f"diagonal merge: {name} must have a contiguous head dim, strides {x.stride()}")
     kernel[(T, B, nkv)](*tensors, n, T, nh // nkv, hd, 1.0 / math.sqrt(hd), *q.stride()[:3], *o0.stride()[:3],
                         *o.stride()[:3], *kd.stride()[:4], REP_P=triton.next_power_of_2(nh // nkv),
                         W_P=triton.next_power_of_2(n), HD_P=triton.next_power_of_2(hd))
@@ -214,12 +224,22 @@ def _merge_launch(kernel, q, o0, o, kd, *tensors):
 class DiagonalMerge(torch.autograd.Function):
     """Triton forward/backward of :func:`eyas.drafter.merge_diagonal`, with kd and vd stacked on
     their FIRST dim, [n, B, nkv, T, hd], and without ``valid`` (all n entries are real). q and o0
-    need a contiguous head dim (any other strides); the output is [B, nh, T, hd] laid out as [B, T, nh, hd] (a transposed view), the
-    layout o_proj reads, so reshaping it to [B, T, nh * hd] copies nothing."""
+    are read in place when their layout is dense (e.g. a transposed view; else copied); the output is [B, nh, T, hd] laid out as [B, T, nh, hd] (a transposed view), the
+    layout o_proj reads, so reshaping it to [B, T, nh * hd] copies nothing.
+
+    Raises:
+        ValueError: shapes that do not fit together (``forward``)."""
 
     @staticmethod
     def forward(ctx, q, o0, lse0, kd, vd):
         B, nh, T, hd = q.shape
+        n, _, nkv = kd.shape[:3]
+        if nh % nkv or o0.shape != q.shape or lse0.shape != (B, nh, T) or kd.shape != (n, B, nkv, T, hd) \
+                or vd.shape != kd.shape:
+            raise ValueError(f"diagonal merge: q {tuple(q.shape)} needs o0 of its shape, lse0 [B, nh, T] and kd/vd "
+                             f"[n, B, nkv, T, hd] with nkv dividing nh; got o0 {tuple(o0.shape)}, lse0 "
+                             f"{tuple(lse0.shape)}, kd {tuple(kd.shape)}, vd {tuple(vd.shape)}")
+        q, o0 = _dense(q), _dense(o0)
         lse0, kd, vd = lse0.contiguous(), kd.contiguous(), vd.contiguous()
         o = torch.empty(B, T, nh, hd, device=q.device, dtype=q.dtype).transpose(1, 2)
         lse = torch.empty_like(lse0)

@@ -101,3 +101,20 @@ def test_no_grad_path_gives_the_same_loss_and_argmax():
     assert with_grad[0].requires_grad and not without[0].requires_grad
     for a, b in zip(with_grad, without):
         assert torch.equal(a.detach(), b)
+
+
+def test_upstream_gradient_is_not_rounded_to_bf16():
+    """With bf16 logits the backward scales by the upstream gradient in float32: g = 1/3 gives a
+    third of g = 1's gradient (bf16(1/3) * 3 would be 1.00195)."""
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(2, 6, 16, generator=g).bfloat16().requires_grad_()
+    w = torch.randn(40, 16, generator=g).bfloat16().requires_grad_()
+    t_logits = torch.randn(2, 6, 40, generator=g).bfloat16()
+    t_lse, weight = t_logits.float().logsumexp(-1), torch.full((2, 6), 1 / 12)
+    grads = []
+    for scale in (1.0, 1 / 3):
+        x.grad = w.grad = None
+        (scale * head_loss(x, w, t_logits, t_lse, weight)[0]).backward()
+        grads.append((x.grad.double().sum(), w.grad.double().abs().sum()))
+    for one, third in zip(*grads):
+        assert (3 * third / one).item() == pytest.approx(1.0, abs=2e-4)

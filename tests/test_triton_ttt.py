@@ -58,3 +58,24 @@ def test_diagonal_merge_kernel_equals_torch(nh, nkv, hd, n):
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
     for name, a, b in zip(("q", "o0", "lse0", "kd", "vd"), grads, grads_ref):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5, msg=name)
+
+
+def test_diagonal_merge_non_dense_inputs_and_bad_shapes():
+    """q cut from a wider tensor (a fused qkv output) is copied, not read with strides its
+    gradient would not share; shapes that do not fit together are refused."""
+    from eyas.triton_ttt import DiagonalMerge
+
+    g = torch.Generator(device="cuda").manual_seed(2)
+    B, nh, nkv, T, hd, n = 1, 4, 2, 9, 16, 2
+    wide = torch.randn(B, nh, T, 3 * hd, generator=g, device="cuda")
+    q = wide[..., :hd].requires_grad_()  # not dense: empty_like(q) would not share its strides
+    o0, lse0 = torch.randn(B, nh, T, hd, generator=g, device="cuda"), torch.randn(B, nh, T, generator=g, device="cuda")
+    kd, vd = (torch.randn(n, B, nkv, T, hd, generator=g, device="cuda") for _ in range(2))
+    do = torch.randn(B, nh, T, hd, generator=g, device="cuda")
+    (dq,) = torch.autograd.grad(DiagonalMerge.apply(q, o0, lse0, kd, vd), q, do)
+    ref = merge_diagonal(q, o0, lse0, kd.permute(1, 2, 3, 0, 4), vd.permute(1, 2, 3, 0, 4),
+                         torch.ones(n, dtype=torch.bool, device="cuda"))
+    (dq_ref,) = torch.autograd.grad(ref, q, do)
+    torch.testing.assert_close(dq, dq_ref, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="nkv dividing nh"):
+        DiagonalMerge.apply(q[:, :3], o0[:, :3], lse0[:, :3], kd, vd)  # 3 heads over 2 kv heads
