@@ -17,13 +17,18 @@ model: prompts are LEFT-padded into a batch (with the attention mask, so pads ar
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import time
+from pathlib import Path
 
 import torch
 
 from eyas.data import prompt_messages, render_prompt
+from eyas.io import write_text
 
-__all__ = ["generate_batch", "fit_prompt", "regenerate", "MODES"]
+__all__ = ["generate_batch", "fit_prompt", "regenerate", "Journal", "MODES"]
 
 MODES = ("last_turn",)
 
@@ -103,9 +108,64 @@ def fit_prompt(tokenizer, messages: list[dict], max_tokens: int | None) -> tuple
     return best
 
 
+class Journal:
+    """The replies of a self-distill split as they finish, so that a killed stage, rerun, skips
+    every prompt already answered (hours of generation on a large target).
+
+    An append-only JSONL file: the first line ``{"resume_key": {...}}`` (what the replies depend
+    on besides the prompt: target, dtype, reply budget), then one ``{"prompt": sha256 of the
+    prompt ids, "ids": [reply ids]}`` per reply, flushed and fsync'd per batch. Opening it keeps
+    the replies of a file with the same resume key (a torn last line, from a kill mid-write, is
+    dropped) and starts afresh otherwise; either way the file is rewritten atomically first.
+    """
+
+    def __init__(self, path: str | os.PathLike, resume_key: dict):
+        self.path = Path(path)
+        self.done: dict[str, list[int]] = {}
+        lines = self.path.read_text(encoding="utf-8").splitlines() if self.path.exists() else []
+        if lines and _json_or_none(lines[0]) == {"resume_key": resume_key}:
+            for line in lines[1:]:
+                rec = _json_or_none(line)
+                if not isinstance(rec, dict) or "prompt" not in rec or "ids" not in rec:
+                    break  # torn tail: everything after it is lost anyway
+                self.done[rec["prompt"]] = rec["ids"]
+        write_text(self.path, "".join(json.dumps(x) + "\n" for x in
+                                      [{"resume_key": resume_key}] +
+                                      [{"prompt": k, "ids": v} for k, v in self.done.items()]))
+        self._f = open(self.path, "a", encoding="utf-8")
+
+    @staticmethod
+    def key(prompt_ids: list[int]) -> str:
+        return hashlib.sha256(json.dumps(prompt_ids).encode()).hexdigest()
+
+    def get(self, prompt_ids: list[int]) -> list[int] | None:
+        """The journaled reply ids of a prompt, or None."""
+        return self.done.get(self.key(prompt_ids))
+
+    def add(self, pairs: list[tuple[list[int], list[int]]]) -> None:
+        """Append (prompt ids, reply ids) pairs durably."""
+        for prompt_ids, ids in pairs:
+            self.done[self.key(prompt_ids)] = ids
+            self._f.write(json.dumps({"prompt": self.key(prompt_ids), "ids": ids}) + "\n")
+        self._f.flush()
+        os.fsync(self._f.fileno())
+
+    def remove(self) -> None:
+        """Close and delete the journal (its split's output is written)."""
+        self._f.close()
+        self.path.unlink(missing_ok=True)
+
+
+def _json_or_none(line: str):
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError:
+        return None
+
+
 def regenerate(target, conversations: list[dict], *, max_new_tokens: int, batch_size: int,
                mode: str = "last_turn", max_prompt_tokens: int | None = None,
-               progress=None) -> tuple[list[dict], dict]:
+               progress=None, journal: Journal | None = None) -> tuple[list[dict], dict]:
     """Replace each conversation's last assistant turn with the target's greedy reply.
 
     Args:
@@ -119,14 +179,19 @@ def regenerate(target, conversations: list[dict], *, max_new_tokens: int, batch_
             rendered prompt fits; set it to ``extract.max_length - max_new_tokens`` so the
             generated reply survives extract's truncation. None: no budget.
         progress: optional callable ``(done, total)`` after each batch.
+        journal: replies already made by an earlier, killed run are taken from it, and new ones
+            are appended to it per batch (:class:`Journal`). A resumed prompt is generated in a
+            batch of different composition; batched greedy decoding equals unbatched (module
+            docstring), up to the floating-point effects of padding on a GPU.
     Returns:
         ``(new_conversations, stats)``: input order, ids unchanged, each ``prompt messages``
         (after the budget) ``+ [{"role": "assistant", "content": reply}]`` (reply decoded with
         ``skip_special_tokens=True`` and stripped). Conversations without a prompt (no user turn
         before an assistant turn), whose last user turn alone exceeds the budget, and empty
         replies are dropped and counted. ``stats``: ``conversations``, ``prompts``,
-        ``prompt_tokens``, ``prompts_shortened``, ``generated_tokens`` (EOS counted),
-        ``seconds`` (generation only), ``tokens_per_second``, ``truncated`` (hit
+        ``prompt_tokens``, ``prompts_shortened``, ``generated_tokens`` (EOS counted, resumed
+        replies included), ``resumed`` (replies taken from the journal), ``seconds`` (this run's
+        generation only), ``tokens_per_second`` (this run's), ``truncated`` (hit
         ``max_new_tokens`` without EOS), ``dropped_no_prompt``, ``dropped_long_prompt``,
         ``dropped_empty``, ``kept``.
     """
@@ -153,13 +218,23 @@ def regenerate(target, conversations: list[dict], *, max_new_tokens: int, batch_
         items.append((i, *fit))
     order = sorted(range(len(items)), key=lambda k: len(items[k][2]))  # little padding per batch
     gen: dict[int, list[int]] = {}
-    seconds = 0.0
+    seconds, new_tokens, resumed = 0.0, 0, 0
     for b in range(0, len(order), batch_size):
         chunk = order[b:b + batch_size]
-        t0 = time.perf_counter()
-        outs = generate_batch(target.model, [items[k][2] for k in chunk], max_new_tokens, pad_id, eos_id)
-        seconds += time.perf_counter() - t0
-        gen.update(zip(chunk, outs))
+        for k in chunk:
+            ids = None if journal is None else journal.get(items[k][2])
+            if ids is not None:
+                gen[k] = ids
+                resumed += 1
+        todo = [k for k in chunk if k not in gen]
+        if todo:
+            t0 = time.perf_counter()
+            outs = generate_batch(target.model, [items[k][2] for k in todo], max_new_tokens, pad_id, eos_id)
+            seconds += time.perf_counter() - t0
+            new_tokens += sum(len(o) for o in outs)
+            gen.update(zip(todo, outs))
+            if journal is not None:
+                journal.add([(items[k][2], o) for k, o in zip(todo, outs)])
         if progress is not None:
             progress(min(b + batch_size, len(order)), len(order))
 
@@ -180,8 +255,9 @@ def regenerate(target, conversations: list[dict], *, max_new_tokens: int, batch_
         "prompts": len(items),
         "prompt_tokens": sum(len(it[2]) for it in items),
         "generated_tokens": n_tokens,
+        "resumed": resumed,
         "seconds": round(seconds, 2),
-        "tokens_per_second": round(n_tokens / seconds, 1) if seconds > 0 else None,
+        "tokens_per_second": round(new_tokens / seconds, 1) if seconds > 0 else None,
         "prompts_shortened": shortened,
         "truncated": int(truncated),
         "dropped_no_prompt": dropped_no_prompt,

@@ -3,7 +3,8 @@
 Reads params `distill`, `target`, `extract.max_length`; reads `data/conversations/{train,val,publish}.jsonl`; writes
 `data/distilled/{train,val,publish}.jsonl` and `metrics/self_distill.json`. Splits not named in
 `distill.splits` (and every split when `distill.enabled` is false) are copied byte for byte, so
-the DAG is the same either way. The test split is never touched (eval reads it from
+the DAG is the same either way. Finished replies are journaled in `.eyas/work/self_distill/`: a
+killed run, rerun, generates only the rest (eyas.distill.Journal). The test split is never touched (eval reads it from
 data/conversations). Run from the repository root: `python -m stages.self_distill`.
 """
 
@@ -15,12 +16,13 @@ from pathlib import Path
 
 from eyas.config import ParamsError, load_params
 from eyas.data import read_jsonl, write_jsonl
-from eyas.distill import regenerate
+from eyas.distill import Journal, regenerate
 from eyas.io import write_json
 from eyas.tracking import start_stage_run
 
 SPLITS = ("train", "val", "publish")
 IN_DIR, OUT_DIR = Path("data/conversations"), Path("data/distilled")
+WORK = Path(".eyas/work/self_distill")  # per-split journals of finished replies (resume)
 METRICS = Path("metrics/self_distill.json")
 
 
@@ -36,7 +38,7 @@ def prompt_budget(p) -> int:
 
 
 def run(p, in_dir: Path = IN_DIR, out_dir: Path = OUT_DIR, metrics_path: Path = METRICS,
-        tracker=None, load_target=None) -> dict:
+        tracker=None, load_target=None, work_dir: Path = WORK) -> dict:
     d = p.distill
     bad = sorted(set(d.splits) - set(SPLITS))
     if bad:
@@ -57,11 +59,15 @@ def run(p, in_dir: Path = IN_DIR, out_dir: Path = OUT_DIR, metrics_path: Path = 
             shutil.copyfile(src, dst)
             metrics["splits"][split] = {"copied": True, "conversations": len(read_jsonl(dst))}
             continue
+        journal = Journal(work_dir / f"{split}.jsonl", resume_key={
+            "target": p.target.path, "gguf_file": p.target.gguf_file, "dtype": p.target.dtype,
+            "max_new_tokens": d.max_new_tokens})
         convs, stats = regenerate(
             target, read_jsonl(src), max_new_tokens=d.max_new_tokens, batch_size=d.batch_size,
-            max_prompt_tokens=prompt_budget(p),
+            max_prompt_tokens=prompt_budget(p), journal=journal,
             progress=lambda i, n, s=split: print(f"self-distill {s}: {i}/{n}", flush=True))
         write_jsonl(dst, convs)
+        journal.remove()
         metrics["splits"][split] = {"copied": False, **stats}
         if tracker is not None:
             tracker.log_metrics({f"{split}/{k}": v for k, v in stats.items()

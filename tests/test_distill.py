@@ -1,4 +1,5 @@
-"""Self-distillation: batched greedy generation equals unbatched greedy; regenerate; the stage."""
+"""Self-distillation: batched greedy generation equals unbatched greedy; regenerate; resuming a
+killed run from its journal; the stage."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from transformers import GenerationConfig
 
 from eyas.config import ParamsError, load_params
 from eyas.data import read_jsonl, write_jsonl
-from eyas.distill import fit_prompt, generate_batch, regenerate
+from eyas.distill import Journal, fit_prompt, generate_batch, regenerate
 from eyas.speculative import greedy_generate
 from stages import self_distill
 from tests.tiny import VOCAB, tiny_target
@@ -163,6 +164,55 @@ def test_regenerate_applies_the_prompt_budget(target):
     assert stats["dropped_long_prompt"] == 4 and stats["prompts"] == 1  # only 'zz|' fits
 
 
+class Killed(Exception):
+    pass
+
+
+def test_killed_run_resumes_from_its_journal(tmp_path):
+    """A run killed after its first batch, rerun with the same journal: the replies equal an
+    uninterrupted run's, and only the prompts not yet answered reach the model."""
+    convs = _conversations()
+    t = _stub_target(convs, eos_from=1)
+    want, _ = regenerate(t, convs, max_new_tokens=8, batch_size=2)
+    real = t.model.generate
+    seen, kill_at = [], [2]
+
+    def generate(*a, **k):
+        seen.append(k["input_ids"].shape[0])
+        if len(seen) in kill_at:
+            raise Killed
+        return real(*a, **k)
+
+    t.model.generate = generate
+    key = {"target": "tiny", "max_new_tokens": 8}
+    with pytest.raises(Killed):
+        regenerate(t, convs, max_new_tokens=8, batch_size=2, journal=Journal(tmp_path / "j.jsonl", key))
+    assert len(Journal(tmp_path / "j.jsonl", key).done) == 2  # the first batch (2 prompts) survived
+    seen.clear()
+    kill_at.clear()
+    got, stats = regenerate(t, convs, max_new_tokens=8, batch_size=2, journal=Journal(tmp_path / "j.jsonl", key))
+    assert got == want
+    assert stats["resumed"] == 2 and sum(seen) == 5 - 2
+
+
+def test_journal_drops_a_torn_tail_and_a_foreign_key(tmp_path):
+    path = tmp_path / "j.jsonl"
+    j = Journal(path, {"target": "a"})
+    j.add([([1, 2], [7, 8]), ([3], [9])])
+    j.remove()
+    assert not path.exists()
+    j = Journal(path, {"target": "a"})
+    j.add([([1, 2], [7, 8]), ([3], [9])])
+    with open(path, "a") as f:
+        f.write('{"prompt": "abc", "ids": [1')  # killed mid-write
+    again = Journal(path, {"target": "a"})
+    assert again.get([1, 2]) == [7, 8] and again.get([3]) == [9] and len(again.done) == 2
+    again.add([([4], [5])])  # appends after the dropped tail, not onto it
+    assert Journal(path, {"target": "a"}).get([4]) == [5]
+    assert Journal(path, {"target": "b"}).done == {}  # other target: start afresh
+    assert Journal(path, {"target": "a"}).done == {}
+
+
 def test_unknown_mode_is_refused(target):
     with pytest.raises(ValueError, match="mode"):
         regenerate(target, [], max_new_tokens=4, batch_size=1, mode="all_turns")
@@ -196,12 +246,14 @@ def test_stage_disabled_copies_inputs_byte_identically(tmp_path):
 def test_stage_enabled_regenerates_listed_splits_only(tmp_path):
     p, conv, out, m = _workspace(tmp_path, {"splits": ["train"], "max_new_tokens": 4, "batch_size": 3})
     t = _stub_target(_conversations(), eos_from=1)
-    metrics = self_distill.run(p, conv, out, m, load_target=lambda *a, **k: t)
+    metrics = self_distill.run(p, conv, out, m, load_target=lambda *a, **k: t, work_dir=tmp_path / "work")
     assert (out / "val.jsonl").read_bytes() == (conv / "val.jsonl").read_bytes()
     assert (out / "publish.jsonl").read_bytes() == (conv / "publish.jsonl").read_bytes()
     train = read_jsonl(out / "train.jsonl")
     assert train and all(c["messages"][-1]["role"] == "assistant" and len(c["messages"]) == 4 for c in train)
     assert metrics["splits"]["train"]["copied"] is False and metrics["generated_tokens"] > 0
+    assert metrics["splits"]["train"]["resumed"] == 0
+    assert list((tmp_path / "work").iterdir()) == []  # the journal goes once the split is written
 
 
 def test_stage_rejects_unknown_split(tmp_path):
