@@ -192,13 +192,14 @@ def supervised_counts(batch: Batch, ttt_length: int) -> torch.Tensor:
     return torch.stack([step_mask(batch, k).sum() for k in range(ttt_length)])
 
 
+def _norm_to(h: torch.Tensor, weight: torch.Tensor, eps: float, dtype: torch.dtype) -> torch.Tensor:
+    return rms_norm(h, weight, eps).to(dtype)
+
+
 def normed_head_input(drafter: Eagle3Drafter, hidden: torch.Tensor, head_weight: torch.Tensor) -> torch.Tensor:
     """The lm_head's input: ``drafter.norm(hidden)`` [B, T, H] in ``head_weight``'s dtype (one
     torch.compile'd graph on CUDA, unless EYAS_COMPILE=0)."""
-    def norm(h, w, eps, dtype):
-        return rms_norm(h, w, eps).to(dtype)
-
-    fn = norm if hidden.device.type != "cuda" else compiled("head_norm", norm)
+    fn = _norm_to if hidden.device.type != "cuda" else compiled("head_norm", _norm_to)
     return fn(hidden, drafter.norm.weight, drafter.config.rms_norm_eps, head_weight.dtype)
 
 
