@@ -1,4 +1,4 @@
-# Sourced by the round-5 device drivers (run_h200_r5*.sh): environment, log file, the peer's
+# Sourced by the round-5 and round-6 device drivers (run_h200_r5*.sh, run_h200_r6*.sh): environment, log file, the peer's
 # wheels (carried in .whl) and run LIMIT CMD... (its own time limit; the full output goes to the
 # log under $OUT, the result lines to stdout).
 set +e
