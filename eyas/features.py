@@ -133,8 +133,9 @@ def quantize_fp8(x: torch.Tensor, groups: int) -> tuple[torch.Tensor, torch.Tens
     Returns:
         (q [N, groups * H] float8_e4m3fn, scale [N, groups] float32) with
         ``x[n, g*H:(g+1)*H] ~= q[n, g*H:(g+1)*H].float() * scale[n, g]``, scale = amax / 448
-        (1 for an all-zero row; inf/NaN for a row holding inf/NaN). Relative error per value <= 2**-4 where |x| >= scale * 2**-6
-        (e4m3's smallest normal); smaller values are subnormal or flush to zero.
+        (1 for an all-zero row; inf/NaN for a row holding inf/NaN). Relative error per value
+        <= 2**-4 where |x| >= scale * 2**-6 (e4m3's smallest normal); smaller values are
+        subnormal or flush to zero.
     Raises:
         ValueError: the last dim is not a multiple of ``groups``.
     """

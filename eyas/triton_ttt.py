@@ -126,9 +126,13 @@ _MERGE_CONFIGS = [triton.Config({}, num_warps=w) for w in (1, 2, 4)]
 
 
 @triton.jit
-def _merge_load(q_ptr, o0_ptr, lse0_ptr, kd_ptr, vd_ptr, b, g, t, n, REP, HD, T,
+def _merge_load(q_ptr, o0_ptr, lse0_ptr, kd_ptr, vd_ptr, n, REP, HD, T,
                 s_qb, s_qh, s_qt, s_0b, s_0h, s_0t, s_kw, s_kb, s_kg, s_kt,
                 REP_P: tl.constexpr, W_P: tl.constexpr, HD_P: tl.constexpr):
+    # this program's (position, batch, kv head) and every input it reads, in float32
+    t = tl.program_id(0).to(tl.int64)
+    b = tl.program_id(1).to(tl.int64)
+    g = tl.program_id(2).to(tl.int64)
     r = tl.arange(0, REP_P)
     w = tl.arange(0, W_P)
     d = tl.arange(0, HD_P)
@@ -142,7 +146,7 @@ def _merge_load(q_ptr, o0_ptr, lse0_ptr, kd_ptr, vd_ptr, b, g, t, n, REP, HD, T,
     kv_off = w[:, None] * s_kw + b * s_kb + g * s_kg + t * s_kt + d[None, :]
     kd = tl.load(kd_ptr + kv_off, mask=wd, other=0.0).to(tl.float32)
     vd = tl.load(vd_ptr + kv_off, mask=wd, other=0.0).to(tl.float32)
-    return q, o0, lse0, kd, vd, h, rd, wd, kv_off, l_off
+    return t, b, q, o0, lse0, kd, vd, h, rd, wd, kv_off, l_off
 
 
 @triton.autotune(configs=_MERGE_CONFIGS, key=["n", "REP", "HD"])
@@ -150,11 +154,8 @@ def _merge_load(q_ptr, o0_ptr, lse0_ptr, kd_ptr, vd_ptr, b, g, t, n, REP, HD, T,
 def _merge_fwd_kernel(q_ptr, o0_ptr, lse0_ptr, kd_ptr, vd_ptr, o_ptr, lse_ptr, n, T, REP, HD, scale,
                       s_qb, s_qh, s_qt, s_0b, s_0h, s_0t, s_ob, s_oh, s_ot, s_kw, s_kb, s_kg, s_kt,
                       REP_P: tl.constexpr, W_P: tl.constexpr, HD_P: tl.constexpr):
-    t = tl.program_id(0).to(tl.int64)
-    b = tl.program_id(1).to(tl.int64)
-    g = tl.program_id(2).to(tl.int64)
-    q, o0, lse0, kd, vd, h, rd, wd, kv_off, l_off = _merge_load(
-        q_ptr, o0_ptr, lse0_ptr, kd_ptr, vd_ptr, b, g, t, n, REP, HD, T,
+    t, b, q, o0, lse0, kd, vd, h, rd, wd, kv_off, l_off = _merge_load(
+        q_ptr, o0_ptr, lse0_ptr, kd_ptr, vd_ptr, n, REP, HD, T,
         s_qb, s_qh, s_qt, s_0b, s_0h, s_0t, s_kw, s_kb, s_kg, s_kt, REP_P, W_P, HD_P)
     w = tl.arange(0, W_P)
     s = tl.sum(q[:, None, :] * kd[None, :, :], 2) * scale            # [REP, W]
@@ -176,11 +177,8 @@ def _merge_bwd_kernel(q_ptr, o0_ptr, lse0_ptr, kd_ptr, vd_ptr, lse_ptr, do_ptr,
                       dq_ptr, do0_ptr, dlse0_ptr, dkd_ptr, dvd_ptr, n, T, REP, HD, scale,
                       s_qb, s_qh, s_qt, s_0b, s_0h, s_0t, s_ob, s_oh, s_ot, s_kw, s_kb, s_kg, s_kt,
                       REP_P: tl.constexpr, W_P: tl.constexpr, HD_P: tl.constexpr):
-    t = tl.program_id(0).to(tl.int64)
-    b = tl.program_id(1).to(tl.int64)
-    g = tl.program_id(2).to(tl.int64)
-    q, o0, lse0, kd, vd, h, rd, wd, kv_off, l_off = _merge_load(
-        q_ptr, o0_ptr, lse0_ptr, kd_ptr, vd_ptr, b, g, t, n, REP, HD, T,
+    t, b, q, o0, lse0, kd, vd, h, rd, wd, kv_off, l_off = _merge_load(
+        q_ptr, o0_ptr, lse0_ptr, kd_ptr, vd_ptr, n, REP, HD, T,
         s_qb, s_qh, s_qt, s_0b, s_0h, s_0t, s_kw, s_kb, s_kg, s_kt, REP_P, W_P, HD_P)
     r = tl.arange(0, REP_P)
     w = tl.arange(0, W_P)

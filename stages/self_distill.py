@@ -4,8 +4,9 @@ Reads params `distill`, `target`, `extract.max_length`; reads `data/conversation
 `data/distilled/{train,val,publish}.jsonl` and `metrics/self_distill.json`. Splits not named in
 `distill.splits` (and every split when `distill.enabled` is false) are copied byte for byte, so
 the DAG is the same either way. Finished replies are journaled in `.eyas/work/self_distill/`: a
-killed run, rerun, generates only the rest (eyas.distill.Journal). The test split is never touched (eval reads it from
-data/conversations). Run from the repository root: `python -m stages.self_distill`.
+killed run, rerun, generates only the rest (eyas.distill.Journal). The test split is never
+touched (eval reads it from data/conversations). Run from the repository root:
+`python -m stages.self_distill`.
 """
 
 from __future__ import annotations
