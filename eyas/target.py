@@ -41,6 +41,35 @@ def embedded_target() -> tuple[str, str]:
     return str(d), EMBEDDED_GGUF
 
 
+def stop_token_ids(tokenizer, generation_config=None) -> list[int]:
+    """The token ids at which the target ends a reply: the tokenizer's ``eos_token_id`` and every
+    id in ``generation_config.eos_token_id`` (an int or a list), sorted, duplicates removed.
+
+    Many chat models end a turn with a token other than the tokenizer's EOS and list it in
+    ``generation_config.json`` (Llama-3-Instruct ``[128001, 128008, 128009]`` with
+    ``<|eot_id|>`` = 128009; Gemma ``<end_of_turn>``; Phi-3 ``<|end|>``). HF ``generate`` stops at
+    any of them (transformers ``generation/configuration_utils.py``: "use a list to set multiple
+    end-of-sequence tokens"), and vLLM stops at the generation config's ids too
+    (vllm ``sampling_params.py``, ``update_from_generation_config``: ``_all_stop_token_ids``).
+    Self-distill, the greedy reference and speculative decoding all stop at this set, so the
+    drafter is trained and measured on the replies the target really ends.
+
+    Args:
+        tokenizer: a transformers tokenizer (``eos_token_id`` may be None).
+        generation_config: ``model.generation_config`` or None.
+    Returns:
+        list[int], possibly empty (then a reply ends only at its token budget).
+    """
+    ids = set()
+    for v in (getattr(tokenizer, "eos_token_id", None), getattr(generation_config, "eos_token_id", None)):
+        if v is None:
+            continue
+        for x in (v if isinstance(v, (list, tuple)) else [v]):
+            if x is not None:
+                ids.add(int(x))
+    return sorted(ids)
+
+
 def pick_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
@@ -62,6 +91,12 @@ class Target:
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
+
+    @property
+    def stop_ids(self) -> list[int]:
+        """The ids that end a reply (:func:`stop_token_ids` of the tokenizer and the model's
+        generation config)."""
+        return stop_token_ids(self.tokenizer, getattr(self.model, "generation_config", None))
 
     def config_summary(self) -> dict:
         """The target shape a drafter is built from (recorded in the feature manifest)."""
