@@ -45,8 +45,9 @@ class DataParams:
 
 @dataclass
 class DistillParams:
-    """Self-distillation (stage self-distill): the target regenerates the last assistant turn."""
+    """Self-distillation (stage self-distill): the target regenerates assistant turns."""
     enabled: bool = True           # false: copy the splits unchanged (the DAG stays the same)
+    turns: str = "last"            # 'last': the last assistant turn; 'all': every one (eyas.distill)
     max_new_tokens: int = 96       # generation budget per reply (eval.max_new_tokens by default)
     batch_size: int = 16           # prompts per generate() call (left padding, sorted by length)
     max_prompt_tokens: int = 0     # drop earliest turns beyond this; 0 = extract.max_length - max_new_tokens
@@ -219,6 +220,7 @@ _RANGES = [
     ("data.code_prompts", lambda v: v >= 0, ">= 0 (0 = off)"),
     ("distill.max_new_tokens", lambda v: v >= 1, ">= 1"),
     ("distill.batch_size", lambda v: v >= 1, ">= 1"),
+    ("distill.turns", lambda v: v in ("last", "all"), "'last' or 'all'"),
     ("distill.max_prompt_tokens", lambda v: v >= 0, ">= 0 (0 = extract.max_length - distill.max_new_tokens)"),
     ("distill.splits", lambda v: len(v) > 0,
      "a non-empty list of splits to regenerate (to regenerate none, set 'distill.enabled: false')"),

@@ -2,12 +2,28 @@
 
 EAGLE-3 (and SpecForge, the peers) train the drafter on the target's OWN responses: acceptance is
 measured against the target's greedy output, and a human-written reply is off that distribution.
-:func:`regenerate` keeps each conversation's prompt (:func:`eyas.data.prompt_messages`: up to and
-including the last user turn before the last assistant turn) and replaces everything after it with
-one assistant turn the target writes greedily. Earlier assistant turns inside the prompt stay as
-they were (mode ``"last_turn"``, the same context the eval prompts carry). A prompt token budget
-(:func:`fit_prompt`) drops the earliest turns of long prompts, so that prompt + reply fit in
-extract's ``max_length`` and the generated reply is not truncated away.
+Each regenerated sample is a prompt (:func:`eyas.data.prompt_messages`: the history up to and
+including a user turn) and one assistant turn the target writes greedily. ``turns`` picks the
+prompts of a conversation (:func:`turn_prompts`):
+
+- ``"last"``: one sample per conversation, the prompt before its last assistant turn (the same
+  context the eval's chat prompts carry);
+- ``"all"``: one sample per assistant turn that has a user turn before it (the history before it,
+  human-written, as in the eval's prompts). A chitchat conversation holds 16.6 assistant turns on
+  average, so this multiplies the samples by ~16 for the same conversations.
+
+A prompt token budget (:func:`fit_prompt`) drops the earliest turns of long prompts, so that
+prompt + reply fit in extract's ``max_length`` and the generated reply is not truncated away.
+
+**The drafter trains on exactly the ids the target generated.** Each sample records
+``prompt_ids`` (the rendered prompt, ending in the assistant header), ``reply_ids`` (the greedy
+continuation up to and including the first stop id, :func:`eyas.target.stop_token_ids`) and
+``finish_reason`` (``"stop"`` or ``"length"``, the OpenAI API's names, which vLLM and SGLang
+return). Extract uses these ids as they are, instead of re-rendering decoded text: decoding and
+re-tokenizing changes ids (``strip()`` turns ``' Sure'`` into ``'Sure'``, a literal
+``<|im_end|>`` written as ordinary pieces becomes the control token), and the chat template
+would append an end-of-turn token to a reply cut at the budget, teaching the drafter a stop the
+target never made. The decoded ``content`` is kept for reading only.
 
 The core works on token ids (:func:`generate_batch`), so it is testable on a tokenizer-free tiny
 model: prompts are LEFT-padded into a batch (with the attention mask, so pads are invisible) and
@@ -25,24 +41,26 @@ from pathlib import Path
 
 import torch
 
-from eyas.data import prompt_messages, render_prompt
+from eyas.data import DataError, prompt_messages, render_prompt
 from eyas.io import write_text
 
-__all__ = ["generate_batch", "fit_prompt", "regenerate", "Journal", "MODES"]
+__all__ = ["generate_batch", "fit_prompt", "turn_prompts", "plan_prompts", "regenerate", "Journal",
+           "TURNS"]
 
-MODES = ("last_turn",)
+TURNS = ("last", "all")
 
 
-def _trim(ids: list[int], eos_id: int | None, pad_id: int) -> list[int]:
-    """Generated ids up to and including the first EOS (HF pads finished rows with ``pad_id``)."""
-    if eos_id is not None and eos_id in ids:
-        return ids[: ids.index(eos_id) + 1]
+def _trim(ids: list[int], stop_ids) -> list[int]:
+    """Generated ids up to and including the first stop id (HF pads finished rows)."""
+    for j, t in enumerate(ids):
+        if t in stop_ids:
+            return ids[: j + 1]
     return ids
 
 
 @torch.no_grad()
 def generate_batch(model, prompts_ids: list[list[int]], max_new_tokens: int, pad_id: int,
-                   eos_id: int | None) -> list[list[int]]:
+                   stop_ids) -> list[list[int]]:
     """Greedy continuations of several prompts in ONE batch (left padding + attention mask).
 
     Args:
@@ -51,9 +69,11 @@ def generate_batch(model, prompts_ids: list[list[int]], max_new_tokens: int, pad
         max_new_tokens: the most tokens generated per prompt (>= 1).
         pad_id: the id written into pad positions (masked out; any id works, the tokenizer's
             pad or EOS by convention).
-        eos_id: end-of-sequence id or None (then every row runs ``max_new_tokens``).
+        stop_ids: the ids that end a reply (:func:`eyas.target.stop_token_ids`; HF ``generate``
+            takes a list as ``eos_token_id``); empty: every row runs ``max_new_tokens``.
     Returns:
-        per prompt, in input order, the generated ids (prompt excluded), EOS included when hit:
+        per prompt, in input order, the generated ids (prompt excluded), up to and including the
+        first stop id when one was generated:
         the same contract as :func:`eyas.speculative.greedy_generate`.
     """
     from transformers import GenerationConfig
@@ -77,10 +97,11 @@ def generate_batch(model, prompts_ids: list[list[int]], max_new_tokens: int, pad
     # a fresh config, not the model's generation_config: no sampling, no repetition penalty, no
     # min_length, ... exactly argmax decoding (what eval's greedy reference does)
     gc = GenerationConfig(do_sample=False, num_beams=1, max_new_tokens=max_new_tokens,
-                          pad_token_id=pad_id, eos_token_id=eos_id)
+                          pad_token_id=pad_id, eos_token_id=list(stop_ids) or None)
     out = model.generate(input_ids=ids.to(dev), attention_mask=att.to(dev), generation_config=gc)
     gen = out[:, T:].tolist()
-    return [_trim(g, eos_id, pad_id) for g in gen]
+    stop = set(stop_ids)
+    return [_trim(g, stop) for g in gen]
 
 
 def fit_prompt(tokenizer, messages: list[dict], max_tokens: int | None) -> tuple[list[dict], list[int]] | None:
@@ -163,109 +184,163 @@ def _json_or_none(line: str):
         return None
 
 
-def regenerate(target, conversations: list[dict], *, max_new_tokens: int, batch_size: int,
-               mode: str = "last_turn", max_prompt_tokens: int | None = None,
-               progress=None, journal: Journal | None = None) -> tuple[list[dict], dict]:
-    """Replace each conversation's last assistant turn with the target's greedy reply.
+def turn_prompts(messages: list[dict], turns: str) -> list[tuple[int, list[dict]]]:
+    """The prompts self-distill answers in one conversation, as ``(index of the assistant turn
+    in messages, prompt messages)``: ``turns="last"``, the prompt before the last assistant turn
+    (at most one); ``"all"``, the prompt before every assistant turn that has a user turn before
+    it, in order. A prompt is :func:`eyas.data.prompt_messages` of the messages up to that turn.
+
+    Raises:
+        ValueError: ``turns`` is not one of :data:`TURNS`.
+    """
+    if turns not in TURNS:
+        raise ValueError(f"distill.turns must be one of {TURNS}, got {turns!r}")
+    idx = [j for j, m in enumerate(messages) if m["role"] == "assistant"]
+    if turns == "last":
+        idx = idx[-1:]
+    out = []
+    for j in idx:
+        msgs = prompt_messages(messages[: j + 1])
+        if msgs:
+            out.append((j, msgs))
+    return out
+
+
+def plan_prompts(tokenizer, conversations: list[dict], *, turns: str, max_prompt_tokens: int | None,
+                 on_bad_line: str = "error") -> tuple[list[dict], dict]:
+    """Render every prompt self-distill will answer, with the tokenizer only (before the target's
+    weights load, so a template that refuses a conversation fails in seconds, not after the load).
 
     Args:
-        target: ``eyas.target.Target`` with a chat-template tokenizer.
+        tokenizer: the target's tokenizer (chat template).
         conversations: ``{"id", "messages"}`` (eyas.data format).
-        max_new_tokens: generation budget per reply; a reply that hits it is kept (truncated,
-            counted; it has no end-of-turn token, so the drafter is not taught to stop there).
+        turns: ``"last"`` or ``"all"`` (:func:`turn_prompts`).
+        max_prompt_tokens: prompt budget (:func:`fit_prompt`); None: no budget.
+        on_bad_line: ``"error"`` or ``"skip"`` (``data.on_bad_line``): what to do when the chat
+            template raises on a conversation (e.g. a Gemma-style template refusing a system turn
+            or two user turns in a row).
+    Returns:
+        ``(items, stats)``: items in conversation order, each ``{"id", "messages",
+        "prompt_ids"}`` (``id`` is the conversation id for ``turns="last"`` and
+        ``"<id>#<turn index>"`` for ``"all"``); stats ``conversations``, ``prompts``,
+        ``prompts_shortened``, ``dropped_no_prompt`` (conversations), ``dropped_long_prompt``
+        (prompts whose last user turn alone exceeds the budget), ``skipped_template`` and
+        ``skipped_template_ids`` (conversations the template refused).
+    Raises:
+        eyas.data.DataError: the template refused a conversation and ``on_bad_line`` is
+            ``"error"``; the message names the conversation id and the template's error.
+    """
+    if on_bad_line not in ("error", "skip"):
+        raise DataError(f"on_bad_line must be 'error' or 'skip', got {on_bad_line!r}")
+    items: list[dict] = []
+    stats = {"conversations": len(conversations), "prompts": 0, "prompts_shortened": 0,
+             "dropped_no_prompt": 0, "dropped_long_prompt": 0, "skipped_template": 0,
+             "skipped_template_ids": []}
+    for c in conversations:
+        prompts = turn_prompts(c["messages"], turns)
+        if not prompts:
+            stats["dropped_no_prompt"] += 1
+            continue
+        try:
+            fits = [(j, msgs, fit_prompt(tokenizer, msgs, max_prompt_tokens)) for j, msgs in prompts]
+        except Exception as e:  # noqa: BLE001  jinja2's TemplateError, a template's raise_exception
+            if on_bad_line == "error":
+                raise DataError(f"conversation {c['id']!r}: the chat template refused it "
+                                f"({type(e).__name__}: {e}); set data.on_bad_line: skip to skip "
+                                "and count such conversations") from None
+            stats["skipped_template"] += 1
+            stats["skipped_template_ids"].append(c["id"])
+            continue
+        for j, msgs, fit in fits:
+            if fit is None:
+                stats["dropped_long_prompt"] += 1
+                continue
+            stats["prompts_shortened"] += len(fit[0]) < len(msgs)
+            items.append({"id": c["id"] if turns == "last" else f"{c['id']}#{j}",
+                          "messages": fit[0], "prompt_ids": fit[1]})
+    stats["prompts"] = len(items)
+    return items, stats
+
+
+def regenerate(target, items: list[dict], *, max_new_tokens: int, batch_size: int,
+               progress=None, journal: Journal | None = None) -> tuple[list[dict], dict]:
+    """The target's greedy reply to each planned prompt (:func:`plan_prompts`).
+
+    Args:
+        target: ``eyas.target.Target``; its :attr:`~eyas.target.Target.stop_ids` end a reply.
+        items: ``{"id", "messages", "prompt_ids"}`` from :func:`plan_prompts`.
+        max_new_tokens: generation budget per reply; a reply that hits it is kept as it was cut
+            (``finish_reason: "length"``: no end-of-turn token is added, so the drafter is not
+            taught a stop the target never made).
         batch_size: prompts per ``generate`` call; prompts are sorted by length first.
-        mode: ``"last_turn"`` only (see the module doc).
-        max_prompt_tokens: prompt budget (:func:`fit_prompt`): earlier turns are dropped so the
-            rendered prompt fits; set it to ``extract.max_length - max_new_tokens`` so the
-            generated reply survives extract's truncation. None: no budget.
         progress: optional callable ``(done, total)`` after each batch.
         journal: replies already made by an earlier, killed run are taken from it, and new ones
             are appended to it per batch (:class:`Journal`). A resumed prompt is generated in a
             batch of different composition; batched greedy decoding equals unbatched (module
             docstring), up to the floating-point effects of padding on a GPU.
     Returns:
-        ``(new_conversations, stats)``: input order, ids unchanged, each ``prompt messages``
-        (after the budget) ``+ [{"role": "assistant", "content": reply}]`` (reply decoded with
-        ``skip_special_tokens=True`` and stripped). Conversations without a prompt (no user turn
-        before an assistant turn), whose last user turn alone exceeds the budget, and empty
-        replies are dropped and counted. ``stats``: ``conversations``, ``prompts``,
-        ``prompt_tokens``, ``prompts_shortened``, ``generated_tokens`` (EOS counted, resumed
-        replies included), ``resumed`` (replies taken from the journal), ``seconds`` (this run's
-        generation only), ``tokens_per_second`` (this run's), ``truncated`` (hit
-        ``max_new_tokens`` without EOS), ``dropped_no_prompt``, ``dropped_long_prompt``,
-        ``dropped_empty``, ``kept``.
+        ``(rows, stats)``: rows in item order, each ``{"id", "messages": prompt messages +
+        [{"role": "assistant", "content": decoded reply}], "prompt_ids": [int], "reply_ids":
+        [int], "finish_reason": "stop" | "length"}``; replies with no text (decoded with
+        ``skip_special_tokens=True``, stripped) are dropped and counted. ``stats``:
+        ``prompts``, ``prompt_tokens``, ``generated_tokens`` (stop ids counted, resumed replies
+        included), ``resumed``, ``seconds`` (this run's generation only), ``tokens_per_second``
+        (this run's), ``truncated`` (``finish_reason: "length"``), ``dropped_empty``, ``kept``,
+        ``stop_ids``.
     """
-    if mode not in MODES:
-        raise ValueError(f"distill mode must be one of {MODES}, got {mode!r}")
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     tok = target.tokenizer
-    eos_id = tok.eos_token_id
-    pad_id = tok.pad_token_id if tok.pad_token_id is not None else (eos_id if eos_id is not None else 0)
-
-    items = []  # (index, prompt messages, prompt ids)
-    dropped_no_prompt = dropped_long = shortened = 0
-    for i, c in enumerate(conversations):
-        msgs = prompt_messages(c["messages"])
-        if not msgs:
-            dropped_no_prompt += 1
-            continue
-        fit = fit_prompt(tok, msgs, max_prompt_tokens)
-        if fit is None:
-            dropped_long += 1
-            continue
-        shortened += len(fit[0]) < len(msgs)
-        items.append((i, *fit))
-    order = sorted(range(len(items)), key=lambda k: len(items[k][2]))  # little padding per batch
+    stop_ids = target.stop_ids
+    pad_id = tok.pad_token_id if tok.pad_token_id is not None else (stop_ids[0] if stop_ids else 0)
+    order = sorted(range(len(items)), key=lambda k: len(items[k]["prompt_ids"]))  # little padding
     gen: dict[int, list[int]] = {}
     seconds, new_tokens, resumed = 0.0, 0, 0
     for b in range(0, len(order), batch_size):
         chunk = order[b:b + batch_size]
         for k in chunk:
-            ids = None if journal is None else journal.get(items[k][2])
+            ids = None if journal is None else journal.get(items[k]["prompt_ids"])
             if ids is not None:
                 gen[k] = ids
                 resumed += 1
         todo = [k for k in chunk if k not in gen]
         if todo:
             t0 = time.perf_counter()
-            outs = generate_batch(target.model, [items[k][2] for k in todo], max_new_tokens, pad_id, eos_id)
+            outs = generate_batch(target.model, [items[k]["prompt_ids"] for k in todo], max_new_tokens,
+                                  pad_id, stop_ids)
             seconds += time.perf_counter() - t0
             new_tokens += sum(len(o) for o in outs)
             gen.update(zip(todo, outs))
             if journal is not None:
-                journal.add([(items[k][2], o) for k, o in zip(todo, outs)])
+                journal.add([(items[k]["prompt_ids"], o) for k, o in zip(todo, outs)])
         if progress is not None:
             progress(min(b + batch_size, len(order)), len(order))
 
-    new, dropped_empty, truncated, n_tokens = {}, 0, 0, 0
-    for k, (i, msgs, _) in enumerate(items):
+    rows, dropped_empty, truncated, n_tokens = [], 0, 0, 0
+    for k, it in enumerate(items):
         ids = gen[k]
         n_tokens += len(ids)
-        truncated += len(ids) >= max_new_tokens and (eos_id is None or ids[-1] != eos_id)
+        stopped = bool(ids) and ids[-1] in stop_ids
+        truncated += not stopped
         text = tok.decode(ids, skip_special_tokens=True).strip()
         if not text:
             dropped_empty += 1
             continue
-        new[i] = {**conversations[i], "messages": msgs + [{"role": "assistant", "content": text}]}
-    out = [new[i] for i in sorted(new)]
+        rows.append({"id": it["id"], "messages": it["messages"] + [{"role": "assistant", "content": text}],
+                     "prompt_ids": it["prompt_ids"], "reply_ids": ids,
+                     "finish_reason": "stop" if stopped else "length"})
     stats = {
-        "mode": mode,
-        "conversations": len(conversations),
         "prompts": len(items),
-        "prompt_tokens": sum(len(it[2]) for it in items),
+        "prompt_tokens": sum(len(it["prompt_ids"]) for it in items),
         "generated_tokens": n_tokens,
         "resumed": resumed,
         "seconds": round(seconds, 2),
         "tokens_per_second": round(new_tokens / seconds, 1) if seconds > 0 else None,
-        "prompts_shortened": shortened,
         "truncated": int(truncated),
-        "dropped_no_prompt": dropped_no_prompt,
-        "dropped_long_prompt": dropped_long,
         "dropped_empty": dropped_empty,
-        "kept": len(out),
+        "kept": len(rows),
         "max_new_tokens": max_new_tokens,
-        "max_prompt_tokens": max_prompt_tokens,
         "batch_size": batch_size,
+        "stop_ids": list(stop_ids),
     }
-    return out, stats
+    return rows, stats

@@ -1,6 +1,7 @@
 """DVC stage `extract`: run the target over each split and store EAGLE-3 features.
 
-Reads params `target`, `extract`; reads `data/distilled/{train,val,publish}.jsonl` (self-distill); writes
+Reads params `target`, `extract`, `data.on_bad_line`; reads `data/distilled/{train,val,publish}.jsonl`
+(self-distill: regenerated rows are taken as the token ids the target generated); writes
 `data/features/<split>/` (sharded safetensors + manifest.json), `data/features/target_head.safetensors`
 (the target's embedding and lm_head) and `metrics/extract.json`.
 Before the target's weights load it renders every split with the tokenizer and refuses to start
@@ -22,7 +23,7 @@ from tqdm import tqdm
 
 from eyas import features, layers
 from eyas.config import load_params
-from eyas.data import read_jsonl, render_with_loss_mask
+from eyas.data import DataError, read_jsonl, render_with_loss_mask
 from eyas.io import save_safetensors, write_json
 from eyas.target import load_target, load_tokenizer_and_config
 from eyas.tracking import start_stage_run
@@ -34,13 +35,44 @@ SPLITS = ("train", "val", "publish")
 WORK = Path(".eyas/work/extract")
 
 
-def render_split(tokenizer, convs: list[dict], out_dir: Path, max_length: int) -> tuple[list[dict], int, int]:
-    """Render one split's conversations -> (samples with supervised tokens, sorted by length;
-    truncated count; dropped count). Raises FeatureError (naming ``out_dir``) when the loss masks
-    say the chat template or the roles are wrong."""
-    rendered, truncated = [], 0
+def sample_of(tokenizer, conv: dict, max_length: int) -> dict:
+    """One conversation -> ``{"input_ids", "loss_mask", "truncated"}``.
+
+    A self-distilled row (``reply_ids``, eyas/distill.py) is used as the target generated it:
+    ``prompt_ids + reply_ids``, supervised on the reply only (its stop token included when the
+    target wrote one; a reply cut at the budget ends without one). Any other conversation (human
+    data: the publish split, or ``distill.enabled: false``) is rendered through the chat template
+    with :func:`eyas.data.render_with_loss_mask` (every assistant turn and its end-of-turn token).
+    """
+    if "reply_ids" in conv:
+        ids = list(conv["prompt_ids"]) + list(conv["reply_ids"])
+        mask = [0] * len(conv["prompt_ids"]) + [1] * len(conv["reply_ids"])
+        return {"input_ids": ids[:max_length], "loss_mask": mask[:max_length], "truncated": len(ids) > max_length}
+    return render_with_loss_mask(tokenizer, conv["messages"], max_length)
+
+
+def render_split(tokenizer, convs: list[dict], out_dir: Path, max_length: int,
+                 on_bad_line: str = "error") -> tuple[list[dict], int, int, list[str]]:
+    """Render one split's conversations (:func:`sample_of`) -> (samples with supervised tokens,
+    sorted by length; truncated count; dropped count; ids of conversations the chat template
+    refused, skipped under ``on_bad_line: skip``).
+
+    Raises:
+        DataError: the template refused a conversation (``on_bad_line: error``), naming its id.
+        FeatureError: (naming ``out_dir``) the loss masks say the chat template or the roles are
+            wrong.
+    """
+    rendered, truncated, refused = [], 0, []
     for c in convs:
-        r = render_with_loss_mask(tokenizer, c["messages"], max_length)
+        try:
+            r = sample_of(tokenizer, c, max_length)
+        except Exception as e:  # noqa: BLE001  DataError (content not located), jinja2's TemplateError
+            if on_bad_line == "error":
+                raise DataError(f"{out_dir.name}: conversation {c.get('id')!r}: cannot render it with the "
+                                f"chat template ({type(e).__name__}: {e}); set data.on_bad_line: skip to "
+                                "skip and count such conversations") from None
+            refused.append(c.get("id"))
+            continue
         truncated += r["truncated"]
         rendered.append(r)
     empty = sum(1 for r in rendered if sum(r["loss_mask"]) == 0)
@@ -54,11 +86,11 @@ def render_split(tokenizer, convs: list[dict], out_dir: Path, max_length: int) -
         raise features.FeatureError(f"{out_dir.name}: no samples with assistant tokens ({len(convs)} "
                                     f"conversations, {empty} without supervised tokens after rendering)")
     rendered.sort(key=lambda r: len(r["input_ids"]))  # length bucketing: little padding
-    return rendered, truncated, empty
+    return rendered, truncated, empty, refused
 
 
-def extract_split(target, rendered: list[dict], truncated: int, empty: int, out_dir: Path, p,
-                  aux_ids: list[int], provenance: dict) -> tuple[dict, int]:
+def extract_split(target, rendered: list[dict], truncated: int, empty: int, refused: list[str], out_dir: Path,
+                  p, aux_ids: list[int], provenance: dict) -> tuple[dict, int]:
     """Run the target over one split's rendered samples and store them -> (manifest, bytes of
     tensor data in its shards)."""
     e = p.extract
@@ -110,6 +142,7 @@ def extract_split(target, rendered: list[dict], truncated: int, empty: int, out_
     if pending is not None:
         store(*pending)
     manifest = writer.finish(truncated_samples=truncated, dropped_no_supervised_tokens=empty,
+                             skipped_template=len(refused), skipped_template_ids=refused,
                              max_length=e.max_length, **provenance)
     return manifest, writer.bytes_written
 
@@ -135,7 +168,7 @@ def main() -> None:
         renders, estimate = {}, {}
         for split in SPLITS:
             renders[split] = render_split(tokenizer, read_jsonl(DISTILLED / f"{split}.jsonl"), WORK / split,
-                                          p.extract.max_length)
+                                          p.extract.max_length, p.data.on_bad_line)
             estimate[split] = features.estimate_split_bytes([len(r["input_ids"]) for r in renders[split][0]],
                                                             p.extract.shard_samples, len(aux_ids), cfg.hidden_size,
                                                             dtype)
@@ -171,6 +204,7 @@ def main() -> None:
             per_split[split] = {"samples": m["num_samples"], "tokens": m["num_tokens"],
                                 "supervised_tokens": m["supervised_tokens"],
                                 "truncated_samples": m["truncated_samples"],
+                                "skipped_template": m["skipped_template"],
                                 "estimated_bytes": estimate[split], "bytes": nbytes,
                                 "seconds": round(dt, 1), "tokens_per_second": round(m["num_tokens"] / dt, 1)}
             print(f"extract {split}: {per_split[split]}")

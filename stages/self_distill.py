@@ -1,7 +1,10 @@
-"""DVC stage `self-distill`: the target rewrites the last assistant turn of each conversation.
+"""DVC stage `self-distill`: the target rewrites assistant turns (`distill.turns`: the last, or all).
 
-Reads params `distill`, `target`, `extract.max_length`; reads `data/conversations/{train,val,publish}.jsonl`; writes
-`data/distilled/{train,val,publish}.jsonl` and `metrics/self_distill.json`. Splits not named in
+Reads params `distill`, `target`, `extract.max_length`, `data.on_bad_line`; reads `data/conversations/{train,val,publish}.jsonl`; writes
+`data/distilled/{train,val,publish}.jsonl` (regenerated rows carry the target's token ids:
+eyas/distill.py) and `metrics/self_distill.json`. Every prompt is rendered with the tokenizer
+before the target's weights load, so a conversation the chat template refuses stops the stage
+(or, with `data.on_bad_line: skip`, is counted by id) in seconds. Splits not named in
 `distill.splits` (and every split when `distill.enabled` is false) are copied byte for byte, so
 the DAG is the same either way. Finished replies are journaled in `.eyas/work/self_distill/`: a
 killed run, rerun, generates only the rest (eyas.distill.Journal). The test split is never
@@ -17,7 +20,7 @@ from pathlib import Path
 
 from eyas.config import ParamsError, load_params
 from eyas.data import read_jsonl, write_jsonl
-from eyas.distill import Journal, regenerate
+from eyas.distill import Journal, plan_prompts, regenerate
 from eyas.io import write_json
 from eyas.tracking import start_stage_run
 
@@ -39,20 +42,30 @@ def prompt_budget(p) -> int:
 
 
 def run(p, in_dir: Path = IN_DIR, out_dir: Path = OUT_DIR, metrics_path: Path = METRICS,
-        tracker=None, load_target=None, work_dir: Path = WORK) -> dict:
+        tracker=None, load_target=None, work_dir: Path = WORK, load_tokenizer=None) -> dict:
     d = p.distill
     bad = sorted(set(d.splits) - set(SPLITS))
     if bad:
         raise ParamsError(f"distill.splits: unknown split(s) {bad} (allowed: {list(SPLITS)})")
     todo = [s for s in SPLITS if d.enabled and s in d.splits]
-    metrics: dict = {"enabled": d.enabled, "splits": {}}
-    target = None
+    metrics: dict = {"enabled": d.enabled, "turns": d.turns, "splits": {}}
+    plans = {}
     if todo:
+        if load_tokenizer is None:
+            from eyas.target import load_tokenizer_and_config as load_tokenizer
+        tokenizer, _ = load_tokenizer(p.target.path, p.target.gguf_file, p.target.trust_remote_code)
+        for split in todo:
+            plans[split] = plan_prompts(tokenizer, read_jsonl(in_dir / f"{split}.jsonl"), turns=d.turns,
+                                        max_prompt_tokens=prompt_budget(p), on_bad_line=p.data.on_bad_line)
+            print(f"self-distill {split}: {plans[split][1]['prompts']} prompts from "
+                  f"{plans[split][1]['conversations']} conversations")
         if load_target is None:
             from eyas.target import load_target
         t0 = time.time()
-        target = load_target(p.target.path, p.target.gguf_file, p.target.dtype, p.target.trust_remote_code)
+        target = load_target(p.target.path, p.target.gguf_file, p.target.dtype, p.target.trust_remote_code,
+                             tokenizer=tokenizer)
         metrics["target_load_seconds"] = round(time.time() - t0, 1)
+        metrics["stop_ids"] = target.stop_ids
     out_dir.mkdir(parents=True, exist_ok=True)
     for split in SPLITS:
         src, dst = in_dir / f"{split}.jsonl", out_dir / f"{split}.jsonl"
@@ -60,19 +73,20 @@ def run(p, in_dir: Path = IN_DIR, out_dir: Path = OUT_DIR, metrics_path: Path = 
             shutil.copyfile(src, dst)
             metrics["splits"][split] = {"copied": True, "conversations": len(read_jsonl(dst))}
             continue
+        items, plan_stats = plans[split]
         journal = Journal(work_dir / f"{split}.jsonl", resume_key={
             "target": p.target.path, "gguf_file": p.target.gguf_file, "dtype": p.target.dtype,
-            "max_new_tokens": d.max_new_tokens})
-        convs, stats = regenerate(
-            target, read_jsonl(src), max_new_tokens=d.max_new_tokens, batch_size=d.batch_size,
-            max_prompt_tokens=prompt_budget(p), journal=journal,
+            "max_new_tokens": d.max_new_tokens, "stop_ids": target.stop_ids})
+        rows, stats = regenerate(
+            target, items, max_new_tokens=d.max_new_tokens, batch_size=d.batch_size, journal=journal,
             progress=lambda i, n, s=split: print(f"self-distill {s}: {i}/{n}", flush=True))
-        write_jsonl(dst, convs)
+        write_jsonl(dst, rows)
         journal.remove()
+        stats = {**plan_stats, **stats, "max_prompt_tokens": prompt_budget(p)}
         metrics["splits"][split] = {"copied": False, **stats}
         if tracker is not None:
             tracker.log_metrics({f"{split}/{k}": v for k, v in stats.items()
-                                 if isinstance(v, (int, float)) and v is not None})
+                                 if isinstance(v, (int, float)) and not isinstance(v, bool)})
         print(f"self-distill {split}: {stats}")
     gen = [s for s in metrics["splits"].values() if not s["copied"]]
     if gen:

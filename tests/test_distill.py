@@ -11,7 +11,8 @@ from transformers import GenerationConfig
 
 from eyas.config import ParamsError, load_params
 from eyas.data import read_jsonl, write_jsonl
-from eyas.distill import Journal, fit_prompt, generate_batch, regenerate
+from eyas.data import DataError
+from eyas.distill import Journal, fit_prompt, generate_batch, plan_prompts, regenerate, turn_prompts
 from eyas.speculative import greedy_generate
 from stages import self_distill
 from tests.tiny import VOCAB, tiny_target
@@ -38,11 +39,11 @@ def reference(target, prompts):
 
 def test_batched_equals_unbatched_greedy(target, prompts, reference):
     # one batch with lengths 1..30: up to 29 left pads per row; exact token equality required
-    assert generate_batch(target.model, prompts, 16, pad_id=0, eos_id=None) == reference
+    assert generate_batch(target.model, prompts, 16, pad_id=0, stop_ids=[]) == reference
     # other batchings and another pad id give the same tokens
     for bs in (1, 4):
         out = [o for i in range(0, len(prompts), bs)
-               for o in generate_batch(target, prompts[i:i + bs], 16, pad_id=VOCAB - 1, eos_id=None)]
+               for o in generate_batch(target, prompts[i:i + bs], 16, pad_id=VOCAB - 1, stop_ids=[])]
         assert out == reference
 
 
@@ -60,10 +61,20 @@ def test_the_comparison_can_fail(target, prompts, reference):
 def test_stops_at_eos_per_row(target, prompts, reference):
     eos = reference[1][3]  # a token the second prompt generates at step 3
     expected = [r[: r.index(eos) + 1] if eos in r else r for r in reference]
-    out = generate_batch(target.model, prompts, 16, pad_id=0, eos_id=eos)
+    out = generate_batch(target.model, prompts, 16, pad_id=0, stop_ids=[eos])
     assert out == expected
     assert out[1][-1] == eos and len(out[1]) <= 4
     assert any(len(o) == 16 for o in out)  # rows without eos run the full budget
+
+
+def test_stops_at_any_id_of_the_stop_set(target, prompts, reference):
+    """Two stop ids (a tokenizer EOS and a generation-config end-of-turn): each row ends at the
+    first of either, as HF generate does with a list ``eos_token_id``."""
+    a, b = reference[1][3], reference[3][5]
+    stops = {a, b}
+    expected = [next((r[: j + 1] for j, x in enumerate(r) if x in stops), r) for r in reference]
+    assert generate_batch(target.model, prompts, 16, pad_id=0, stop_ids=[a, b]) == expected
+    assert expected != [next((r[: j + 1] for j, x in enumerate(r) if x == a), r) for r in reference]
 
 
 class StubTokenizer:
@@ -117,26 +128,68 @@ def test_regenerate_replaces_last_turn_and_drops_empty(target):
     convs = _conversations()
     t = _stub_target(convs, eos_from=1)
     tok = t.tokenizer
-    new, stats = regenerate(t, convs, max_new_tokens=8, batch_size=2)
+    items, plan = plan_prompts(tok, convs, turns="last", max_prompt_tokens=None)
+    new, stats = regenerate(t, items, max_new_tokens=8, batch_size=2)
     # expected, from the unbatched reference decoder
     exp, empty, trunc = [], 0, 0
     for c in convs:
         if c["id"] == "no-prompt":
             continue
         msgs = c["messages"][:3]
-        ids = greedy_generate(t.model, tok(tok.apply_chat_template(msgs, add_generation_prompt=True))["input_ids"],
-                              max_new_tokens=8, eos_id=tok.eos_token_id)
-        trunc += len(ids) == 8 and ids[-1] != tok.eos_token_id
+        prompt = tok(tok.apply_chat_template(msgs, add_generation_prompt=True))["input_ids"]
+        ids = greedy_generate(t.model, prompt, max_new_tokens=8, eos_id=tok.eos_token_id)
+        trunc += ids[-1] != tok.eos_token_id
         text = tok.decode(ids, skip_special_tokens=True).strip()
         if not text:
             empty += 1
             continue
-        exp.append({"id": c["id"], "messages": msgs + [{"role": "assistant", "content": text}]})
-    assert 1 <= empty < 5
-    assert new == exp  # input order, ids kept, prompt + one generated assistant turn
-    assert stats["dropped_empty"] == empty and stats["dropped_no_prompt"] == 1
-    assert stats["prompts"] == 5 and stats["kept"] == 5 - empty and stats["truncated"] == trunc
+        exp.append({"id": c["id"], "messages": msgs + [{"role": "assistant", "content": text}],
+                    "prompt_ids": prompt, "reply_ids": ids,
+                    "finish_reason": "stop" if ids[-1] == tok.eos_token_id else "length"})
+    assert 1 <= empty < 5 and 1 <= trunc < 5
+    assert new == exp  # input order, ids kept, prompt + one generated assistant turn + the exact ids
+    assert stats["dropped_empty"] == empty and plan["dropped_no_prompt"] == 1
+    assert plan["prompts"] == 5 and stats["kept"] == 5 - empty and stats["truncated"] == trunc
     assert all(c["messages"][1]["content"] == "human reply" for c in new)  # earlier turns kept
+    # a cut reply ends without the stop token: nothing teaches a stop the target never made
+    assert all((r["reply_ids"][-1] == tok.eos_token_id) == (r["finish_reason"] == "stop") for r in new)
+
+
+def test_all_turns_makes_one_sample_per_assistant_turn():
+    convs = _conversations()
+    tok = StubTokenizer(eos_token_id=-1)
+    assert turn_prompts(convs[0]["messages"], "all") == [(1, convs[0]["messages"][:1]),
+                                                         (3, convs[0]["messages"][:3])]
+    assert turn_prompts(convs[0]["messages"], "last") == [(3, convs[0]["messages"][:3])]
+    assert turn_prompts(convs[2]["messages"], "all") == []  # an assistant turn with no user turn before it
+    items, plan = plan_prompts(tok, convs, turns="all", max_prompt_tokens=None)
+    assert [it["id"] for it in items] == [f"c{i}#{j}" for i in range(5) for j in (1, 3)]
+    assert plan["prompts"] == 10 and plan["dropped_no_prompt"] == 1
+    assert items[1]["prompt_ids"] == tok(tok.apply_chat_template(convs[0]["messages"][:3],
+                                                                 add_generation_prompt=True))["input_ids"]
+    with pytest.raises(ValueError, match="distill.turns"):
+        turn_prompts(convs[0]["messages"], "every")
+
+
+class RefusingTokenizer(StubTokenizer):
+    """A Gemma-2-style template: raises on a system turn (as its ``raise_exception`` does)."""
+
+    def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=False):
+        if any(m["role"] == "system" for m in messages):
+            from jinja2.exceptions import TemplateError
+            raise TemplateError("System role not supported")
+        return super().apply_chat_template(messages, tokenize, add_generation_prompt)
+
+
+def test_a_template_refusal_names_the_conversation_or_is_skipped_and_counted():
+    convs = _conversations()
+    convs[3] = {"id": "sys-1", "messages": [{"role": "system", "content": "be brief"}] + convs[3]["messages"]}
+    tok = RefusingTokenizer(eos_token_id=-1)
+    with pytest.raises(DataError, match=r"conversation 'sys-1'.*System role not supported.*on_bad_line"):
+        plan_prompts(tok, convs, turns="last", max_prompt_tokens=None)
+    items, plan = plan_prompts(tok, convs, turns="all", max_prompt_tokens=None, on_bad_line="skip")
+    assert plan["skipped_template"] == 1 and plan["skipped_template_ids"] == ["sys-1"]
+    assert len(items) == 8 and not any(it["id"].startswith("sys-1") for it in items)
 
 
 def test_fit_prompt_drops_earliest_turns():
@@ -153,14 +206,14 @@ def test_fit_prompt_drops_earliest_turns():
     assert fit_prompt(tok, msgs, 5) is None  # even the last user turn is too long
 
 
-def test_regenerate_applies_the_prompt_budget(target):
+def test_plan_applies_the_prompt_budget():
     convs = _conversations()
-    t = _stub_target(convs, eos_from=1)
+    tok = StubTokenizer(eos_token_id=-1)
     # c4's prompt 'hi hi hi hi hi |human reply|zz|' has 31 tokens; its last user turn alone 'zz|' 3
-    new, stats = regenerate(t, convs, max_new_tokens=2, batch_size=4, max_prompt_tokens=20)
+    items, stats = plan_prompts(tok, convs, turns="last", max_prompt_tokens=20)
     assert stats["prompts_shortened"] == 5 and stats["dropped_long_prompt"] == 0
-    assert all(c["messages"][0]["content"] in QUESTIONS for c in new)
-    _, stats = regenerate(t, convs, max_new_tokens=2, batch_size=4, max_prompt_tokens=3)
+    assert all(it["messages"][0]["content"] in QUESTIONS for it in items)
+    items, stats = plan_prompts(tok, convs, turns="last", max_prompt_tokens=3)
     assert stats["dropped_long_prompt"] == 4 and stats["prompts"] == 1  # only 'zz|' fits
 
 
@@ -173,6 +226,7 @@ def test_killed_run_resumes_from_its_journal(tmp_path):
     uninterrupted run's, and only the prompts not yet answered reach the model."""
     convs = _conversations()
     t = _stub_target(convs, eos_from=1)
+    convs, _ = plan_prompts(t.tokenizer, convs, turns="last", max_prompt_tokens=None)
     want, _ = regenerate(t, convs, max_new_tokens=8, batch_size=2)
     real = t.model.generate
     seen, kill_at = [], [2]
@@ -213,11 +267,6 @@ def test_journal_drops_a_torn_tail_and_a_foreign_key(tmp_path):
     assert Journal(path, {"target": "a"}).done == {}
 
 
-def test_unknown_mode_is_refused(target):
-    with pytest.raises(ValueError, match="mode"):
-        regenerate(target, [], max_new_tokens=4, batch_size=1, mode="all_turns")
-
-
 def _workspace(tmp_path, distill: dict):
     (tmp_path / "params.yaml").write_text(json.dumps({"distill": distill}))
     conv = tmp_path / "conversations"
@@ -246,7 +295,8 @@ def test_stage_disabled_copies_inputs_byte_identically(tmp_path):
 def test_stage_enabled_regenerates_listed_splits_only(tmp_path):
     p, conv, out, m = _workspace(tmp_path, {"splits": ["train"], "max_new_tokens": 4, "batch_size": 3})
     t = _stub_target(_conversations(), eos_from=1)
-    metrics = self_distill.run(p, conv, out, m, load_target=lambda *a, **k: t, work_dir=tmp_path / "work")
+    metrics = self_distill.run(p, conv, out, m, load_target=lambda *a, **k: t, work_dir=tmp_path / "work",
+                               load_tokenizer=lambda *a: (t.tokenizer, None))
     assert (out / "val.jsonl").read_bytes() == (conv / "val.jsonl").read_bytes()
     assert (out / "publish.jsonl").read_bytes() == (conv / "publish.jsonl").read_bytes()
     train = read_jsonl(out / "train.jsonl")

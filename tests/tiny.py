@@ -18,7 +18,7 @@ def tiny_target(seed: int = 0) -> Target:
     torch.manual_seed(seed)
     cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=LAYERS,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                      tie_word_embeddings=False)
+                      tie_word_embeddings=False, bos_token_id=None, eos_token_id=None, pad_token_id=None)
     model = LlamaForCausalLM(cfg).eval()
     # a sharper output distribution than random init gives, so drafters have something to learn
     model.lm_head.weight.data *= 40.0
