@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from eyas.code_data import (MAX_PROMPT_CHARS, MAX_SOURCE_CHARS, add_to_splits, code_conversations,
-                            humaneval_word_runs)
+from eyas.code_data import (MAX_PROMPT_CHARS, MAX_SOURCE_CHARS, PACKAGES, add_to_splits,
+                            code_conversations, humaneval_word_runs)
 from eyas.config import ParamsError, parse_params
 from eyas.data import DataError
 
@@ -85,6 +85,10 @@ def test_usable_counts_per_package():
     assert stats["packages"] == {"more-itertools": "11.2.1", "boltons": "26.2.0",
                                  "networkx": "3.6.1", "sympy": "1.14.0"}
     assert {m: stats[m]["usable"] for m in USABLE} == USABLE
+    import tomllib
+
+    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert {f"{d}=={v}" for d, v in PACKAGES.values()} <= set(deps)  # the pins are installed
     assert stats["usable"] == sum(USABLE.values()) == TOTAL
     assert stats["sympy"]["files"] == 854 and stats["sympy"]["skipped_test_files"] == 678
     assert stats["networkx"]["skipped_test_files"] == 292
