@@ -63,18 +63,18 @@ for name in ("code_only", "chat"):
     sup = ids[mask.bool()].long()
     res[f"{name}_supervised_in_draft_vocab"] = round(t2d[sup].float().mean().item(), 4)
 he = json.load(open(C / "humaneval10.json")); ch = json.load(open(C / "chat10.json"))
-kw = dict(num_draft_tokens=p.eval.num_draft_tokens, max_new_tokens=p.eval.max_new_tokens, eos_id=tok.eos_token_id)
+kw = dict(num_draft_tokens=p.eval.num_draft_tokens, max_new_tokens=p.eval.max_new_tokens, stop_ids=target.stop_ids)
 bench = {}
 for bname, chats in (("humaneval", he), ("chat", ch)):
     prompts = [tok.apply_chat_template(m, tokenize=False, add_generation_prompt=True) for m in chats]
     prompts = [list(tok(x, add_special_tokens=False)["input_ids"]) for x in prompts]
     t = time.time()
-    greedy = [greedy_generate(target.model, ids, max_new_tokens=p.eval.max_new_tokens, eos_id=tok.eos_token_id) for ids in prompts]
+    greedy = [greedy_generate(target.model, ids, max_new_tokens=p.eval.max_new_tokens, stop_ids=target.stop_ids) for ids in prompts]
     gs = time.time() - t
     allg = torch.tensor([x for g in greedy for x in g])
     bench[bname] = (prompts, greedy, gs)
     res[f"{bname}_greedy_in_draft_vocab"] = round(t2d[allg].float().mean().item(), 4)
-    r = evaluate_prompts(target, NgramProposer(), prompts, aux_layer_ids=None, baseline=greedy, baseline_seconds=gs, **kw)
+    r = evaluate_prompts(target, NgramProposer(), prompts, aux_layer_ids=None, baseline=greedy, timing_repeats=0, **kw)
     res[f"ngram_{bname}"] = {k: r[k] for k in ("accept_len", "per_position_accept_rate", "lossless")}
 (OUT / "greedy_humaneval.json").write_text(json.dumps([tok.decode(g) for g in bench["humaneval"][1]], indent=1))
 print(json.dumps(res), flush=True)
@@ -94,7 +94,7 @@ for seed in seeds:
         row = {"train_s": round(time.time() - t, 1), "steps": r.steps, "val": r.final_val}
         for bname, (prompts, greedy, gs) in bench.items():
             m = evaluate_prompts(target, d, prompts, aux_layer_ids=d.config.resolved_aux_layers(),
-                                 baseline=greedy, baseline_seconds=gs, **kw)
+                                 baseline=greedy, timing_repeats=0, **kw)
             row[bname] = {k: m[k] for k in ("accept_len", "per_position_accept_rate", "lossless", "accepted_histogram")}
         res[f"{arm}_seed{seed}"] = row
         print(arm, seed, json.dumps(row), flush=True)

@@ -46,11 +46,11 @@ for name, convs in sets.items():
     res[f"features_{name}"] = {"samples": m["num_samples"], "tokens": m["num_tokens"], "supervised": m["supervised_tokens"]}
 head = {k: v.float().cpu() for k, v in target.head_weights().items()}
 he = json.load(open(C / "humaneval10.json")); ch = json.load(open(C / "chat10.json"))
-kw = dict(num_draft_tokens=p.eval.num_draft_tokens, max_new_tokens=p.eval.max_new_tokens, eos_id=tok.eos_token_id)
+kw = dict(num_draft_tokens=p.eval.num_draft_tokens, max_new_tokens=p.eval.max_new_tokens, stop_ids=target.stop_ids)
 bench = {}
 for bname, chats in (("humaneval", he), ("chat", ch)):
     prompts = [list(tok(tok.apply_chat_template(m, tokenize=False, add_generation_prompt=True), add_special_tokens=False)["input_ids"]) for m in chats]
-    greedy = [greedy_generate(target.model, ids, max_new_tokens=p.eval.max_new_tokens, eos_id=tok.eos_token_id) for ids in prompts]
+    greedy = [greedy_generate(target.model, ids, max_new_tokens=p.eval.max_new_tokens, stop_ids=target.stop_ids) for ids in prompts]
     bench[bname] = (prompts, greedy)
 he_tokens = torch.tensor([x for g in bench["humaneval"][1] for x in g])
 code_ids, code_mask = FeatureStore.open(W / "code_only").token_stats()
@@ -77,7 +77,7 @@ for arm in ("code64", "code128"):
         d.to(target.device).eval()
         row = {"train_s": round(time.time() - t, 1), "steps": r.steps, "val_acc": [r.final_val[f"acc_{i}"] for i in range(4)]}
         for bname, (prompts, greedy) in bench.items():
-            m = evaluate_prompts(target, d, prompts, aux_layer_ids=d.config.resolved_aux_layers(), baseline=greedy, **kw)
+            m = evaluate_prompts(target, d, prompts, aux_layer_ids=d.config.resolved_aux_layers(), baseline=greedy, timing_repeats=0, **kw)
             row[bname] = {k: m[k] for k in ("accept_len", "per_position_accept_rate", "lossless", "accepted_histogram")}
         res[f"{arm}_newvocab_seed{seed}"] = row
         print(arm, seed, json.dumps(row), flush=True)

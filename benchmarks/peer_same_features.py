@@ -411,13 +411,13 @@ def evaluate_drafters(args, ckpt: str, partial=None) -> dict:
     tok = target.tokenizer
     benches = {"chat": chat_prompts(read_jsonl(ROOT / "data/conversations/test.jsonl"), e.chat_prompts),
                "humaneval": humaneval_prompts(e.humaneval_prompts)}
-    kw = dict(num_draft_tokens=e.num_draft_tokens, max_new_tokens=e.max_new_tokens, eos_id=tok.eos_token_id)
+    kw = dict(num_draft_tokens=e.num_draft_tokens, max_new_tokens=e.max_new_tokens, stop_ids=target.stop_ids)
     greedy = {}  # one greedy baseline per benchmark, shared by the drafters (as the stage does)
     for bench, chats in benches.items():
         prompts = [render_prompt(tok, m) for m in chats]
         t0 = time.perf_counter()
         greedy[bench] = (prompts, [greedy_generate(target.model, ids, max_new_tokens=e.max_new_tokens,
-                                                   eos_id=tok.eos_token_id) for ids in prompts],
+                                                   stop_ids=target.stop_ids) for ids in prompts],
                          time.perf_counter() - t0)
     out["env"] = _env()
     for name in [n for n in drafters if n != "eyas_scratch_committed"]:
@@ -426,7 +426,7 @@ def evaluate_drafters(args, ckpt: str, partial=None) -> dict:
         d.to(target.device).eval()
         for bench, (prompts, base, base_s) in greedy.items():
             r = evaluate_prompts(target, d, prompts, aux_layer_ids=d.config.resolved_aux_layers(),
-                                 baseline=base, baseline_seconds=base_s, **kw)
+                                 baseline=base, timing_repeats=0, **kw)
             out[f"accept_{name}_{bench}"] = r
             print(f"{name} {bench}: accept_len {r['accept_len']} lossless {r['lossless']}", flush=True)
             if partial is not None:

@@ -222,18 +222,18 @@ def eval_prompts(root: Path, p, tokenizer) -> dict[str, list[list[int]]]:
 
 
 def greedy_outputs(target, prompts: dict, p, cache: Path) -> dict[str, list[list[int]]]:
-    """The target's greedy outputs (``eval.max_new_tokens``, EOS included) per benchmark and
+    """The target's greedy outputs (``eval.max_new_tokens``, stop token included) per benchmark and
     prompt, cached in ``cache`` keyed by the prompts and settings (recomputed when they differ)."""
     from eyas.speculative import greedy_generate
 
-    key = {"prompts": prompts, "max_new_tokens": p.eval.max_new_tokens, "eos_id": target.tokenizer.eos_token_id}
+    key = {"prompts": prompts, "max_new_tokens": p.eval.max_new_tokens, "stop_ids": target.stop_ids}
     if cache.is_file():
         c = read_json(cache)
         if c.get("key") == key:
             return c["outputs"]
     with torch.no_grad():
         outs = {b: [greedy_generate(target.model, ids, max_new_tokens=p.eval.max_new_tokens,
-                                    eos_id=target.tokenizer.eos_token_id) for ids in ps]
+                                    stop_ids=target.stop_ids) for ids in ps]
                 for b, ps in prompts.items()}
     write_json(cache, {"key": key, "outputs": outs})
     return outs

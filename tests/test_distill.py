@@ -34,7 +34,7 @@ def prompts():
 @pytest.fixture(scope="module")
 def reference(target, prompts):
     """Unbatched greedy (one prompt, no padding, KV cache): the eval stage's reference decoder."""
-    return [greedy_generate(target.model, p, max_new_tokens=16, eos_id=None) for p in prompts]
+    return [greedy_generate(target.model, p, max_new_tokens=16, stop_ids=[]) for p in prompts]
 
 
 def test_batched_equals_unbatched_greedy(target, prompts, reference):
@@ -118,7 +118,7 @@ def _stub_target(convs, eos_from: int):
     tok = StubTokenizer(eos_token_id=-1)
     first = greedy_generate(t.model, tok(tok.apply_chat_template(convs[eos_from]["messages"][:3],
                                                                  add_generation_prompt=True))["input_ids"],
-                            max_new_tokens=1, eos_id=None)[0]
+                            max_new_tokens=1, stop_ids=[])[0]
     tok.eos_token_id = first
     t.tokenizer = tok
     return t
@@ -137,7 +137,7 @@ def test_regenerate_replaces_last_turn_and_drops_empty(target):
             continue
         msgs = c["messages"][:3]
         prompt = tok(tok.apply_chat_template(msgs, add_generation_prompt=True))["input_ids"]
-        ids = greedy_generate(t.model, prompt, max_new_tokens=8, eos_id=tok.eos_token_id)
+        ids = greedy_generate(t.model, prompt, max_new_tokens=8, stop_ids=[tok.eos_token_id])
         trunc += ids[-1] != tok.eos_token_id
         text = tok.decode(ids, skip_special_tokens=True).strip()
         if not text:
