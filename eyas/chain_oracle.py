@@ -241,13 +241,14 @@ def repetition_loop_period(tokens: list[int], *, min_span: int = 16, max_period:
 
 
 def chain_report(counts: list[list[int]], outputs: list[list[int]], num_draft_tokens: int,
-                 real: dict) -> dict:
+                 real: dict | None) -> dict:
     """Eval-stage keys for one proposer on one benchmark, from per-prompt counts.
 
     Args:
         counts: per prompt, :func:`accepted_draft_counts` for k = ``num_draft_tokens``.
         outputs: the greedy outputs they were computed on (same order).
-        real: :func:`eyas.speculative.evaluate_prompts`' metrics for the same prompts and k.
+        real: :func:`eyas.speculative.evaluate_prompts`' metrics for the same prompts and k, or
+            None (no real run: ``oracle_matches_real`` is None).
     Returns:
         ``accept_len_by_chain_length`` {"1".."k": pooled acceptance length, None without verify
         steps}; ``oracle_matches_real``: the j = k walk has exactly the real run's verify steps,
@@ -267,8 +268,9 @@ def chain_report(counts: list[list[int]], outputs: list[list[int]], num_draft_to
     everyone = list(range(len(outputs)))
     walks = [chain_walk(c, m, k) for c, m in zip(counts, lengths)]
     hist = [sum(a == j for w in walks for a, _ in w) for j in range(k + 1)]
-    matches = (sum(map(len, walks)) == real["num_verify_steps"] and sum(lengths) == real["new_tokens"]
-               and hist == real["accepted_histogram"])
+    matches = None if real is None else (
+        sum(map(len, walks)) == real["num_verify_steps"] and sum(lengths) == real["new_tokens"]
+        and hist == real["accepted_histogram"])
     looping = [i for i in everyone if repetition_loop_period(outputs[i]) is not None]
     return {
         "accept_len_by_chain_length": {str(j): pooled(j, everyone) for j in range(1, k + 1)},

@@ -6,7 +6,9 @@ both decoders stop at the target's stop set (`Target.stop_ids`: the tokenizer's 
 `generation_config.eos_token_id`, where HF `generate` stops). The greedy reference comes out of
 the timed greedy runs of `evaluate_prompts` (interleaved per prompt with the speculative ones,
 `eval.timing_repeats` times): no separate greedy pass.
-The exact oracle of eyas/chain_oracle.py adds the acceptance length of every chain length 1..k
+With `eval.timed_prompts` N > 0 only the first N prompts per benchmark are decoded for real; the
+others' greedy outputs come from batched generate and their acceptance from the exact oracle
+(eyas/acceptance.py). The exact oracle of eyas/chain_oracle.py adds the acceptance length of every chain length 1..k
 (its k entry is checked against the real run: `oracle_matches_real`) and the prompts whose greedy
 output falls into a repetition loop, reported apart (`repetition`). The prompt-lookup n-gram floor
 (no training) on the same prompts comes from the same oracle: the same metrics a real n-gram run
@@ -19,13 +21,12 @@ from __future__ import annotations
 
 import sys
 
-from eyas.chain_oracle import accepted_draft_counts, chain_report, walk_metrics
+from eyas.acceptance import evaluate_benchmark
 from eyas.config import load_params
 from eyas.data import chat_prompts, humaneval_prompts, read_jsonl, render_prompt
 from eyas.export import load_drafter
 from eyas.io import write_json
 from eyas.plots import accept_len_figure
-from eyas.speculative import NgramProposer, evaluate_prompts
 from eyas.target import load_target
 from eyas.tracking import start_stage_run
 from stages.common import CONVERSATIONS, METRICS
@@ -53,23 +54,10 @@ def main(name: str) -> None:
         metrics: dict = {"drafter": name, "ngram": {}}
         for bench, chats in benchmarks.items():
             prompts = [render_prompt(tok, m) for m in chats]
-            aux = drafter.config.resolved_aux_layers()
-            fed: list = []     # the features each real run fed the drafter: the oracle reuses them
-            greedy: list = []  # the greedy reference outputs (from the timed greedy runs)
-            r = metrics[bench] = evaluate_prompts(target, drafter, prompts, aux_layer_ids=aux,
-                                                  timing_repeats=e.timing_repeats, features_out=fed,
-                                                  greedy_out=greedy, **kw)
-            counts = [accepted_draft_counts(target, drafter, p, y, num_draft_tokens=k, aux_layer_ids=aux, features=f)
-                      for p, y, f in zip(prompts, greedy, fed)]
-            r.update(chain_report(counts, greedy, k, r))
-            # the n-gram floor, exact from the oracle: its walk is a real n-gram run's verify steps
-            # (tests/test_chain_oracle.py), without that run's minutes of CPU decoding
-            counts = [accepted_draft_counts(target, NgramProposer(), p, y, num_draft_tokens=k, aux_layer_ids=None)
-                      for p, y in zip(prompts, greedy)]
-            n = metrics["ngram"][bench] = walk_metrics(counts, greedy, k)
-            n["settings"] = {**r["settings"], "proposer": "NgramProposer",
-                             "method": "exact chain oracle on the greedy outputs (no wall-clock run)"}
-            n.update(chain_report(counts, greedy, k, n), oracle_matches_real=None)
+            r, n = evaluate_benchmark(target, drafter, prompts, aux_layer_ids=drafter.config.resolved_aux_layers(),
+                                      timed_prompts=e.timed_prompts, timing_repeats=e.timing_repeats,
+                                      batch_size=e.batch_size, **kw)
+            metrics[bench], metrics["ngram"][bench] = r, n
             tracker.log_metrics({key: v for key, v in {
                 f"{bench}/accept_len": r["accept_len"], f"{bench}/speedup": r["speedup"],
                 f"{bench}/speedup_predicted": r["speedup_predicted"],
