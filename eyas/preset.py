@@ -1,0 +1,112 @@
+"""Params presets: a partial ``params.yaml`` (``presets/<name>.yaml``) applied the DVC way.
+
+A preset names only the keys it changes. Applied as ``-S key=value`` overrides of a DVC
+experiment, the run is recorded like any other (``dvc exp show``, MLflow, ``eyas compare``) and
+``params.yaml`` in the workspace is left as it is::
+
+    dvc exp run -n h200 $(python -m eyas.preset presets/h200.yaml)
+
+Where DVC is not installed (e.g. a GPU machine without a registry), ``--write params.yaml``
+merges the preset into the file instead and the stages run in DAG order by hand
+(``scripts/gpu_profile.sh``). Either way the merged params pass the schema (eyas/config.py) first,
+so a misspelt preset key fails before any compute. DVC parses each ``-S`` value as YAML (Hydra's
+override grammar: ``[a,b]`` lists, ``null``), so values are written in YAML flow style without
+spaces.
+
+Run: ``python -m eyas.preset PRESET [--params params.yaml] [--write FILE]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import sys
+from pathlib import Path
+
+import yaml
+
+from eyas.config import ParamsError, flatten, parse_params
+from eyas.io import write_text
+
+__all__ = ["load_preset", "merge", "set_args"]
+
+
+def load_preset(path: str | Path) -> dict:
+    """The preset's nested mapping. Raises ParamsError naming the file when it is missing, not
+    YAML or not a mapping."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ParamsError(f"{path}: no such preset") from None
+    except yaml.YAMLError as e:
+        raise ParamsError(f"{path}: not valid YAML: {e}") from None
+    if not isinstance(raw, dict) or not raw:
+        raise ParamsError(f"{path}: a preset is a non-empty mapping of params sections")
+    return raw
+
+
+def merge(base: dict, preset: dict, source: str) -> dict:
+    """``base`` (a raw params mapping) with the preset's keys replaced, checked by the schema.
+
+    Raises:
+        ParamsError: the merged params fail :func:`eyas.config.parse_params` (the message names
+            ``source`` and the key), or the preset sets a section to a scalar.
+    """
+    out = copy.deepcopy(base)
+
+    def put(dst: dict, src: dict, prefix: str) -> None:
+        for k, v in src.items():
+            if isinstance(v, dict):
+                if not isinstance(dst.get(k, {}), dict):
+                    raise ParamsError(f"{source}: '{prefix}{k}' is a section in the preset, a value in params")
+                put(dst.setdefault(k, {}), v, f"{prefix}{k}.")
+            else:
+                dst[k] = v
+    put(out, preset, "")
+    parse_params(out, source)
+    return out
+
+
+def _flow(v) -> str:
+    s = yaml.safe_dump(v, default_flow_style=True, width=10**9).strip()
+    s = s.removesuffix("\n...").strip()
+    if isinstance(v, list):
+        s = s.replace(", ", ",")
+    if any(c.isspace() for c in s):
+        raise ParamsError(f"preset value {v!r} has whitespace: it cannot travel as one -S argument")
+    return s
+
+
+def set_args(preset: dict) -> list[str]:
+    """``["-S", "key=value", ...]`` for ``dvc exp run``, one pair per leaf key of the preset."""
+    out: list[str] = []
+    for k, v in flatten(preset).items():
+        out += ["-S", f"{k}={_flow(v)}"]
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m eyas.preset", description=__doc__.split("\n")[0])
+    ap.add_argument("preset", help="a preset file, e.g. presets/h200.yaml")
+    ap.add_argument("--params", default="params.yaml", help="the params file the preset applies to")
+    ap.add_argument("--write", default=None, help="write the merged params here instead of printing -S args")
+    a = ap.parse_args(argv)
+    try:
+        preset = load_preset(a.preset)
+        base = yaml.safe_load(Path(a.params).read_text()) or {}
+        merged = merge(base, preset, f"{a.params} + {a.preset}")
+        args = set_args(preset)
+    except ParamsError as e:
+        sys.stderr.write(f"eyas.preset: error: {e}\n")
+        return 2
+    if a.write:
+        write_text(Path(a.write), yaml.safe_dump(merged, sort_keys=False))
+        sys.stderr.write(f"eyas.preset: wrote {a.write} ({len(args) // 2} keys from {a.preset})\n")
+    else:
+        sys.stdout.write(" ".join(args) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
