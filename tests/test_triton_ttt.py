@@ -29,8 +29,11 @@ def test_head_loss_kernel_equals_torch(dtype):
     torch.testing.assert_close(grad.float(), grad_ref.float(), rtol=1e-2 if dtype == torch.bfloat16 else 1e-5,
                                atol=1e-7)
     assert grad[weight == 0].abs().max() == 0
+    # without a weight (eval) the kernel is another specialisation, autotuned on its own: its
+    # blocks may sum the row in another order, so equal within fp32 rounding, not bit for bit
     loss2, argmax2, none = triton_ttt.soft_cross_entropy_grad(z, window, lse, None)
-    assert none is None and torch.equal(loss2, loss) and torch.equal(argmax2, argmax)
+    assert none is None and torch.equal(argmax2, argmax)
+    torch.testing.assert_close(loss2, loss, rtol=1e-5, atol=2e-5)
 
 
 @pytest.mark.parametrize("nh,nkv,hd,n", [(4, 2, 16, 1), (8, 2, 64, 3), (6, 2, 24, 2), (4, 4, 128, 6)])
