@@ -1,8 +1,11 @@
 """The ``eyas`` command line (``pyproject.toml``: ``eyas = "eyas.cli:main"``).
 
 Subcommands:
-    eyas inspect PATH [--vocab DIR] [--num-target-layers N] [--json]
-        What a drafter checkpoint is and what SGLang / vLLM would do with it (eyas/inspect.py).
+    eyas inspect PATH [--vocab DIR] [--num-target-layers N] [--target T [--target-gguf F]] [--json]
+        What a drafter checkpoint is and what SGLang / vLLM / speculators would do with it
+        (eyas/inspect.py); with --target (a hub id, a local HF dir, "embedded", a .gguf file or a
+        feature manifest) also its context length, RoPE, vocab, hidden size and aux layers
+        against the target's.
         Exit status 1 when the checkpoint has errors for serving, 2 when it cannot be read, else 0.
     eyas compare [--experiment NAME] [--limit N] [--all-params] [--out FILE.md] [--tracking-uri URI]
         The latest pipeline runs (DVC experiments) side by side from MLflow: key params, val acc_0,
@@ -20,8 +23,12 @@ import sys
 def _inspect(args) -> int:
     from eyas.inspect import inspect_checkpoint, render
 
+    from eyas.inspect import target_summary
+
     try:
-        report = inspect_checkpoint(args.path, vocab_dir=args.vocab, num_target_layers=args.num_target_layers)
+        target = None if args.target is None else target_summary(args.target, args.target_gguf)
+        report = inspect_checkpoint(args.path, vocab_dir=args.vocab, num_target_layers=args.num_target_layers,
+                                    target=target)
     except Exception as e:  # noqa: BLE001 -- anything unreadable is "cannot inspect" (exit 2), never a traceback
         sys.stderr.write(f"eyas inspect: error: cannot read {args.path}: {type(e).__name__}: {e}\n")
         return 2
@@ -51,6 +58,10 @@ def build_parser() -> argparse.ArgumentParser:
     ins.add_argument("--vocab", default=None, help="a vocab directory (vocab.safetensors) to compare with")
     ins.add_argument("--num-target-layers", type=int, default=None,
                      help="the target's decoder-layer count L (needed when config.json has no eyas record)")
+    ins.add_argument("--target", default=None,
+                     help="the target to compare with: hub id, local HF dir, 'embedded', a .gguf file, or a "
+                          "feature manifest (data/features/train)")
+    ins.add_argument("--target-gguf", default=None, help="the GGUF file inside --target's directory")
     ins.add_argument("--json", action="store_true", help="print the report as JSON")
     ins.set_defaults(func=_inspect)
     cmp = sub.add_parser("compare", help="the latest pipeline runs side by side, from MLflow (Markdown)")

@@ -123,6 +123,16 @@ def _lookup(cfg: dict, dotted: str):
     return cur, True
 
 
+def _json(v) -> str:
+    """A config value as config.json spells it (``true``, ``null``, ``"silu"``, ``2``)."""
+    import json
+
+    try:
+        return json.dumps(v)
+    except TypeError:
+        return repr(v)
+
+
 def honoured_by(key: str) -> str:
     """'SGLang: <file>; vLLM: <file>' for the engines that read ``key`` (for refusal messages)."""
     k = BY_KEY[key]
@@ -154,7 +164,7 @@ def refusals(cfg: dict) -> list[str]:
         else:
             bad = value != k.default
         if bad:
-            out.append(f"{k.key}: {value!r} (eyas implements {k.default!r}; honoured by {honoured_by(k.key)}"
+            out.append(f"{k.key}: {_json(value)} (eyas implements {_json(k.default)}; honoured by {honoured_by(k.key)}"
                        + (f"; {k.note}" if k.note else "") + ")")
     try:
         rope.normalise(cfg, source="config")

@@ -18,6 +18,7 @@ import time
 
 from eyas.chain_oracle import accepted_draft_counts, chain_report, walk_metrics
 from eyas.config import load_params
+from eyas import eval_checks
 from eyas.data import chat_prompts, humaneval_prompts, read_jsonl, render_prompt
 from eyas.export import load_drafter
 from eyas.io import write_json
@@ -50,6 +51,8 @@ def main(name: str) -> None:
         metrics: dict = {"drafter": name, "ngram": {}}
         for bench, chats in benchmarks.items():
             prompts = [render_prompt(tok, m) for m in chats]
+            pos = eval_checks.position_check([len(x) for x in prompts], e.max_new_tokens, k,  # issue 16
+                                             drafter.config.max_position_embeddings)
             t0 = time.perf_counter()
             greedy = [greedy_generate(target.model, ids, max_new_tokens=e.max_new_tokens,
                                       eos_id=tok.eos_token_id) for ids in prompts]
@@ -61,6 +64,9 @@ def main(name: str) -> None:
             counts = [accepted_draft_counts(target, drafter, p, y, num_draft_tokens=k, aux_layer_ids=aux, features=f)
                       for p, y, f in zip(prompts, greedy, fed)]
             r.update(chain_report(counts, greedy, k, r))
+            r["positions"], r["suspected_misconfiguration"] = pos, eval_checks.misconfiguration(r)  # issue 16
+            for w in ([pos["warning"]] if pos["warning"] else []) + r["suspected_misconfiguration"]["reasons"]:
+                print(f"eval {name} {bench}: WARNING {w}")
             # the n-gram floor, exact from the oracle: its walk is a real n-gram run's verify steps
             # (tests/test_chain_oracle.py), without that run's minutes of CPU decoding
             counts = [accepted_draft_counts(target, NgramProposer(), p, y, num_draft_tokens=k, aux_layer_ids=None)
@@ -73,7 +79,9 @@ def main(name: str) -> None:
                 f"{bench}/accept_len": r["accept_len"], f"{bench}/speedup": r["speedup"],
                 f"{bench}/ngram_accept_len": n["accept_len"],
                 f"{bench}/accept_len_non_looping": r["repetition"]["accept_len_non_looping"],
-                f"{bench}/ngram_accept_len_non_looping": n["repetition"]["accept_len_non_looping"]}.items()
+                f"{bench}/ngram_accept_len_non_looping": n["repetition"]["accept_len_non_looping"],
+                f"{bench}/suspected_misconfiguration": float(r["suspected_misconfiguration"]["suspected"]),
+                f"{bench}/prompts_past_max_position": float(pos["prompts_past_limit"])}.items()
                 if v is not None})
             print(f"eval {name} {bench}: accept_len {r['accept_len']} (n-gram {n['accept_len']}), "
                   f"lossless {r['lossless']}, speedup {r['speedup']}; by chain length "
