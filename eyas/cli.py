@@ -7,6 +7,9 @@ Subcommands:
         feature manifest) also its context length, RoPE, vocab, hidden size and aux layers
         against the target's.
         Exit status 1 when the checkpoint has errors for serving, 2 when it cannot be read, else 0.
+    eyas engine-keys
+        The table of every config key SGLang or vLLM reads for an EAGLE-3 drafter, where, and what
+        eyas does with it (eyas/engine_keys.py), as Markdown.
     eyas compare [--experiment NAME] [--limit N] [--all-params] [--out FILE.md] [--tracking-uri URI]
         The latest pipeline runs (DVC experiments) side by side from MLflow: key params, val acc_0,
         accept_len per benchmark and the n-gram floor, as Markdown (eyas/compare.py). Exit status
@@ -34,6 +37,13 @@ def _inspect(args) -> int:
         return 2
     sys.stdout.write(json.dumps(report, indent=2, default=str) + "\n" if args.json else render(report))
     return 1 if report["errors"] else 0
+
+
+def _engine_keys(args) -> int:
+    from eyas.engine_keys import table_markdown
+
+    sys.stdout.write(table_markdown())
+    return 0
 
 
 def _compare(args) -> int:
@@ -64,6 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
     ins.add_argument("--target-gguf", default=None, help="the GGUF file inside --target's directory")
     ins.add_argument("--json", action="store_true", help="print the report as JSON")
     ins.set_defaults(func=_inspect)
+    keys = sub.add_parser("engine-keys", help="the config keys SGLang/vLLM read for an EAGLE-3 drafter, and what "
+                                               "eyas does with each (Markdown)")
+    keys.set_defaults(func=_engine_keys)
     cmp = sub.add_parser("compare", help="the latest pipeline runs side by side, from MLflow (Markdown)")
     cmp.add_argument("--experiment", default=None,
                      help="MLflow experiment name (default: $EYAS_EXPERIMENT or 'eyas')")

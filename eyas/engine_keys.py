@@ -97,10 +97,12 @@ ENGINE_KEYS: tuple[EngineKey, ...] = (
               f"passed through by {_VLLM_ALGOS} in newer versions",
               "refuses", False, f"EAGLE 3.1: the post-norm hidden state is fed back ({_SPEC} forward)"),
     EngineKey("eagle_config.eagle_aux_hidden_state_layer_ids",
-              "model_executor/model_runner.py (capture ids, output-of-layer; see eyas/layers.py)",
+              "model_executor/model_runner.py via the target's set_eagle3_layers_to_capture (models/llama.py): "
+              "output-of-layer ids, captured at id + 1 (eyas/layers.py)",
               "not read (reads the top-level key)", "honours"),
     EngineKey("eagle_aux_hidden_state_layer_ids", "not read (reads eagle_config)",
-              f"v1/worker/gpu_model_runner.py (HF hidden_states indices); {_VLLM_ALGOS}", "honours"),
+              f"the target's aux capture (model_executor/models/llama.py, HF hidden_states indices) set by the "
+              f"v1 model runner; {_VLLM_ALGOS} copies it", "honours"),
     EngineKey("eagle_config.use_aux_hidden_state", "not read",
               _VLLM_EAGLE3 + " (false: no fc, the target's last hidden state is the input)", "refuses", True),
     EngineKey("speculators_config.verifier.name_or_path", "not read",

@@ -62,7 +62,8 @@ def inspect_checkpoint(path: str | Path, vocab_dir: str | Path | None = None,
         A JSON-able dict: ``layout``, ``architectures``, ``config`` (sizes), ``tensors``
         (name -> [shape, dtype]), ``num_params``, ``aux_layers``, ``vocab``, ``engines``
         (``sglang`` / ``vllm``: ``skipped_keys``, ``ignored_keys``, ``assumes``,
-        ``embedding``, ``config_keys_honoured``, ``multi_layer``; ``speculators``: what
+        ``embedding``, ``non_default_keys`` (keys set away from eyas' math, each "honoured (where)" or
+        "not read" by that engine), ``multi_layer``; ``speculators``: what
         speculators 0.9.0 does with the file, or what ``speculators convert`` would change),
         ``against_target`` (with ``target``), ``compare_vocab`` (with ``vocab_dir``), ``errors`` (the checkpoint is
         wrong for serving, or ``vocab_dir`` maps a target vocab of another size) and ``warnings``.
@@ -153,7 +154,7 @@ def inspect_checkpoint(path: str | Path, vocab_dir: str | Path | None = None,
     }
     nl = _num_layers(raw_cfg, layout)
     for eng in ("sglang", "vllm"):
-        report["engines"][eng]["config_keys_honoured"] = _honoured_flags(cfg, eng)
+        report["engines"][eng]["non_default_keys"] = _honoured_flags(cfg, eng)
         if nl > 1:
             report["engines"][eng]["multi_layer"] = MULTI_LAYER[eng].format(n=nl)
     if target is not None:

@@ -88,10 +88,10 @@ def test_foreign_checkpoint_flags_checked_without_layer_count(tmp_path, capsys):
         assert f"{flag}: true" in joined, flag
     assert "input_norm.weight" not in r["engines"]["vllm"]["unknown_keys"]
     assert "input_norm.weight" in r["engines"]["sglang"]["skipped_keys"]
-    honoured = " ".join(r["engines"]["vllm"]["config_keys_honoured"])
+    honoured = " ".join(r["engines"]["vllm"]["non_default_keys"])
     assert "norm_before_residual = True: honoured" in honoured and "norm_before_fc = True: honoured" in honoured
     assert any(x.startswith("norm_before_residual = True: not read") for x in
-               r["engines"]["sglang"]["config_keys_honoured"])
+               r["engines"]["sglang"]["non_default_keys"])
     assert main(["inspect", str(tmp_path / "d")]) == 1
 
 
