@@ -1,9 +1,15 @@
 """The ``eyas`` command line (``pyproject.toml``: ``eyas = "eyas.cli:main"``).
 
 Subcommands:
-    eyas inspect PATH [--vocab DIR] [--num-target-layers N] [--json]
-        What a drafter checkpoint is and what SGLang / vLLM would do with it (eyas/inspect.py).
+    eyas inspect PATH [--vocab DIR] [--num-target-layers N] [--target T [--target-gguf F]] [--json]
+        What a drafter checkpoint is and what SGLang / vLLM / speculators would do with it
+        (eyas/inspect.py); with --target (a hub id, a local HF dir, "embedded", a .gguf file or a
+        feature manifest) also its context length, RoPE, vocab, hidden size and aux layers
+        against the target's.
         Exit status 1 when the checkpoint has errors for serving, 2 when it cannot be read, else 0.
+    eyas engine-keys
+        The table of every config key SGLang or vLLM reads for an EAGLE-3 drafter, where, and what
+        eyas does with it (eyas/engine_keys.py), as Markdown.
     eyas compare [--experiment NAME] [--limit N] [--all-params] [--out FILE.md] [--tracking-uri URI]
         The latest pipeline runs (DVC experiments) side by side from MLflow: key params, val acc_0,
         accept_len per benchmark and the n-gram floor, as Markdown (eyas/compare.py). Exit status
@@ -20,13 +26,24 @@ import sys
 def _inspect(args) -> int:
     from eyas.inspect import inspect_checkpoint, render
 
+    from eyas.inspect import target_summary
+
     try:
-        report = inspect_checkpoint(args.path, vocab_dir=args.vocab, num_target_layers=args.num_target_layers)
+        target = None if args.target is None else target_summary(args.target, args.target_gguf)
+        report = inspect_checkpoint(args.path, vocab_dir=args.vocab, num_target_layers=args.num_target_layers,
+                                    target=target)
     except Exception as e:  # noqa: BLE001 -- anything unreadable is "cannot inspect" (exit 2), never a traceback
         sys.stderr.write(f"eyas inspect: error: cannot read {args.path}: {type(e).__name__}: {e}\n")
         return 2
     sys.stdout.write(json.dumps(report, indent=2, default=str) + "\n" if args.json else render(report))
     return 1 if report["errors"] else 0
+
+
+def _engine_keys(args) -> int:
+    from eyas.engine_keys import table_markdown
+
+    sys.stdout.write(table_markdown())
+    return 0
 
 
 def _compare(args) -> int:
@@ -51,8 +68,15 @@ def build_parser() -> argparse.ArgumentParser:
     ins.add_argument("--vocab", default=None, help="a vocab directory (vocab.safetensors) to compare with")
     ins.add_argument("--num-target-layers", type=int, default=None,
                      help="the target's decoder-layer count L (needed when config.json has no eyas record)")
+    ins.add_argument("--target", default=None,
+                     help="the target to compare with: hub id, local HF dir, 'embedded', a .gguf file, or a "
+                          "feature manifest (data/features/train)")
+    ins.add_argument("--target-gguf", default=None, help="the GGUF file inside --target's directory")
     ins.add_argument("--json", action="store_true", help="print the report as JSON")
     ins.set_defaults(func=_inspect)
+    keys = sub.add_parser("engine-keys", help="the config keys SGLang/vLLM read for an EAGLE-3 drafter, and what "
+                                               "eyas does with each (Markdown)")
+    keys.set_defaults(func=_engine_keys)
     cmp = sub.add_parser("compare", help="the latest pipeline runs side by side, from MLflow (Markdown)")
     cmp.add_argument("--experiment", default=None,
                      help="MLflow experiment name (default: $EYAS_EXPERIMENT or 'eyas')")

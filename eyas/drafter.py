@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from eyas import layers as layer_ids
+from eyas import rope
 
 
 @dataclass
@@ -53,6 +54,9 @@ class DrafterConfig:
     max_position_embeddings: int = 2048
     torch_dtype: str = "float32"
     extra: dict = field(default_factory=dict)
+    # RoPE scaling in eyas/rope.py's normal form (None = plain RoPE; e.g. Llama-3.1's
+    # {"rope_type": "llama3", "factor": 8.0, ...}); honoured by rope_cos_sin
+    rope_scaling: dict | None = None
 
     @property
     def num_aux(self) -> int:
@@ -68,8 +72,7 @@ class DrafterConfig:
         or a namespace of the feature manifest's ``target_config``)."""
         tc = target_config
         head_dim = getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads
-        rope = getattr(tc, "rope_parameters", None) or {}
-        theta = rope.get("rope_theta") or getattr(tc, "rope_theta", None) or 10000.0
+        theta, scaling = rope.normalise(tc, source="target config")
         return cls(
             hidden_size=tc.hidden_size,
             intermediate_size=tc.intermediate_size,
@@ -84,6 +87,7 @@ class DrafterConfig:
             rms_norm_eps=float(tc.rms_norm_eps),
             rope_theta=float(theta),
             max_position_embeddings=int(tc.max_position_embeddings),
+            rope_scaling=scaling,
         )
 
     def to_dict(self) -> dict:
@@ -109,10 +113,16 @@ class RMSNorm(nn.Module):
         return rms_norm(x, self.weight, self.eps)
 
 
-def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype) -> tuple:
+def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype,
+                 scaling: dict | None = None) -> tuple:
     """cos/sin for integer ``positions`` (any shape) -> two tensors [*positions.shape, head_dim]
-    (HF Llama / neox "rotate half" layout, which SGLang and vLLM use for Llama)."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device).float() / head_dim))
+    (HF Llama / neox "rotate half" layout, which SGLang and vLLM use for Llama). ``scaling``: the
+    RoPE scaling in eyas/rope.py's normal form (``default``, ``linear``, ``llama3``; all three
+    have attention factor 1, so cos/sin are not rescaled).
+
+    Raises:
+        eyas.rope.RopeError: an unsupported ``rope_type``."""
+    inv_freq = rope.inv_freq(head_dim, theta, scaling, device=positions.device)
     freqs = positions.float()[..., None] * inv_freq
     emb = torch.cat([freqs, freqs], dim=-1)
     return emb.cos().to(dtype), emb.sin().to(dtype)
@@ -294,7 +304,7 @@ class Eagle3Drafter(nn.Module):
         c = self.config
         w = self.midlayer.weights() if weights is None else weights
         embeds = self.embed_tokens(input_ids)
-        cos, sin = rope_cos_sin(positions, c.head_dim, c.rope_theta, torch.float32)
+        cos, sin = rope_cos_sin(positions, c.head_dim, c.rope_theta, torch.float32, c.rope_scaling)
         if use_flex_attention(hidden, c.head_dim):
             # CUDA: the layer around attention (norms, GEMMs, RoPE, SiLU*up, residuals) runs
             # through two torch.compile'd graphs shared by every TTT step; attention is
@@ -337,7 +347,7 @@ class Eagle3Drafter(nn.Module):
         if hidden.shape[-1] != c.hidden_size:
             hidden = self.fc(hidden)
         w = self.midlayer.weights() if weights is None else weights
-        cos, sin = rope_cos_sin(positions, c.head_dim, c.rope_theta, torch.float32)
+        cos, sin = rope_cos_sin(positions, c.head_dim, c.rope_theta, torch.float32, c.rope_scaling)
         q, k, v = layer_pre(w, c, self.embed_tokens(input_ids), hidden, cos, sin)
         k, v = kv.append(k, v)
         n, total = q.shape[2], k.shape[2]

@@ -3,7 +3,8 @@
 Written format (eagle3-facts.md §1.1): ``config.json`` with ``architectures:
 ["LlamaForCausalLMEagle3"]``, ``num_hidden_layers: 1``, the TARGET ``vocab_size``,
 ``draft_vocab_size``, ``target_hidden_size`` when it differs from ``hidden_size``,
-``tie_word_embeddings: false``, ``rope_theta``; aux layer ids only when they are not the default
+``tie_word_embeddings: false``, ``rope_theta`` and, for a scaled RoPE, ``rope_scaling``
+(eyas/rope.py); aux layer ids only when they are not the default
 (eyas/layers.py). ``model.safetensors`` holds exactly :data:`SERVED_KEYS` (``fc``, ``midlayer.*``,
 ``norm``, ``lm_head`` [draft_vocab, H], ``d2t`` int64, ``t2d`` bool); no embedding: both engines
 take the target's. SGLang silently skips tensor names it does not know, so an unknown or missing
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from eyas import layers
+from eyas import layers, rope
 from eyas.drafter import DrafterConfig, Eagle3Drafter
 from eyas.io import atomic_dir, load_safetensors, read_json, save_safetensors, write_json
 from eyas.vocab import validate_mapping
@@ -57,7 +58,7 @@ def llama_layer_fields(c: DrafterConfig) -> dict:
         "num_hidden_layers": 1,
         "hidden_act": "silu",
         "rms_norm_eps": c.rms_norm_eps,
-        "rope_theta": c.rope_theta,
+        **rope.config_fields(c.rope_theta, c.rope_scaling),
         "max_position_embeddings": c.max_position_embeddings,
         "vocab_size": c.vocab_size,
         "tie_word_embeddings": False,
@@ -159,11 +160,14 @@ def config_from_hf(cfg: dict, num_target_layers: int | None, source: str) -> Dra
 
     Raises:
         ExportError: a required key is missing, or the config asks for an architecture variant the
-            eyas drafter does not implement: ``num_hidden_layers`` != 1, ``norm_before_residual:
-            true`` (speculators/vLLM: the residual is the hidden_norm'ed h; eyas and SGLang keep
-            the un-normed h, eagle3-facts.md §1.4), ``norm_before_fc`` or ``fc_norm`` true.
+            eyas drafter does not implement (:func:`check_supported_variant`, through the table of
+            eyas/engine_keys.py): ``num_hidden_layers`` != 1, ``norm_before_residual: true``
+            (speculators/vLLM: the residual is the hidden_norm'ed h; eyas and SGLang keep the
+            un-normed h, eagle3-facts.md §1.4), ``norm_before_fc``, ``fc_norm`` or ``norm_output``
+            true, a RoPE scaling type other than default/linear/llama3, ...
     """
     check_supported_variant(cfg, source)
+    theta, scaling = rope.normalise(cfg, source)  # refusals() has already refused what this raises
     try:
         H = cfg["hidden_size"]
         recorded = (cfg.get("eyas") or {}).get("num_target_layers")
@@ -185,7 +189,8 @@ def config_from_hf(cfg: dict, num_target_layers: int | None, source: str) -> Dra
             num_target_layers=L,
             aux_layer_ids=layers.from_config(cfg, L),
             rms_norm_eps=cfg.get("rms_norm_eps", 1e-5),
-            rope_theta=(cfg.get("rope_parameters") or {}).get("rope_theta") or cfg.get("rope_theta", 10000.0),
+            rope_theta=theta,
+            rope_scaling=scaling,
             max_position_embeddings=cfg.get("max_position_embeddings", 2048),
             torch_dtype=cfg.get("torch_dtype", "float32"),
         )
@@ -194,12 +199,16 @@ def config_from_hf(cfg: dict, num_target_layers: int | None, source: str) -> Dra
 
 
 def check_supported_variant(cfg: dict, source: str) -> None:
-    """Refuse config flags that change the drafter's architecture away from what eyas (and
-    SGLang's ``llama_eagle3.py``) compute.
+    """Refuse every config key whose value makes an engine compute something other than eyas'
+    drafter (the table of eyas/engine_keys.py: ``num_hidden_layers`` != 1,
+    ``norm_before_residual`` / ``norm_before_fc`` / ``fc_norm`` / ``norm_output`` true, an
+    unimplemented ``rope_scaling`` type, biases, ``tie_word_embeddings``, ...).
 
     Raises:
-        ExportError: naming ``source`` and the flag.
+        ExportError: naming ``source``, every refused key, and the engines that honour it.
     """
+    from eyas.engine_keys import refusals
+
     if cfg.get("num_hidden_layers", 1) != 1:
         raise ExportError(f"{source}: num_hidden_layers {cfg['num_hidden_layers']}; eyas drafters have "
                           f"exactly one decoder layer (midlayer)")
@@ -208,9 +217,10 @@ def check_supported_variant(cfg: dict, source: str) -> None:
             f"{source}: norm_before_residual: true (the speculators training default: the residual is "
             f"hidden_norm(h)). eyas' drafter keeps the UN-normed residual, as SGLang's llama_eagle3.py "
             f"does; loading these weights would silently compute a different function")
-    for flag in ("norm_before_fc", "fc_norm"):
-        if cfg.get(flag) is True:
-            raise ExportError(f"{source}: {flag}: true is an EAGLE-3 variant eyas does not implement")
+    bad = refusals(cfg)
+    if bad:
+        raise ExportError(f"{source}: config key(s) eyas does not implement, which change the drafter's "
+                          f"function in the engines that honour them: " + "; ".join(bad))
 
 
 def detect_layout(cfg: dict, tensor_names) -> str:

@@ -22,7 +22,8 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from eyas import layers
+from eyas import layers, rope
+from eyas.engine_keys import BY_KEY, ENGINE_KEYS, refusals
 from eyas.export import SERVED_KEYS, ExportError, check_served_tensors, config_from_hf, detect_layout
 from eyas.io import read_json
 from eyas.vocab import VocabError, VocabMapping, compare_mappings, load_mapping, validate_mapping
@@ -45,7 +46,7 @@ def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
 
 
 def inspect_checkpoint(path: str | Path, vocab_dir: str | Path | None = None,
-                       num_target_layers: int | None = None) -> dict:
+                       num_target_layers: int | None = None, target: dict | None = None) -> dict:
     """Inspect a drafter checkpoint directory.
 
     Args:
@@ -54,11 +55,17 @@ def inspect_checkpoint(path: str | Path, vocab_dir: str | Path | None = None,
             checkpoint's mapping with (through target ids).
         num_target_layers: the target's decoder-layer count L, needed to interpret default layers
             when the config carries no ``eyas`` record.
+        target: the target's summary (:func:`target_summary`: sizes, layer count, vocab, context,
+            RoPE); its layer count stands in for ``num_target_layers``, and ``against_target``
+            compares context length, RoPE, vocab size, hidden size and aux layers with it.
     Returns:
         A JSON-able dict: ``layout``, ``architectures``, ``config`` (sizes), ``tensors``
         (name -> [shape, dtype]), ``num_params``, ``aux_layers``, ``vocab``, ``engines``
         (``sglang`` / ``vllm``: ``skipped_keys``, ``ignored_keys``, ``assumes``,
-        ``embedding``), ``compare_vocab`` (with ``vocab_dir``), ``errors`` (the checkpoint is
+        ``embedding``, ``non_default_keys`` (keys set away from eyas' math, each "honoured (where)" or
+        "not read" by that engine), ``multi_layer``; ``speculators``: what
+        speculators 0.9.0 does with the file, or what ``speculators convert`` would change),
+        ``against_target`` (with ``target``), ``compare_vocab`` (with ``vocab_dir``), ``errors`` (the checkpoint is
         wrong for serving, or ``vocab_dir`` maps a target vocab of another size) and ``warnings``.
     Raises:
         FileNotFoundError: config.json or model.safetensors (or ``vocab_dir``'s
@@ -85,7 +92,8 @@ def inspect_checkpoint(path: str | Path, vocab_dir: str | Path | None = None,
         names = {k.removeprefix("model."): k for k in raw}
     t = {eyas_name: raw[orig] for eyas_name, orig in names.items()}
 
-    L = (cfg.get("eyas") or {}).get("num_target_layers") or num_target_layers
+    L = (cfg.get("eyas") or {}).get("num_target_layers") or num_target_layers or \
+        (target or {}).get("num_hidden_layers")
     report: dict = {
         "path": str(path),
         "layout": layout,
@@ -111,32 +119,46 @@ def inspect_checkpoint(path: str | Path, vocab_dir: str | Path | None = None,
         "vocab_size": cfg.get("vocab_size"),
         "draft_vocab_size": cfg.get("draft_vocab_size"),
         "target_hidden_size": cfg.get("target_hidden_size"),
-        "rope_theta": (cfg.get("rope_parameters") or {}).get("rope_theta") or cfg.get("rope_theta"),
+        "rope": _rope_line(cfg),
+        "max_position_embeddings": cfg.get("max_position_embeddings"),
         "torch_dtype": cfg.get("torch_dtype"),
-        "norm_before_residual": raw_cfg.get("norm_before_residual"),
+        **{f: raw_cfg.get(f) for f in ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")},
         "fc_input_width": None if fc is None else int(fc.shape[1]),
         "fc_n_aux": None if fc is None or not th else
         (fc.shape[1] // th if fc.shape[1] % th == 0 else fc.shape[1] / th),
     }
 
-    # --- the drafter as eyas reads it (keys, shapes, mapping) ---
-    if L is not None:
+    # --- the drafter as eyas reads it: refused keys (always: they do not depend on the target),
+    # then keys, shapes and mapping (those need the target's layer count) ---
+    refused = refusals(cfg)
+    if cfg.get("num_hidden_layers", 1) != 1 and not any(r.startswith("num_hidden_layers") for r in refused):
+        refused.insert(0, f"num_hidden_layers: {cfg.get('num_hidden_layers')!r} (eyas implements 1)")
+    errors += [f"eyas would refuse it: {r}" for r in refused]
+    if L is not None and not refused:
         try:
             c = config_from_hf(cfg, L, str(path / "config.json"))
             served = {k: v for k, v in t.items() if "embed_tokens" not in k and not k.startswith("verifier_")}
             check_served_tensors(served, c, str(path / "model.safetensors"))
         except (ExportError, VocabError, layers.LayerIdError) as e:
             errors.append(f"eyas would refuse it: {e}")
-    else:
+    elif L is None:
         warnings.append("target layer count unknown (no 'eyas' record in config.json): pass "
-                        "--num-target-layers to check shapes and interpret default aux layers")
+                        "--num-target-layers or --target to check shapes and interpret default aux layers")
 
     report["aux_layers"] = _aux_layers(raw_cfg, cfg, layout, L, report["config"]["fc_n_aux"], errors, warnings)
     report["vocab"], mapping = _vocab(t, cfg, errors, warnings)
     report["engines"] = {
         "sglang": _sglang(raw_cfg, cfg, layout, names, t, report["aux_layers"], errors, warnings),
         "vllm": _vllm(raw_cfg, cfg, layout, names, t, report["aux_layers"], errors, warnings),
+        "speculators": _speculators(raw_cfg, cfg, layout, t, L, warnings),
     }
+    nl = _num_layers(raw_cfg, layout)
+    for eng in ("sglang", "vllm"):
+        report["engines"][eng]["non_default_keys"] = _honoured_flags(cfg, eng)
+        if nl > 1:
+            report["engines"][eng]["multi_layer"] = MULTI_LAYER[eng].format(n=nl)
+    if target is not None:
+        report["against_target"] = _against_target(cfg, L, target, errors, warnings)
     if vocab_dir is not None:
         other, _ = load_mapping(vocab_dir)
         if mapping is None:
@@ -234,6 +256,70 @@ def _t2d_from(tids, V) -> torch.Tensor:
     return m
 
 
+_LAYER_PARAMS = ("input_layernorm.weight", "hidden_norm.weight", "self_attn.q_proj.weight",
+                 "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
+                 "post_attention_layernorm.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
+                 "mlp.down_proj.weight")
+
+# how each engine builds a drafter with num_hidden_layers > 1 (sources: eyas/engine_keys.py)
+MULTI_LAYER = {
+    "sglang": ("builds {n} layers (models/llama_eagle3.py: midlayer + additional_layers.0..{n}-2, "
+               "BasicDecoderLayer: H-wide input, no embedding); loads tensors named midlayer.* and "
+               "additional_layers.<i-1>.* (layers.<i>.* names match nothing and are skipped); eyas refuses it"),
+    "vllm": ("builds {n} layers (model_executor/models/llama_eagle3.py: layers.0..{n}-1, layers >= 1 take the "
+             "H-wide hidden state and no embedding); loads layers.<i>.* (midlayer.* renamed layers.0.*); "
+             "speculators 0.9.0 builds the same layers.<i>; eyas refuses it"),
+}
+
+
+def _num_layers(raw_cfg: dict, layout: str) -> int:
+    src = raw_cfg.get("transformer_layer_config") if layout == "speculators" else raw_cfg
+    return int((src or {}).get("num_hidden_layers", 1) or 1)
+
+
+def _engine_known(engine: str, raw_cfg: dict, layout: str) -> set:
+    """Tensor names (eyas names: layer 0 = midlayer.*) the engine's EAGLE-3 class has a parameter for,
+    given the config: extra decoder layers, norm_before_fc's input_norm, fc_norm's per-aux norms."""
+    base = _SGLANG_KNOWN if engine == "sglang" else _VLLM_KNOWN
+    known = set(base)
+    n = _num_layers(raw_cfg, layout)
+    for i in range(1, n):
+        if engine == "sglang":
+            known |= {f"additional_layers.{i - 1}.{p}" for p in _LAYER_PARAMS if p != "input_layernorm.weight"}
+        else:
+            known |= {f"layers.{i}.{p}" for p in _LAYER_PARAMS}
+    if engine == "vllm":  # newer vLLM llama_eagle3.py (eyas/engine_keys.py rows norm_before_fc, fc_norm)
+        if raw_cfg.get("norm_before_fc") is True:
+            known.add("input_norm.weight")
+        if raw_cfg.get("fc_norm") is True:
+            aux = raw_cfg.get("eagle_aux_hidden_state_layer_ids") or [0, 0, 0]
+            known |= {f"fc_norm.{i}.weight" for i in range(len(aux))}
+    return known
+
+
+def _honoured_flags(cfg: dict, engine: str) -> list[str]:
+    """The table's refused keys that ``cfg`` sets to a non-default value, with whether ``engine``
+    honours each (and where)."""
+    out = []
+    col = "sglang" if engine == "sglang" else "vllm"
+    for k in ENGINE_KEYS:
+        if k.eyas != "refuses" or "." in k.key or cfg.get(k.key) is None or cfg.get(k.key) == k.default:
+            continue
+        if k.key == "model_type" and cfg.get(k.key) == "llama":
+            continue
+        src = getattr(k, col)
+        out.append(f"{k.key} = {cfg[k.key]!r}: " + (f"not read ({src})" if src.startswith("not read")
+                                                    else f"honoured ({src})"))
+    return out
+
+
+def _rope_line(cfg: dict) -> str:
+    try:
+        return rope.describe(*rope.normalise(cfg))
+    except rope.RopeError as e:
+        return f"unsupported: {e}"
+
+
 def _unknown(names: dict, known: set) -> list[str]:
     return sorted(orig for eyas_name, orig in names.items() if eyas_name not in known)
 
@@ -244,7 +330,7 @@ def _sglang(raw_cfg, cfg, layout, names, t, aux, errors, warnings) -> dict:
                  f"{archs}: not LlamaForCausalLMEagle3, the class SGLang's llama_eagle3.py registers"}
     # SGLang matches the names AS WRITTEN (X, then model.X): speculators' layers.0.* match nothing
     written = {orig.removeprefix("model."): orig for orig in names.values()}
-    skipped = _unknown(written, _SGLANG_KNOWN)
+    skipped = _unknown(written, _engine_known("sglang", raw_cfg, layout))
     out["skipped_keys"] = skipped
     out["ignored_keys"] = [k for k in ("t2d",) if k in t]
     if skipped:
@@ -282,7 +368,7 @@ def _vllm(raw_cfg, cfg, layout, names, t, aux, errors, warnings) -> dict:
     out: dict = {"architecture": arch}
     out["skipped_keys"] = [names[k] for k in ("t2d",) if k in names]
     unknown = _unknown({k: v for k, v in names.items() if not k.startswith("verifier_") and k != "t2d"},
-                       _VLLM_KNOWN)
+                       _engine_known("vllm", raw_cfg, layout))
     out["unknown_keys"] = unknown + sorted(v for k, v in names.items() if k.startswith("verifier_"))
     assumes = []
     if cfg.get("draft_vocab_size") is None:
@@ -312,6 +398,147 @@ def _vllm(raw_cfg, cfg, layout, names, t, aux, errors, warnings) -> dict:
     return out
 
 
+def _speculators(raw_cfg, cfg, layout, t, L, warnings) -> dict:
+    """What speculators 0.9.0 (``vllm-project/speculators``) does with the file: for the speculators
+    layout, ``Eagle3DraftModel.from_pretrained`` (``models/eagle3/core.py``); for the eagle layout,
+    what ``speculators convert --algorithm eagle3`` (``convert/eagle/eagle3_converter.py``) changes."""
+    out: dict = {}
+    if layout == "speculators":
+        ver = ((raw_cfg.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path")
+        out["verifier"] = ver
+        if ver is None:
+            out["from_pretrained"] = ("FAILS after loading the weights: verifier.name_or_path is null and "
+                                      "from_pretrained calls AutoConfig.from_pretrained(None)")
+            warnings.append("speculators_config.verifier.name_or_path is null: speculators 0.9.0's "
+                            "Eagle3DraftModel.from_pretrained fails (OSError); write the target's hub id or path "
+                            "(eyas.verifier.verifier_identity)")
+        else:
+            out["from_pretrained"] = (f"reads AutoConfig of {ver!r} (it must resolve: a hub id, cached or online, or "
+                                      f"a directory relative to where the client runs) to check the aux ids")
+        if "embed_tokens.weight" in t:
+            out["embedding"] = "embed_tokens.weight loaded from the file"
+        else:
+            out["embedding"] = ("UNSAFE: no embed_tokens.weight; speculators 0.9.0 ignores it as missing and leaves "
+                                "the embedding uninitialised (logits off by up to 2 in tests)")
+            warnings.append("speculators-layout checkpoint without embed_tokens.weight: unsafe to load in "
+                            "speculators 0.9.0 (uninitialised embedding); vLLM/SGLang take the target's")
+        out["flags"] = {f: raw_cfg.get(f, False) for f in ("norm_before_residual", "norm_before_fc", "fc_norm",
+                                                            "norm_output")}
+        return out
+    # eagle layout: what `speculators convert` would write
+    ids = raw_cfg.get("eagle_aux_hidden_state_layer_ids")
+    if ids is None and L is not None:
+        try:
+            ids = layers.resolve(layers.from_config(cfg, L), L)
+            default = layers.default_hf_indices(L)
+        except layers.LayerIdError:
+            ids, default = None, None
+    else:
+        default = layers.default_hf_indices(L) if L is not None else None
+    custom = ids is not None and default is not None and list(ids) != list(default)
+    kwargs = {"eagle_aux_hidden_state_layer_ids": list(ids)} if custom else {}
+    cmd = "speculators convert <this dir> --algorithm eagle3 --verifier <target hub id or path>"
+    if kwargs:
+        import json as _json
+        cmd += f" --algorithm-kwargs '{_json.dumps(kwargs)}'"
+    changes = ["midlayer.* renamed layers.0.*; config nested under transformer_layer_config",
+               "norm_before_residual written False (the converter's default; eyas' math)"]
+    if custom:
+        changes.append(f"aux layer ids {list(ids)} are NOT carried unless passed: without --algorithm-kwargs the "
+                       f"converter writes the default {default} (only a UserWarning)")
+    elif ids is None:
+        changes.append("aux layer ids: the converter's default [2, L//2, L-3] of the verifier")
+    if "embed_tokens.weight" not in t:
+        changes.append("no embed_tokens.weight: the converted file has none either, which speculators 0.9.0 "
+                       "loads with an uninitialised embedding; eyas.speculators_format.write_speculators writes "
+                       "the embedding instead")
+    out["convert_command"] = cmd
+    out["convert_changes"] = changes
+    return out
+
+
+def target_summary(path: str, gguf_file: str | None = None) -> dict:
+    """The target summary ``--target`` compares with (eyas.target.summarise_config's keys).
+
+    Args:
+        path: a feature manifest (``data/features/<split>/manifest.json`` or its directory: its
+            ``target_config``), ``"embedded"`` (the default GGUF target), a ``.gguf`` file, a local
+            HF directory or a hub id (read with transformers' AutoConfig; no weights load).
+        gguf_file: the GGUF file inside ``path``.
+    Raises:
+        FileNotFoundError / OSError: nothing readable there.
+    """
+    from eyas.target import embedded_target, summarise_config
+
+    p = Path(path)
+    manifest = p / "manifest.json" if p.is_dir() else p
+    if manifest.name == "manifest.json" and manifest.is_file():
+        return dict(read_json(manifest)["target_config"])
+    if path == "embedded":
+        path, gguf_file = embedded_target()
+    elif p.suffix == ".gguf" and p.is_file():
+        path, gguf_file = str(p.parent), p.name
+    from transformers import AutoConfig
+
+    kw = {"gguf_file": gguf_file} if gguf_file else {}
+    cfg = AutoConfig.from_pretrained(path, **kw)
+    cfg = getattr(cfg, "text_config", None) or cfg
+    return summarise_config(cfg)
+
+
+def _against_target(cfg, L, target: dict, errors, warnings) -> dict:
+    """Context length, RoPE, vocab size, hidden size and aux layers of the drafter against the
+    target's summary. Mismatched vocab / hidden size / layer count are errors (the drafter cannot
+    run on it); context and RoPE differences are warnings (served as configured, but not what the
+    target uses)."""
+    rows: dict = {}
+
+    def row(name, drafter_v, target_v, severity):
+        ok = drafter_v == target_v
+        rows[name] = {"drafter": drafter_v, "target": target_v, "ok": ok}
+        if not ok:
+            msg = f"against the target: {name} {drafter_v!r} (drafter) != {target_v!r} (target)"
+            (errors if severity == "error" else warnings).append(msg)
+
+    row("vocab_size", cfg.get("vocab_size"), target.get("vocab_size"), "error")
+    row("hidden_size (target_hidden_size)", cfg.get("target_hidden_size") or cfg.get("hidden_size"),
+        target.get("hidden_size"), "error")
+    recorded = (cfg.get("eyas") or {}).get("num_target_layers")
+    if recorded is not None:
+        row("num_target_layers", recorded, target.get("num_hidden_layers"), "error")
+    tl = target.get("num_hidden_layers")
+    try:
+        rows["aux_layers (HF hidden_states)"] = {"drafter": layers.resolve(layers.from_config(cfg, L or tl), L or tl),
+                                                 "target_layers": tl,
+                                                 "ok": all(0 < i <= tl for i in layers.resolve(
+                                                     layers.from_config(cfg, L or tl), L or tl))}
+    except layers.LayerIdError as e:
+        rows["aux_layers (HF hidden_states)"] = {"error": str(e), "ok": False}
+        errors.append(f"against the target: {e}")
+    mpe_d, mpe_t = cfg.get("max_position_embeddings"), target.get("max_position_embeddings")
+    rows["max_position_embeddings"] = {"drafter": mpe_d, "target": mpe_t, "ok": mpe_d == mpe_t}
+    if mpe_d is not None and mpe_t is not None and mpe_d < mpe_t:
+        warnings.append(f"against the target: the drafter's max_position_embeddings {mpe_d} < the target's {mpe_t}: "
+                        f"past position {mpe_d - 1} the engines serve it beyond its rotary table")
+    elif mpe_d != mpe_t:
+        warnings.append(f"against the target: max_position_embeddings {mpe_d!r} (drafter) != {mpe_t!r} (target)")
+    try:
+        d_rope = rope.normalise(cfg)
+    except rope.RopeError as e:
+        d_rope = str(e)
+    try:
+        t_rope = rope.normalise(target)
+    except rope.RopeError as e:
+        t_rope = str(e)
+    rows["rope"] = {"drafter": rope.describe(*d_rope) if isinstance(d_rope, tuple) else d_rope,
+                    "target": rope.describe(*t_rope) if isinstance(t_rope, tuple) else t_rope,
+                    "ok": d_rope == t_rope}
+    if d_rope != t_rope:
+        warnings.append(f"against the target: RoPE {rows['rope']['drafter']} (drafter) != {rows['rope']['target']} "
+                        f"(target): the drafter's attention sees positions differently from the target's")
+    return rows
+
+
 def render(report: dict) -> str:
     """The text ``eyas inspect`` prints for a report from :func:`inspect_checkpoint`."""
     c = report["config"]
@@ -336,6 +563,10 @@ def render(report: dict) -> str:
         for k, v in report["compare_vocab"].items():
             if k != "vocab_dir":
                 lines.append(f"  {k:<22} {v}")
+    if "against_target" in report:
+        lines += ["", "against the target"]
+        for k, v in report["against_target"].items():
+            lines.append(f"  {k:<34} {v}")
     for eng, d in report["engines"].items():
         lines += ["", f"{eng}"]
         for k, v in d.items():

@@ -85,3 +85,35 @@ def naive_lm_head(old_lm_head: torch.Tensor, new_draft_vocab: int) -> torch.Tens
     n = min(new_draft_vocab, old_lm_head.shape[0])
     out[:n] = old_lm_head[:n]
     return out
+
+
+def adopt_target_positions(config, target_config: dict) -> list[str]:
+    """Give a remapped drafter the TARGET's context length and RoPE, in place.
+
+    A published drafter's ``max_position_embeddings`` / ``rope_theta`` / ``rope_scaling`` describe
+    the target it was trained for. Served beside this target, the engines build the drafter's
+    rotary table from the drafter's own config (SGLang ``models/llama.py`` / vLLM
+    ``model_executor/models/llama.py``: ``get_rope``), and the drafter attends over the target's
+    positions; fine-tuning under the source's RoPE would train a function the target's context
+    does not match. So the target's values win: they are what the features were extracted under.
+
+    Args:
+        config: the drafter's :class:`eyas.drafter.DrafterConfig` (modified).
+        target_config: the feature manifest's ``target_config`` (eyas.target.summarise_config).
+    Returns:
+        One message per changed field (``"max_position_embeddings 64 -> 512 (the target's)"``),
+        empty when the drafter already matched.
+    Raises:
+        eyas.rope.RopeError: the target's RoPE type is not implemented.
+    """
+    from eyas import rope
+
+    theta, scaling = rope.normalise(target_config, source="target config")
+    changes = []
+    for name, new in (("max_position_embeddings", int(target_config["max_position_embeddings"])),
+                      ("rope_theta", float(theta)), ("rope_scaling", scaling)):
+        old = getattr(config, name)
+        if old != new:
+            changes.append(f"{name} {old!r} -> {new!r} (the target's)")
+            setattr(config, name, new)
+    return changes

@@ -36,7 +36,8 @@ EAGLE_LAYER_PREFIX = "midlayer."
 # keys of the nested LlamaConfig that describe the one decoder layer
 _LAYER_KEYS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
                "head_dim", "rms_norm_eps", "rope_theta", "rope_parameters", "rope_scaling",
-               "max_position_embeddings", "vocab_size", "hidden_act", "num_hidden_layers")
+               "max_position_embeddings", "vocab_size", "hidden_act", "num_hidden_layers", "attention_bias",
+               "mlp_bias")
 
 
 class SpeculatorsFormatError(ValueError):
@@ -151,12 +152,23 @@ def read_speculators(path: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
     return out_cfg, {to_eyas_name(k): v for k, v in raw.items()}
 
 
-def speculators_config(drafter) -> dict:
-    """The speculators ``config.json`` for an eyas drafter (``Eagle3Speculator``)."""
+def speculators_config(drafter, verifier: dict | None = None) -> dict:
+    """The speculators ``config.json`` for an eyas drafter (``Eagle3Speculator``).
+
+    Args:
+        drafter: an :class:`eyas.drafter.Eagle3Drafter`.
+        verifier: :func:`eyas.verifier.verifier_identity`'s dict; None writes
+            ``verifier.name_or_path: null``, which speculators 0.9.0 cannot load (its
+            ``from_pretrained`` calls ``AutoConfig.from_pretrained(None)``); ``eyas inspect`` says so.
+    """
     from eyas import layers
     from eyas.export import llama_layer_fields
 
     c = drafter.config
+    ident = verifier or {"verifier": {"name_or_path": None, "architectures": []}, "eyas": None}
+    record = {"num_target_layers": c.num_target_layers, "format_version": 1}
+    if ident.get("eyas"):
+        record["verifier"] = ident["eyas"]
     return {
         "architectures": [ARCHITECTURE],
         "speculators_model_type": "eagle3",
@@ -175,20 +187,42 @@ def speculators_config(drafter) -> dict:
             "algorithm": "eagle3",
             "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3}],
             "default_proposal_method": "greedy",
-            "verifier": {"name_or_path": None, "architectures": []},
+            "verifier": dict(ident["verifier"]),
         },
-        "eyas": {"num_target_layers": c.num_target_layers, "format_version": 1},
+        "eyas": record,
     }
 
 
-def write_speculators(drafter, path: str | Path, include_embedding: bool = True) -> None:
+class UnsafeExportError(ValueError):
+    """An export speculators 0.9.0 would load wrongly (e.g. without ``embed_tokens.weight``)."""
+
+
+def write_speculators(drafter, path: str | Path, include_embedding: bool = True,
+                      verifier: dict | None = None) -> None:
     """Write ``drafter`` in the speculators layout (atomically): ``config.json`` from
-    :func:`speculators_config`, ``model.safetensors`` with ``layers.0.*`` names, ``fc``, ``norm``,
-    ``lm_head``, ``d2t`` int64, ``t2d`` bool and (by default) ``embed_tokens.weight``, as the
-    speculators converter and trainer save them."""
+    :func:`speculators_config` (``verifier``: :func:`eyas.verifier.verifier_identity`'s dict),
+    ``model.safetensors`` with ``layers.0.*`` names, ``fc``, ``norm``, ``lm_head``, ``d2t`` int64,
+    ``t2d`` bool and ``embed_tokens.weight`` (the target's, frozen), as the speculators converter
+    and trainer save them.
+
+    Raises:
+        UnsafeExportError: ``include_embedding=False``. speculators 0.9.0 lists
+            ``embed_tokens.weight`` in ``_keys_to_ignore_on_load_missing``
+            (``models/eagle3/core.py``) and leaves the embedding UNINITIALISED when the file has
+            none (seen in 5 to 9 of 12 loads, logits off by up to 2.06); vLLM and SGLang take the
+            target's embedding either way, so the embedding-less form buys nothing for serving.
+    """
+    if not include_embedding:
+        raise UnsafeExportError(
+            f"{path}: a speculators-layout export without embed_tokens.weight loads in speculators 0.9.0 with an "
+            f"uninitialised embedding (models/eagle3/core.py ignores it as missing); keep the embedding, or "
+            f"export the eagle layout (eyas.export.save_drafter) for SGLang/vLLM, which take the target's")
     tensors = {to_speculators_name(k): v.detach().cpu() for k, v in drafter.state_dict_for_export().items()}
-    if include_embedding:
-        tensors["embed_tokens.weight"] = drafter.embed_tokens.weight.detach().cpu()
+    tensors["embed_tokens.weight"] = drafter.embed_tokens.weight.detach().cpu()
+    if verifier is None:
+        log.warning("%s: no verifier identity given: speculators_config.verifier.name_or_path is null and "
+                    "speculators' Eagle3DraftModel.from_pretrained will fail (pass eyas.verifier.verifier_identity)",
+                    path)
     with atomic_dir(path) as tmp:
-        write_json(tmp / "config.json", speculators_config(drafter))
+        write_json(tmp / "config.json", speculators_config(drafter, verifier))
         save_safetensors(tensors, tmp / "model.safetensors", metadata={"format": "pt"})

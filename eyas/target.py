@@ -70,6 +70,35 @@ def stop_token_ids(tokenizer, generation_config=None) -> list[int]:
     return sorted(ids)
 
 
+def summarise_config(c) -> dict:
+    """The drafter-relevant shape of a target config (a transformers config object): sizes, layer
+    count, vocab, ``rms_norm_eps``, ``rope_theta``, ``max_position_embeddings`` and, for a scaled
+    RoPE only, ``rope_scaling`` (eyas/rope.py's normal form; an unimplemented type as found)."""
+    from eyas import rope
+
+    try:
+        theta, scaling = rope.normalise(c, source="target config")
+    except rope.RopeError:
+        theta = float((getattr(c, "rope_parameters", None) or {}).get("rope_theta")
+                      or getattr(c, "rope_theta", None) or 10000.0)
+        scaling = dict(getattr(c, "rope_scaling", None) or getattr(c, "rope_parameters", None) or {})
+    out = {
+        "hidden_size": c.hidden_size,
+        "intermediate_size": c.intermediate_size,
+        "num_attention_heads": c.num_attention_heads,
+        "num_key_value_heads": getattr(c, "num_key_value_heads", c.num_attention_heads),
+        "head_dim": getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads,
+        "num_hidden_layers": c.num_hidden_layers,
+        "vocab_size": c.vocab_size,
+        "rms_norm_eps": float(c.rms_norm_eps),
+        "rope_theta": float(theta),
+        "max_position_embeddings": int(c.max_position_embeddings),
+    }
+    if scaling:
+        out["rope_scaling"] = scaling
+    return out
+
+
 def pick_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
@@ -99,21 +128,11 @@ class Target:
         return stop_token_ids(self.tokenizer, getattr(self.model, "generation_config", None))
 
     def config_summary(self) -> dict:
-        """The target shape a drafter is built from (recorded in the feature manifest)."""
-        c = self.model.config
-        rope = getattr(c, "rope_parameters", None) or {}
-        return {
-            "hidden_size": c.hidden_size,
-            "intermediate_size": c.intermediate_size,
-            "num_attention_heads": c.num_attention_heads,
-            "num_key_value_heads": getattr(c, "num_key_value_heads", c.num_attention_heads),
-            "head_dim": getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads,
-            "num_hidden_layers": c.num_hidden_layers,
-            "vocab_size": c.vocab_size,
-            "rms_norm_eps": float(c.rms_norm_eps),
-            "rope_theta": float(rope.get("rope_theta") or getattr(c, "rope_theta", None) or 10000.0),
-            "max_position_embeddings": int(c.max_position_embeddings),
-        }
+        """The target shape a drafter is built from (recorded in the feature manifest).
+        ``rope_scaling`` (eyas/rope.py's normal form) is present only for a scaled RoPE, so the
+        manifest of an unscaled target is unchanged; an unimplemented type is recorded as found
+        and refused when a drafter is built from it."""
+        return summarise_config(self.model.config)
 
     def head_weights(self) -> dict[str, torch.Tensor]:
         """{'embed_tokens': [V, H], 'lm_head': [V, H]} as float32 CPU tensors (tied models give

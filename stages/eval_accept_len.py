@@ -22,6 +22,7 @@ from __future__ import annotations
 import sys
 
 from eyas.acceptance import evaluate_benchmark
+from eyas import eval_checks
 from eyas.config import load_params
 from eyas.data import chat_prompts, humaneval_prompts, read_jsonl, render_prompt
 from eyas.export import load_drafter
@@ -54,16 +55,23 @@ def main(name: str) -> None:
         metrics: dict = {"drafter": name, "ngram": {}}
         for bench, chats in benchmarks.items():
             prompts = [render_prompt(tok, m) for m in chats]
+            pos = eval_checks.position_check([len(x) for x in prompts], e.max_new_tokens, k,  # issue 16
+                                             drafter.config.max_position_embeddings)
             r, n = evaluate_benchmark(target, drafter, prompts, aux_layer_ids=drafter.config.resolved_aux_layers(),
                                       timed_prompts=e.timed_prompts, timing_repeats=e.timing_repeats,
                                       batch_size=e.batch_size, **kw)
             metrics[bench], metrics["ngram"][bench] = r, n
+            r["positions"], r["suspected_misconfiguration"] = pos, eval_checks.misconfiguration(r)  # issue 16
+            for w in ([pos["warning"]] if pos["warning"] else []) + r["suspected_misconfiguration"]["reasons"]:
+                print(f"eval {name} {bench}: WARNING {w}")
             tracker.log_metrics({key: v for key, v in {
                 f"{bench}/accept_len": r["accept_len"], f"{bench}/speedup": r["speedup"],
                 f"{bench}/speedup_predicted": r["speedup_predicted"],
                 f"{bench}/ngram_accept_len": n["accept_len"],
                 f"{bench}/accept_len_non_looping": r["repetition"]["accept_len_non_looping"],
-                f"{bench}/ngram_accept_len_non_looping": n["repetition"]["accept_len_non_looping"]}.items()
+                f"{bench}/ngram_accept_len_non_looping": n["repetition"]["accept_len_non_looping"],
+                f"{bench}/suspected_misconfiguration": float(r["suspected_misconfiguration"]["suspected"]),
+                f"{bench}/prompts_past_max_position": float(pos["prompts_past_limit"])}.items()
                 if v is not None})
             print(f"eval {name} {bench}: accept_len {r['accept_len']} (n-gram {n['accept_len']}), "
                   f"lossless {r['lossless']}, speedup {r['speedup']} (IQR {r['speedup_iqr']}, predicted "

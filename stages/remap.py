@@ -3,7 +3,8 @@
 Reads params `seed`, `remap`, `train` (TTT settings for the step-0 check); reads the drafter at
 `remap.source`, `models/vocab/`, `data/features/`; writes `models/remapped/` and
 `metrics/remap.json` (compatibility report and step-0 val loss/acc: the source under its own
-mapping, the naive load that keeps rows in place, and the remapped drafter).
+mapping, the naive load that keeps rows in place, and the remapped drafter; `positions_from_target`:
+the source's context length / RoPE fields replaced by the target's, eyas.remap.adopt_target_positions).
 Run: `python -m stages.remap`.
 """
 
@@ -16,7 +17,7 @@ from eyas.config import load_params
 from eyas.export import save_drafter
 from eyas.features import FeatureStore, check_compatible
 from eyas.io import write_json
-from eyas.remap import naive_lm_head, remap_lm_head
+from eyas.remap import adopt_target_positions, naive_lm_head, remap_lm_head
 from eyas.target import pick_device
 from eyas.tracking import start_stage_run
 from eyas.ttt import PackedLoader, evaluate, head_rows_for
@@ -48,6 +49,10 @@ def main() -> None:
         src = load_drafter(p.remap.source, num_target_layers=m["num_layers"])
         check_compatible(m, aux_layers=src.config.resolved_aux_layers(), hidden_size=src.config.target_hidden_size,
                          vocab_size=src.config.vocab_size, source=f"drafter {p.remap.source}")
+        # the source's context length and RoPE belong to ITS target: take this target's (eyas/remap.py)
+        positions = adopt_target_positions(src.config, m["target_config"])
+        for msg in positions:
+            print(f"remap: WARNING source drafter {p.remap.source}: {msg}")
         head = target_head()
         src.set_embedding(head["embed_tokens"])
         new_map, counts = load_mapping(VOCAB)
@@ -72,7 +77,7 @@ def main() -> None:
                          p.train.step_decay, dev)
             step0[name] = {"loss_0": r["loss_0"], "acc_0": r["acc_0"]}
         save_drafter(remapped.cpu(), OUT, extra_files={"remap_report.json": report})
-        metrics = {**report, "step0_val": step0, "source": p.remap.source,
+        metrics = {**report, "step0_val": step0, "source": p.remap.source, "positions_from_target": positions,
                    "compatibility": {"vocab_size": m["vocab_size"], "target_hidden_size": m["hidden_size"],
                                      "aux_layers": m["aux_layers"], "ok": True}}
         write_json(METRICS / "remap.json", metrics)

@@ -8,6 +8,8 @@ SGLang, as read: ``hidden = fc(aux)`` when the hidden width differs from the emb
 hidden_norm(hidden)])`` (embedding first); Llama attention with RoPE (rotate-half) and GQA;
 ``h = residual + o_proj(attn)``; ``post_attention_layernorm`` then MLP, added to ``h``; the
 final ``norm`` then ``lm_head``; draft logits land at target ids ``hot_token_id = d2t + arange``.
+RoPE as the engines build it from the config (``get_rope`` with ``rope_theta`` and ``rope_scaling``):
+plain RoPE written out here, a scaled one from transformers' ``ROPE_INIT_FUNCTIONS``.
 """
 
 import json
@@ -34,8 +36,17 @@ def reference_forward(ckpt_dir, embed_weight, aux, input_ids, positions):
     def rms(x, g):
         return g * (x / torch.sqrt((x * x).mean(-1, keepdim=True) + eps))
 
+    scaling = cfg.get("rope_scaling")
+    if scaling:  # transformers' own RoPE init for the config as written (no eyas code)
+        from transformers import LlamaConfig
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+        lc = LlamaConfig(**{k: v for k, v in cfg.items() if k not in ("architectures", "eyas")})
+        inv_scaled = ROPE_INIT_FUNCTIONS[scaling["rope_type"]](lc, "cpu")[0].double()
+
     def rope(x):  # x [heads, T, Hd]; HF Llama rotate-half layout
-        inv = torch.tensor([1.0 / theta ** (2 * i / Hd) for i in range(Hd // 2)], dtype=torch.float64)
+        inv = inv_scaled if scaling else \
+            torch.tensor([1.0 / theta ** (2 * i / Hd) for i in range(Hd // 2)], dtype=torch.float64)
         ang = positions.double()[:, None] * inv[None]
         cos, sin = torch.cat([ang.cos(), ang.cos()], -1), torch.cat([ang.sin(), ang.sin()], -1)
         x1, x2 = x[..., :Hd // 2], x[..., Hd // 2:]
@@ -70,12 +81,16 @@ def reference_forward(ckpt_dir, embed_weight, aux, input_ids, positions):
     return out, logits, full
 
 
-@pytest.fixture(scope="module")
-def exported(tmp_path_factory):
+LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 16}
+
+
+@pytest.fixture(scope="module", params=[None, LLAMA3], ids=["plain-rope", "llama3-rope"])
+def exported(tmp_path_factory, request):
     torch.manual_seed(0)
     c = DrafterConfig(hidden_size=H, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
                       head_dim=8, vocab_size=V, draft_vocab_size=VD, target_hidden_size=TH, num_target_layers=8,
-                      rope_theta=500.0, rms_norm_eps=1e-6)
+                      rope_theta=500.0, rms_norm_eps=1e-6, rope_scaling=request.param)
     d = Eagle3Drafter(c).eval()
     d.reset_parameters(std=0.2)
     for n in (d.midlayer.input_layernorm, d.midlayer.hidden_norm, d.midlayer.post_attention_layernorm, d.norm):
@@ -98,7 +113,7 @@ def test_draft_logits_match_an_independent_reference(exported):
     T = 5
     aux = torch.randn(T, 3 * TH, generator=g)
     ids = torch.randint(0, V, (T,), generator=g)
-    pos = torch.arange(3, 3 + T)  # not starting at 0: RoPE positions are honoured
+    pos = torch.arange(3, 3 + T) * 7  # not starting at 0, and past llama3's original 16: RoPE scaling is honoured
     ref_h, ref_logits, ref_full = reference_forward(ckpt, embed, aux, ids, pos)
     with torch.no_grad():
         h = d.decode(aux[None], ids[None], pos[None], KVCache())[0]

@@ -1,0 +1,184 @@
+"""Every config key SGLang or vLLM reads for an EAGLE-3 (Llama) drafter, where each reads it, and
+what eyas does with it: the one table every load path checks a checkpoint through.
+
+Load paths that go through :func:`check_config`: :func:`eyas.export.config_from_hf` (eyas / EAGLE
+/ SpecForge layout and, via :func:`eyas.speculators_format.config_to_eagle`, the speculators
+layout), hence ``load_drafter`` (train-finetune's warm start, the remap source, eval) and
+``eyas inspect`` (which reports every refusal, with or without the target's layer count).
+
+``eyas`` column: ``honours`` (read and implemented), ``writes`` (eyas sets it; its value is
+fixed), ``refuses`` (a value other than ``default`` changes the math in an engine and eyas does
+not implement it: loading stops with a message naming the key and the engines that honour it),
+``ignores`` (no effect on the drafter's function). Sources are files of the engines' repositories
+(``sgl-project/sglang`` under ``python/sglang/srt/``, ``vllm-project/vllm`` under ``vllm/``,
+``vllm-project/speculators`` 0.9.0 under ``src/speculators/``), as read for this table (SGLang
+``models/llama_eagle3.py`` at 03d5a77, vLLM ``model_executor/models/llama_eagle3.py`` at 00bd149
+and later versions where a row says so).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from eyas import rope
+
+
+@dataclass(frozen=True)
+class EngineKey:
+    """One row: ``key`` (dotted for nested dicts), who reads it, what eyas does, the default
+    value that eyas' math equals (for ``refuses`` rows), and why."""
+
+    key: str
+    sglang: str
+    vllm: str
+    eyas: str
+    default: object = None
+    note: str = ""
+
+
+_SGL_EAGLE3 = "models/llama_eagle3.py"
+_SGL_LLAMA = "models/llama.py (LlamaAttention/LlamaMLP)"
+_VLLM_EAGLE3 = "model_executor/models/llama_eagle3.py"
+_VLLM_ALGOS = "transformers_utils/configs/speculators/algos.py (update_eagle3)"
+_SPEC = "speculators 0.9.0 models/eagle3/core.py"
+
+ENGINE_KEYS: tuple[EngineKey, ...] = (
+    EngineKey("architectures", f"model registry: {_SGL_EAGLE3} EntryClass LlamaForCausalLMEagle3",
+              f"model registry; {_VLLM_ALGOS} sets Eagle3LlamaForCausalLM for Eagle3Speculator",
+              "writes", None, "LlamaForCausalLMEagle3 (eagle layout) / Eagle3Speculator (speculators layout)"),
+    EngineKey("model_type", f"{_SGL_EAGLE3} (llama4_text reads intermediate_size_mlp)",
+              f"{_VLLM_ALGOS} (llama -> Eagle3LlamaForCausalLM, qwen3 -> Eagle3Qwen3ForCausalLM)",
+              "refuses", "llama", "eyas' layer is a Llama layer (Qwen3 adds q_norm/k_norm)"),
+    EngineKey("hidden_size", _SGL_EAGLE3, _VLLM_EAGLE3, "honours"),
+    EngineKey("intermediate_size", _SGL_EAGLE3, _VLLM_EAGLE3, "honours"),
+    EngineKey("num_attention_heads", _SGL_LLAMA, "model_executor/models/llama.py (LlamaAttention)", "honours"),
+    EngineKey("num_key_value_heads", _SGL_LLAMA, _VLLM_EAGLE3, "honours"),
+    EngineKey("head_dim", _SGL_LLAMA, "model_executor/models/llama.py (LlamaAttention)", "honours"),
+    EngineKey("rms_norm_eps", _SGL_EAGLE3, _VLLM_EAGLE3, "honours"),
+    EngineKey("hidden_act", _SGL_EAGLE3 + " (LlamaMLP)", _VLLM_EAGLE3 + " (LlamaMLP)", "refuses", "silu",
+              "eyas' MLP is SwiGLU"),
+    EngineKey("vocab_size", _SGL_EAGLE3 + " (embed_tokens)", _VLLM_EAGLE3 + " (embed_tokens, logits scatter)",
+              "honours", None, "the TARGET vocab"),
+    EngineKey("draft_vocab_size", _SGL_EAGLE3 + " (absent: vocab_size and the target's lm_head)",
+              _VLLM_EAGLE3 + " (absent: vocab_size)", "honours"),
+    EngineKey("target_hidden_size", _SGL_EAGLE3 + " (fc input width / 3)", _VLLM_EAGLE3 + " (fc input width)",
+              "honours"),
+    EngineKey("num_hidden_layers",
+              _SGL_EAGLE3 + " (midlayer + additional_layers.{i-1} BasicDecoderLayer for i >= 1)",
+              _VLLM_EAGLE3 + " (layers.{i}; i >= 1 take H-wide input, no embedding)",
+              "refuses", 1, "eyas trains and serves one decoder layer"),
+    EngineKey("tie_word_embeddings", _SGL_EAGLE3 + " (true: lm_head = embed_tokens)", "not read by the EAGLE-3 "
+              "class (own lm_head)", "refuses", False, "eyas' lm_head is its own [draft_vocab, H]"),
+    EngineKey("rope_theta", _SGL_LLAMA + " (get_rope)", "model_executor/models/llama.py (get_rope)", "honours"),
+    EngineKey("rope_scaling", _SGL_LLAMA + " (get_rope)", "model_executor/models/llama.py (get_rope; "
+              "newer versions via rope_parameters)", "honours", None,
+              f"types {list(rope.SUPPORTED_TYPES)} honoured (eyas/rope.py); any other type refused"),
+    EngineKey("rope_parameters", "transformers v5 form of rope_theta + rope_scaling",
+              "transformers v5 form of rope_theta + rope_scaling", "honours", None, "read as rope_scaling"),
+    EngineKey("max_position_embeddings", _SGL_LLAMA + " (rotary table)", _VLLM_EAGLE3 + " (LlamaAttention)",
+              "honours", None, "carried from the target; eval warns and records decoding past it; remap "
+              "takes the target's"),
+    EngineKey("attention_bias", _SGL_LLAMA, _VLLM_EAGLE3 + " (qkv/o bias)", "refuses", False),
+    EngineKey("qkv_bias", "not read", _VLLM_EAGLE3, "refuses", False),
+    EngineKey("mlp_bias", "not read", _VLLM_EAGLE3, "refuses", False),
+    EngineKey("bias", _SGL_EAGLE3 + " (fc bias)", _VLLM_EAGLE3 + " (attention bias)", "refuses", False),
+    EngineKey("logit_scale", "not read", _VLLM_EAGLE3 + " (LogitsProcessor scale)", "refuses", 1.0),
+    EngineKey("is_causal", "not read", _VLLM_EAGLE3 + " (false: encoder-only attention)", "refuses", True),
+    EngineKey("norm_before_residual", "not read (residual is always the un-normed hidden state)",
+              _VLLM_EAGLE3 + f" (residual = hidden_norm(h)); {_VLLM_ALGOS} defaults it to TRUE when a "
+              f"speculators config lacks it", "refuses", False, f"also {_SPEC}"),
+    EngineKey("norm_before_fc", "not read",
+              _VLLM_EAGLE3 + " in newer versions (input_norm.weight: RMSNorm over the concatenated aux "
+              "states; not in the version at 00bd149)", "refuses", False, f"also {_SPEC} (input_norm)"),
+    EngineKey("fc_norm", "not read",
+              _VLLM_EAGLE3 + " in newer versions (one RMSNorm per aux state, fc_norm.{i}.weight)",
+              "refuses", False, f"also {_SPEC}"),
+    EngineKey("norm_output", "not read by models/llama_eagle3.py (read by some newer SGLang EAGLE-3 models)",
+              f"passed through by {_VLLM_ALGOS} in newer versions",
+              "refuses", False, f"EAGLE 3.1: the post-norm hidden state is fed back ({_SPEC} forward)"),
+    EngineKey("eagle_config.eagle_aux_hidden_state_layer_ids",
+              "model_executor/model_runner.py via the target's set_eagle3_layers_to_capture (models/llama.py): "
+              "output-of-layer ids, captured at id + 1 (eyas/layers.py)",
+              "not read (reads the top-level key)", "honours"),
+    EngineKey("eagle_aux_hidden_state_layer_ids", "not read (reads eagle_config)",
+              f"the target's aux capture (model_executor/models/llama.py, HF hidden_states indices) set by the "
+              f"v1 model runner; {_VLLM_ALGOS} copies it", "honours"),
+    EngineKey("eagle_config.use_aux_hidden_state", "not read",
+              _VLLM_EAGLE3 + " (false: no fc, the target's last hidden state is the input)", "refuses", True),
+    EngineKey("speculators_config.verifier.name_or_path", "not read",
+              "not read for weights (speculators: from_pretrained resolves aux ids and "
+              "load_verifier_weights reads AutoConfig of it)", "writes", None,
+              "the target's hub id or path (eyas/verifier.py)"),
+    EngineKey("torch_dtype", "model config (dtype when --dtype auto)", "model config (dtype when auto)",
+              "ignores", None, "recorded; the engines cast to the serving dtype"),
+)
+
+BY_KEY = {k.key: k for k in ENGINE_KEYS}
+
+
+def _lookup(cfg: dict, dotted: str):
+    cur = cfg
+    for part in dotted.split("."):
+        if not isinstance(cur, dict) or part not in cur:
+            return None, False
+        cur = cur[part]
+    return cur, True
+
+
+def _json(v) -> str:
+    """A config value as config.json spells it (``true``, ``null``, ``"silu"``, ``2``)."""
+    import json
+
+    try:
+        return json.dumps(v)
+    except TypeError:
+        return repr(v)
+
+
+def honoured_by(key: str) -> str:
+    """'SGLang: <file>; vLLM: <file>' for the engines that read ``key`` (for refusal messages)."""
+    k = BY_KEY[key]
+    return "; ".join(f"{eng}: {src}" for eng, src in (("SGLang", k.sglang), ("vLLM", k.vllm))
+                     if not src.startswith("not read"))
+
+
+def refusals(cfg: dict) -> list[str]:
+    """Every key of ``cfg`` (a flat EAGLE-layout config dict, as :func:`eyas.export.config_from_hf`
+    reads it) whose value changes an engine's math away from what eyas implements.
+
+    Returns:
+        One message per refused key, naming the key, its value, eyas' value and the engines that
+        honour it; empty when eyas computes what the engines would.
+    """
+    out = []
+    for k in ENGINE_KEYS:
+        if k.eyas != "refuses":
+            continue
+        value, present = _lookup(cfg, k.key)
+        if not present or value is None:
+            continue
+        if k.key == "num_hidden_layers":
+            bad = value != 1
+        elif k.key == "model_type":
+            bad = value != "llama"
+        elif k.key == "logit_scale":
+            bad = float(value) != 1.0
+        else:
+            bad = value != k.default
+        if bad:
+            out.append(f"{k.key}: {_json(value)} (eyas implements {_json(k.default)}; honoured by {honoured_by(k.key)}"
+                       + (f"; {k.note}" if k.note else "") + ")")
+    try:
+        rope.normalise(cfg, source="config")
+    except rope.RopeError as e:
+        out.append(f"rope_scaling: {e} (honoured by {honoured_by('rope_scaling')})")
+    return out
+
+
+def table_markdown() -> str:
+    """The table as Markdown (key | SGLang | vLLM | eyas | note)."""
+    rows = ["| key | SGLang reads it in | vLLM reads it in | eyas | note |", "|---|---|---|---|---|"]
+    for k in ENGINE_KEYS:
+        what = k.eyas + (f" (default {k.default!r})" if k.eyas == "refuses" else "")
+        rows.append(f"| `{k.key}` | {k.sglang} | {k.vllm} | {what} | {k.note} |")
+    return "\n".join(rows) + "\n"

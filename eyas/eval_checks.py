@@ -1,0 +1,66 @@
+"""Checks on a speculative-decoding evaluation that say when its numbers are not a result.
+
+- :func:`position_check`: the run decodes past the drafter's ``max_position_embeddings``. The
+  engines build the drafter's rotary table for that many positions (SGLang ``models/llama.py``,
+  vLLM ``model_executor/models/llama.py``: ``get_rope(max_position=...)``); eyas' RoPE computes
+  any position, so past the limit eyas measures a drafter the engines would not serve as is.
+- :func:`misconfiguration`: an acceptance length at or below 1.1 tokens per verify step (or a
+  position-0 acceptance rate below 2%) is what a broken setup gives: aux hidden-state capture off,
+  a zeroed or wrong d2t, the wrong algorithm name in the engine. It is flagged, not reported as a
+  drafter's quality.
+"""
+
+from __future__ import annotations
+
+SUSPECT_ACCEPT_LEN = 1.1
+SUSPECT_POSITION0_RATE = 0.02
+
+
+def position_check(prompt_lengths: list[int], max_new_tokens: int, num_draft_tokens: int,
+                   max_position_embeddings: int) -> dict:
+    """The positions a run may reach against the drafter's limit.
+
+    Args:
+        prompt_lengths: tokens per prompt.
+        max_new_tokens: the reply budget (tokens).
+        num_draft_tokens: k; the drafter runs up to k positions past the last committed token.
+        max_position_embeddings: the drafter's config value.
+    Returns:
+        ``{"max_position_embeddings", "max_position_reached"`` (0-based: longest prompt +
+        max_new_tokens + k - 1), ``"prompts_past_limit"`` (how many prompts can pass it),
+        ``"ok"`` (bool), ``"warning"`` (str or None)}.
+    """
+    reach = [n + max_new_tokens + num_draft_tokens - 1 for n in prompt_lengths]
+    past = sum(r >= max_position_embeddings for r in reach)
+    top = max(reach) if reach else 0
+    warning = None
+    if past:
+        warning = (f"{past} of {len(reach)} prompts can decode up to position {top}, past the drafter's "
+                   f"max_position_embeddings {max_position_embeddings} (positions 0..{max_position_embeddings - 1}): "
+                   f"SGLang and vLLM size the drafter's rotary table by it, so these acceptance lengths are not "
+                   f"what they would serve")
+    return {"max_position_embeddings": max_position_embeddings, "max_position_reached": top,
+            "prompts_past_limit": past, "ok": not past, "warning": warning}
+
+
+def misconfiguration(result: dict) -> dict:
+    """Whether one benchmark's result looks like a misconfigured setup rather than a weak drafter.
+
+    Args:
+        result: a benchmark dict of ``metrics/eval_<drafter>.json`` (``accept_len``: committed
+            tokens per verify step, bonus included; ``per_position_accept_rate``: [k] fractions).
+    Returns:
+        ``{"suspected": bool, "reasons": [str]}``: suspected when ``accept_len`` <= 1.1 or the
+        position-0 acceptance rate < 0.02.
+    """
+    reasons = []
+    a = result.get("accept_len")
+    if a is not None and a <= SUSPECT_ACCEPT_LEN:
+        reasons.append(f"accept_len {a:.3f} <= {SUSPECT_ACCEPT_LEN}: typical of aux hidden-state capture off, a "
+                       f"wrong/zeroed d2t or the wrong speculative algorithm (or of a drafter that learned nothing for "
+                       f"these prompts)")
+    rates = result.get("per_position_accept_rate") or []
+    if rates and rates[0] < SUSPECT_POSITION0_RATE:
+        reasons.append(f"position-0 acceptance rate {rates[0]:.3f} < {SUSPECT_POSITION0_RATE}: the first draft "
+                       f"token is almost never the target's")
+    return {"suspected": bool(reasons), "reasons": reasons}

@@ -1,0 +1,101 @@
+"""The real speculators client (``vllm-project/speculators`` 0.9.0) loads eyas' speculators-layout
+export as it is (``Eagle3DraftModel.from_pretrained``, offline: the verifier identity is a local
+directory holding the target's config and weights) and computes the same TTT-step logits as eyas.
+
+speculators is not a declared dependency (0.9.0 pins transformers<=5.19 and pulls torchvision,
+torchaudio, datasets, openai and hs-connectors); this module is skipped when it is not importable.
+To run it without changing the environment: ``pip install --no-deps --target DIR speculators==0.9.0
+hs-connectors==0.9.0 loguru openai httpx httpcore jiter "datasets<=5.1.0" dill multiprocess xxhash``
+then ``PYTHONPATH=DIR python3 -m pytest tests/test_speculators_client.py``.
+
+Alignment (speculators ``models/eagle3/core.py`` ``forward``): step 0 embeds the ``input_ids`` it
+is given and steps k >= 1 the given ids shifted left by k; positions advance by one per step.
+eyas' step k embeds the ids shifted left by 1 + k at positions + k, so speculators is given the
+ids shifted left by one and the same positions. Its logits are read from its own ``lm_head``
+through a forward hook (the forward returns only the argmax tokens).
+"""
+
+import os
+
+import pytest
+import torch
+
+speculators = pytest.importorskip("speculators")
+
+from eyas.drafter import DrafterConfig, Eagle3Drafter  # noqa: E402
+from eyas.ttt import shift_left  # noqa: E402
+from eyas.verifier import verifier_identity  # noqa: E402
+from eyas.speculators_format import write_speculators  # noqa: E402
+
+V, VD, H, L, T = 96, 24, 32, 8, 128  # T: one flex-attention block (speculators builds 128-token block masks)
+
+
+def _drafter(aux, embed, rope_scaling=None):
+    torch.manual_seed(0)
+    c = DrafterConfig(hidden_size=H, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                      vocab_size=V, draft_vocab_size=VD, target_hidden_size=H, num_target_layers=L, aux_layer_ids=aux,
+                      rms_norm_eps=1e-6, rope_theta=500.0, max_position_embeddings=256, rope_scaling=rope_scaling)
+    d = Eagle3Drafter(c).eval()
+    d.reset_parameters(std=0.2)
+    for n in (d.midlayer.input_layernorm, d.midlayer.hidden_norm, d.midlayer.post_attention_layernorm, d.norm):
+        n.weight.data = 1 + 0.3 * torch.randn(H)
+    tids = torch.randperm(V)[:VD].sort().values
+    t2d = torch.zeros(V, dtype=torch.bool)
+    t2d[tids] = True
+    d.set_vocab(tids - torch.arange(VD), t2d)
+    d.set_embedding(embed)
+    return d
+
+
+def _target(tmp_path):
+    """A tiny real Llama target saved as a local HF directory (speculators reads its config and
+    its embed_tokens / lm_head / norm weights from the verifier path)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(1)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=V, hidden_size=H, intermediate_size=64, num_hidden_layers=L,
+                                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False))
+    model.save_pretrained(tmp_path / "target")
+    return model
+
+
+@pytest.mark.parametrize("aux,rope_scaling", [
+    (None, None),
+    ([1, 4, 6], {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                 "original_max_position_embeddings": 16}),
+])
+def test_speculators_loads_the_export_and_agrees(tmp_path, monkeypatch, aux, rope_scaling):
+    from speculators.models.eagle3 import Eagle3DraftModel
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.chdir(tmp_path)  # the verifier path is written relative: resolved from here
+    target = _target(tmp_path)
+    d = _drafter(aux, target.get_input_embeddings().weight, rope_scaling)
+    ident = verifier_identity("target")
+    assert ident["verifier"] == {"name_or_path": "target", "architectures": ["LlamaForCausalLM"]}
+    write_speculators(d, tmp_path / "spec", verifier=ident)
+    m = Eagle3DraftModel.from_pretrained(str(tmp_path / "spec")).float().eval()
+
+    assert m.config.eagle_aux_hidden_state_layer_ids == d.config.resolved_aux_layers()
+    assert torch.equal(m.d2t, d.d2t) and torch.equal(m.t2d, d.t2d)
+    assert torch.equal(m.embed_tokens.weight, d.embed_tokens.weight)
+
+    g = torch.Generator().manual_seed(3)
+    aux_h = torch.randn(1, T, d.config.num_aux * H, generator=g)
+    ids = torch.randint(0, V, (1, T), generator=g)
+    pos = torch.arange(T)[None] + 1
+    doc = torch.zeros(1, T, dtype=torch.int64)
+    seen = []
+    hook = m.lm_head.register_forward_hook(lambda mod, inp, out: seen.append(out.detach()))
+    with torch.no_grad():
+        m(hidden_states=aux_h, input_ids=shift_left(ids, 1, 0), document_ids=doc, position_ids=pos, ttt_steps=3)
+    hook.remove()
+    assert len(seen) == 3
+    with torch.no_grad():
+        cache, hidden = [], d.project(aux_h)
+        for k in range(3):
+            hidden = d.ttt_step(hidden, shift_left(ids, 1 + k, 0), pos + k, doc, cache)
+            ours = d.logits(hidden)
+            diff = (ours - seen[k]).abs().max().item()
+            assert diff < 1e-5, (k, diff)
+            assert torch.equal(ours.argmax(-1), seen[k].argmax(-1))
