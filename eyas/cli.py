@@ -11,6 +11,7 @@ Subcommands:
         The table of every config key SGLang or vLLM reads for an EAGLE-3 drafter, where, and what
         eyas does with it (eyas/engine_keys.py), as Markdown.
     eyas compare [--experiment NAME] [--limit N] [--all-params] [--out FILE.md] [--tracking-uri URI]
+    eyas compare --metrics DIR [DIR ...]   committed results side by side (metrics/ vs metrics/h200/)
         The latest pipeline runs (DVC experiments) side by side from MLflow: key params, val acc_0,
         accept_len per benchmark and the n-gram floor, as Markdown (eyas/compare.py). Exit status
         2 when there is no store or no such experiment, 1 when it holds no pipeline run, else 0.
@@ -49,8 +50,11 @@ def _engine_keys(args) -> int:
 def _compare(args) -> int:
     from eyas.compare import CompareError, compare, write
 
+    from eyas.compare import compare_dirs
+
     try:
-        text = compare(args.tracking_uri, args.experiment, args.limit, args.all_params)
+        text = (compare_dirs(args.metrics) if args.metrics else
+                compare(args.tracking_uri, args.experiment, args.limit, args.all_params))
     except CompareError as e:
         sys.stderr.write(f"eyas compare: error: {e}\n")
         return 2
@@ -84,6 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
     cmp.add_argument("--all-params", action="store_true",
                      help="a row for every key param, also those equal in every column")
     cmp.add_argument("--out", default=None, help="also write the table to this Markdown file")
+    cmp.add_argument("--metrics", nargs="+", default=None, metavar="DIR",
+                     help="compare committed metrics directories instead of MLflow runs "
+                          "(e.g. --metrics metrics metrics/h200)")
     cmp.add_argument("--tracking-uri", default=None,
                      help="MLflow store (default: $MLFLOW_TRACKING_URI, else sqlite:///<repo root>/mlflow.db)")
     cmp.set_defaults(func=_compare)

@@ -222,3 +222,74 @@ def write(text: str, out: str | Path) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# committed results: metrics directories (metrics/, metrics/h200/) instead of MLflow
+
+# (label, metrics file, path of keys in it)
+DIR_ROWS: list[tuple[str, str, tuple]] = [
+    ("train-scratch val acc_0", "train_scratch.json", ("val", "acc_0")),
+    ("train-finetune step-0 val acc_0", "train_finetune.json", ("step0_val", "acc_0")),
+    ("train-finetune val acc_0", "train_finetune.json", ("val", "acc_0")),
+    *[row for b in BENCHES for row in (
+        (f"scratch {b} accept_len", "eval_scratch.json", (b, "accept_len")),
+        (f"scratch {b} accept_len k=4", "eval_scratch.json", (b, "accept_len_by_chain_length", "4")),
+        (f"scratch {b} accept_len without looping prompts", "eval_scratch.json",
+         (b, "repetition", "accept_len_non_looping")),
+        (f"scratch {b} speedup (median)", "eval_scratch.json", (b, "speedup")),
+        (f"finetune {b} accept_len", "eval_finetune.json", (b, "accept_len")),
+        (f"finetune {b} accept_len k=4", "eval_finetune.json", (b, "accept_len_by_chain_length", "4")),
+        (f"n-gram floor {b} accept_len", "eval_scratch.json", ("ngram", b, "accept_len")),
+        (f"n-gram floor {b} accept_len k=4", "eval_scratch.json", ("ngram", b, "accept_len_by_chain_length", "4")),
+    )],
+]
+DIR_PARAMS = ("data.max_conversations", "data.code_prompts", "distill.turns", "distill.max_new_tokens",
+              "vocab.draft_vocab_size", "train.batch_tokens", "train.epochs", "eval.num_draft_tokens",
+              "eval.chat_prompts", "eval.humaneval_prompts")
+
+
+def _dig(obj: Any, path: tuple) -> Any:
+    for k in path:
+        if not isinstance(obj, dict) or k not in obj:
+            return None
+        obj = obj[k]
+    return obj
+
+
+def compare_dirs(dirs: list[str], params_default: str | Path = "params.yaml") -> str:
+    """The committed results of several runs side by side, one column per metrics directory.
+
+    Each directory holds the stage metrics a pipeline run writes (``train_scratch.json``,
+    ``eval_scratch.json``, ...); its params are ``<dir>/params.yaml`` when present (the exact
+    params a run elsewhere used, e.g. ``metrics/h200/params.yaml``), else ``params_default`` (the
+    workspace's, which ``metrics/`` was made with). A missing file or key shows ``–``.
+
+    Raises:
+        CompareError: a directory does not exist, or a metrics or params file is not valid.
+    """
+    import json
+
+    import yaml
+
+    from eyas.config import flatten
+
+    cols = []
+    for d in dirs:
+        path = Path(d)
+        if not path.is_dir():
+            raise CompareError(f"{d}: no such metrics directory")
+        pfile = path / "params.yaml" if (path / "params.yaml").is_file() else Path(params_default)
+        try:
+            params = flatten(yaml.safe_load(pfile.read_text()) or {}) if pfile.is_file() else {}
+            files = {f.name: json.loads(f.read_text()) for f in path.glob("*.json")}
+        except (ValueError, yaml.YAMLError) as e:
+            raise CompareError(f"{d}: cannot read its metrics or params: {e}") from None
+        cols.append((d, pfile if pfile.is_file() else None, params, files))
+    lines = ["| | " + " | ".join(f"**{_cell(d)}**" for d, *_ in cols) + " |", "|---|" + "---:|" * len(cols)]
+    lines.append("| params file | " + " | ".join(_cell(str(p) if p else "–") for _, p, _, _ in cols) + " |")
+    for k in DIR_PARAMS:
+        lines.append(f"| `{k}` | " + " | ".join(_fmt(params.get(k)) for _, _, params, _ in cols) + " |")
+    for label, fname, keys in DIR_ROWS:
+        lines.append(f"| {_cell(label)} | " + " | ".join(_fmt(_dig(files.get(fname), keys)) for *_, files in cols) + " |")
+    return "\n".join(lines) + "\n"
