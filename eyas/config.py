@@ -28,6 +28,7 @@ class ParamsError(ValueError):
 class TargetParams:
     path: str = "embedded"
     gguf_file: str | None = None
+    revision: str | None = None    # hub ids: the commit (or tag) to load; pins the target for DVC
     trust_remote_code: bool = False
     dtype: str = "float32"
 
