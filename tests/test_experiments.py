@@ -577,3 +577,21 @@ def test_finish_training_logs_pngs_config_and_vocab_report(unit_store, monkeypat
     assert {"train_scratch_curves.png", "config.json", "vocab.json", "train_scratch_metrics.json"} <= names
     png = Path(client.download_artifacts(t.run_id, "train_scratch_curves.png", str(unit_store)))
     assert png.read_bytes()[:8] == PNG_MAGIC
+
+
+def test_compare_times_out_on_a_server_that_does_not_answer(unit_store, monkeypatch):
+    """A server that accepts connections and never answers (hung, or a proxy that never forwards):
+    `eyas compare` stops within seconds, saying it did not answer in time."""
+    for var in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT"):
+        monkeypatch.delenv(var, raising=False)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(16)  # the kernel completes the TCP handshake; nobody ever reads or answers
+        uri = f"http://127.0.0.1:{s.getsockname()[1]}"
+        t0 = time.monotonic()
+        r = subprocess.run([sys.executable, "-m", "eyas.cli", "compare", "--tracking-uri", uri],
+                           cwd=unit_store, capture_output=True, text=True, timeout=60,
+                           env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert r.returncode == 2 and r.stdout == "", r.stderr
+    assert time.monotonic() - t0 < 40
+    assert "did not answer in time" in r.stderr and "timed out" in r.stderr.lower()
