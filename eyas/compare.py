@@ -53,13 +53,18 @@ class CompareError(RuntimeError):
 # MLflow's own HTTP settings for the first request, which doubles as the reachability probe: its
 # defaults (7 retries with exponential backoff, 120 s timeout) wait minutes on a dead server
 _PROBE_HTTP_ENV = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "5"}
+# the reads after the probe: a server that answered once and then stops answering (hung, or a
+# proxy that accepts and never forwards) fails within a bounded time too, not 7 x 120 s per request
+_READ_HTTP_ENV = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_TIMEOUT": "30"}
 
 
 @contextlib.contextmanager
-def _fail_fast_http():
-    """Set :data:`_PROBE_HTTP_ENV` for the block, except what the user set; then restore."""
-    unset = [k for k in _PROBE_HTTP_ENV if k not in os.environ]
-    os.environ.update({k: _PROBE_HTTP_ENV[k] for k in unset})
+def _fail_fast_http(settings: dict | None = None):
+    """Set ``settings`` (default :data:`_PROBE_HTTP_ENV`) for the block, except what the user
+    set; then restore."""
+    settings = settings or _PROBE_HTTP_ENV
+    unset = [k for k in settings if k not in os.environ]
+    os.environ.update({k: settings[k] for k in unset})
     try:
         yield
     finally:
@@ -179,6 +184,14 @@ def render_markdown(pipes: list[Pipeline], header: str | None = None, all_params
     return "\n".join(lines) + "\n"
 
 
+def _hint(uri: str, e: Exception) -> str:
+    if not uri.startswith(("http:", "https:")):
+        return ""
+    what = "it did not answer in time" if "timed out" in str(e).lower() else "is the server up?"
+    return (f" ({what} MLFLOW_HTTP_REQUEST_TIMEOUT and MLFLOW_HTTP_REQUEST_MAX_RETRIES make it wait "
+            f"longer)")
+
+
 def _safe_uri(uri: str) -> str:
     return re.sub(r"//[^/@]+@", "//***@", uri)  # hide credentials in http://user:pw@host
 
@@ -205,13 +218,16 @@ def compare(uri: str | None = None, experiment: str | None = None, limit: int = 
         with _fail_fast_http():
             exp = client.get_experiment_by_name(name)
     except MlflowException as e:
-        hint = (" (is the server up? MLFLOW_HTTP_REQUEST_TIMEOUT and MLFLOW_HTTP_REQUEST_MAX_RETRIES "
-                "make it wait longer)" if uri.startswith(("http:", "https:")) else "")
-        raise CompareError(f"cannot query the MLflow tracking store {_safe_uri(uri)}{hint}: "
+        raise CompareError(f"cannot query the MLflow tracking store {_safe_uri(uri)}{_hint(uri, e)}: "
                            f"{_safe_uri(str(e))}") from e
     if exp is None:
         raise CompareError(f"no MLflow experiment {name!r} in {_safe_uri(uri)}")
-    pipes = collect(client, exp.experiment_id, limit)
+    try:
+        with _fail_fast_http(_READ_HTTP_ENV):
+            pipes = collect(client, exp.experiment_id, limit)
+    except MlflowException as e:
+        raise CompareError(f"the MLflow tracking store {_safe_uri(uri)} stopped answering{_hint(uri, e)}: "
+                           f"{_safe_uri(str(e))}") from e
     header = (f"Pipeline runs in MLflow experiment `{name}` ({_safe_uri(uri)}), latest first: "
               f"{len(pipes)} shown.")
     return render_markdown(pipes, header, all_params)

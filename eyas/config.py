@@ -4,6 +4,12 @@ Every section of ``params.yaml`` is a dataclass below; defaults live here, in on
 :func:`load_params` rejects unknown keys and wrong types with the key's dotted path, before any
 compute. PyYAML reads ``5e-05`` (the form ``dvc exp run -S lr=5e-5`` writes) as a string; a float
 field accepts such a string when it parses as a float (YAML 1.2 would read it as a float).
+
+Booleans are read as DVC reads them: DVC parses ``params.yaml`` as YAML 1.2 (ruamel.yaml), where only
+``true``/``false`` are booleans, and ``dvc exp run -S flag=yes`` writes ``flag: yes``, which DVC
+then records as the string ``"yes"``. PyYAML follows YAML 1.1, where ``yes``/``no``/``on``/``off``
+are booleans too; :func:`load_params` uses YAML 1.2's boolean rule, so ``yes`` is a string for eyas
+as well, and a bool field refuses it (one reading, never a silent disagreement).
 """
 
 from __future__ import annotations
@@ -11,6 +17,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import re
+import subprocess
 import types
 import typing
 from dataclasses import dataclass, field
@@ -24,10 +32,31 @@ class ParamsError(ValueError):
     """A params file is malformed: the message names the file and the key's dotted path."""
 
 
+class UnknownKeyError(ParamsError):
+    """A params file holds keys the schema does not know (``keys``: their dotted paths)."""
+
+    def __init__(self, msg: str, keys: list[str]):
+        super().__init__(msg)
+        self.keys = keys
+
+
+class _Yaml12Bools(yaml.SafeLoader):
+    """PyYAML's SafeLoader with YAML 1.2's booleans: only true/false (any case form YAML 1.2 core
+    allows); yes/no/on/off stay strings, as DVC (ruamel.yaml, YAML 1.2) reads them."""
+
+
+_Yaml12Bools.yaml_implicit_resolvers = {
+    k: [(tag, rx) for tag, rx in v if tag != "tag:yaml.org,2002:bool"]
+    for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+_Yaml12Bools.add_implicit_resolver("tag:yaml.org,2002:bool",
+                                   re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
+
+
 @dataclass
 class TargetParams:
     path: str = "embedded"
     gguf_file: str | None = None
+    revision: str | None = None    # hub ids: the commit (or tag) to load; pins the target for DVC
     trust_remote_code: bool = False
     dtype: str = "float32"
 
@@ -156,7 +185,9 @@ def _coerce(value: Any, tp: Any, path: str, source: str) -> Any:
         return [_coerce(v, args[0], f"{path}[{i}]", source) for i, v in enumerate(value)]
     if tp is bool:
         if not isinstance(value, bool):
-            raise ParamsError(f"{source}: '{path}' must be true or false, got {value!r}")
+            note = (" (as DVC reads YAML 1.2, yes/no/on/off are strings, not booleans: write true or false)"
+                    if isinstance(value, str) and value.lower() in ("yes", "no", "on", "off", "y", "n") else "")
+            raise ParamsError(f"{source}: '{path}' must be true or false, got {value!r}{note}")
         return value
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
@@ -185,8 +216,9 @@ def _build(cls: type, raw: dict, prefix: str, source: str) -> Any:
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(raw) - names)
     if unknown:
-        where = ", ".join(f"'{prefix + '.' if prefix else ''}{k}'" for k in unknown)
-        raise ParamsError(f"{source}: unknown key {where} (allowed: {', '.join(sorted(names))})")
+        keys = [f"{prefix + '.' if prefix else ''}{k}" for k in unknown]
+        where = ", ".join(f"'{k}'" for k in keys)
+        raise UnknownKeyError(f"{source}: unknown key {where} (allowed: {', '.join(sorted(names))})", keys)
     kwargs = {
         k: _coerce(v, hints[k], f"{prefix + '.' if prefix else ''}{k}", source)
         for k, v in raw.items()
@@ -284,14 +316,44 @@ def load_params(path: str | Path = "params.yaml") -> Params:
     """
     path = Path(path)
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = yaml.load(path.read_text(), Loader=_Yaml12Bools)
     except FileNotFoundError:
         raise ParamsError(f"{path}: no such params file") from None
     except yaml.YAMLError as e:
         raise ParamsError(f"{path}: not valid YAML: {e}") from None
     if raw is not None and not isinstance(raw, dict):
         raise ParamsError(f"{path}: the top level must be a mapping")
-    return parse_params(raw, str(path))
+    try:
+        return parse_params(raw, str(path))
+    except UnknownKeyError as e:
+        stray = [k for k in e.keys if not _in_committed(path, k)]
+        if not stray:
+            raise
+        raise UnknownKeyError(
+            f"{e} -- {', '.join(repr(k) for k in stray)} is not in the committed {path.name} (git HEAD): "
+            f"probably left by `dvc exp run -S +{stray[0]}=...` (DVC writes -S values into {path.name} "
+            f"before the stage runs and does not take them out when it fails). Remove the key, or "
+            f"`git checkout -- {path.name}` to restore the committed file", e.keys) from None
+
+
+def _in_committed(path: Path, key: str) -> bool:
+    """Whether dotted ``key`` is in git HEAD's version of ``path`` (True when git cannot tell)."""
+    try:
+        out = subprocess.run(["git", "show", f"HEAD:./{path.name}"], cwd=path.resolve().parent,
+                             capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return True
+    if out.returncode != 0:
+        return True
+    try:
+        node = yaml.load(out.stdout, Loader=_Yaml12Bools)
+    except yaml.YAMLError:
+        return True
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
 
 
 def flatten(obj: Any, prefix: str = "") -> dict[str, Any]:

@@ -167,13 +167,16 @@ class Target:
         }
 
 
-def _resolve(path: str, gguf_file: str | None, trust_remote_code: bool) -> tuple[str, str | None, dict]:
+def _resolve(path: str, gguf_file: str | None, trust_remote_code: bool,
+             revision: str | None = None) -> tuple[str, str | None, dict]:
     """(path, gguf_file, from_pretrained kwargs) for ``target.path``; raises TargetError (below)."""
     if path == "embedded":
         path, gguf_file = embedded_target()
     elif (path.startswith((".", "/")) or Path(path).exists()) and not Path(path).is_dir():
         raise TargetError(f"target.path {path!r}: no such directory")
     kw = {"trust_remote_code": trust_remote_code}
+    if revision:  # hub ids: params target.revision (a commit sha pins the target; eyas/provenance.py)
+        kw["revision"] = revision
     if gguf_file:
         if Path(path).is_dir() and not (Path(path) / gguf_file).is_file():
             raise TargetError(f"target.gguf_file {gguf_file!r}: not found in {path}")
@@ -182,12 +185,12 @@ def _resolve(path: str, gguf_file: str | None, trust_remote_code: bool) -> tuple
 
 
 def load_tokenizer_and_config(path: str = "embedded", gguf_file: str | None = None,
-                              trust_remote_code: bool = False):
+                              trust_remote_code: bool = False, revision: str | None = None):
     """The target's tokenizer and HF config without its weights (a GGUF's metadata only), so a
     stage can size its work before the model loads. Raises TargetError as :func:`load_target`."""
     from transformers import AutoConfig, AutoTokenizer
 
-    path, _, kw = _resolve(path, gguf_file, trust_remote_code)
+    path, _, kw = _resolve(path, gguf_file, trust_remote_code, revision)
     tokenizer = AutoTokenizer.from_pretrained(path, **kw)
     if not getattr(tokenizer, "chat_template", None):
         raise TargetError(f"target {path!r}: the tokenizer has no chat template")
@@ -196,7 +199,7 @@ def load_tokenizer_and_config(path: str = "embedded", gguf_file: str | None = No
 
 def load_target(path: str = "embedded", gguf_file: str | None = None, dtype: str = "float32",
                 trust_remote_code: bool = False, device: torch.device | None = None,
-                tokenizer=None) -> Target:
+                tokenizer=None, revision: str | None = None) -> Target:
     """Load a causal LM and its tokenizer with transformers.
 
     Args:
@@ -205,18 +208,19 @@ def load_target(path: str = "embedded", gguf_file: str | None = None, dtype: str
         dtype: torch dtype name the model runs in.
         trust_remote_code: off unless the user opts in (params ``target.trust_remote_code``).
         tokenizer: one already loaded from the same target (:func:`load_tokenizer_and_config`).
+        revision: hub ids: the commit/tag to load (params ``target.revision``).
     Raises:
         TargetError: the path does not exist (local paths), or the tokenizer has no chat template.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    path, gguf_file, kw = _resolve(path, gguf_file, trust_remote_code)
+    path, gguf_file, kw = _resolve(path, gguf_file, trust_remote_code, revision)
     tokenizer = tokenizer or AutoTokenizer.from_pretrained(path, **kw)
     if not getattr(tokenizer, "chat_template", None):
         raise TargetError(f"target {path!r}: the tokenizer has no chat template")
     model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype), **kw)
     model.eval().to(device or pick_device())
-    identity = {"path": str(path), "gguf_file": gguf_file, "class": type(model).__name__,
+    identity = {"path": str(path), "gguf_file": gguf_file, "revision": revision, "class": type(model).__name__,
                 "num_layers": model.config.num_hidden_layers, "hidden_size": model.config.hidden_size,
                 "vocab_size": model.config.vocab_size}
     weights = Path(path) / gguf_file if gguf_file else None

@@ -32,7 +32,9 @@ import contextlib
 import fcntl
 import json
 import logging
+import math
 import os
+import socket
 import re
 import subprocess
 import time
@@ -267,6 +269,15 @@ class Tracker:
     def flush(self) -> None:
         pass
 
+    def history(self) -> list:
+        """Every metric logged to this run so far, as ``[key, value, step]`` (JSON-ready: NaN and
+        inf as None); a training checkpoint saves it, so a resumed run can :meth:`replay` it."""
+        return []
+
+    def replay(self, entries: list) -> None:
+        """Log ``entries`` (from :meth:`history`, maybe another run's) at their own steps."""
+        pass
+
     def close(self, status: str = "FINISHED") -> None:
         pass
 
@@ -307,6 +318,7 @@ class MlflowTracker(Tracker):
         self.parent_run_id = parent_run_id
         self.flush_every_s = flush_every_s
         self._buffer: list = []
+        self._history: list = []
         self._last_flush = time.monotonic()
         self._closed = False
 
@@ -331,6 +343,7 @@ class MlflowTracker(Tracker):
         s = int(step) if step is not None else 0
         for k, v in metrics.items():
             self._buffer.append(Metric(key=k, value=float(v), timestamp=ts, step=s))
+            self._history.append([k, float(v) if math.isfinite(float(v)) else None, s])
         if (
             len(self._buffer) >= MAX_METRICS_PER_BATCH
             or time.monotonic() - self._last_flush >= self.flush_every_s
@@ -343,6 +356,14 @@ class MlflowTracker(Tracker):
         for chunk in _chunks(buf, MAX_METRICS_PER_BATCH):
             _retry(self.client.log_batch, self.run_id, metrics=chunk)
         self._last_flush = time.monotonic()
+
+    def history(self) -> list:
+        return list(self._history)
+
+    def replay(self, entries: list) -> None:
+        for k, v, s in entries:
+            self.log_metrics({k: math.nan if v is None else v}, step=s)
+        self.flush()
 
     def log_artifact(self, path: str | os.PathLike) -> None:
         """Copy a file or a directory into the run's artifacts (small things only: DVC owns
@@ -444,6 +465,40 @@ def _get_or_create_parent(client, experiment_id: str, params: Any, flat: dict) -
     return run.info.run_id
 
 
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's live process
+        return True
+    return True
+
+
+def close_orphans(client, experiment_id: str, stage: str) -> list[str]:
+    """End as KILLED the runs of ``stage`` left RUNNING by a process of this host that is gone
+    (SIGKILL, OOM, power loss: nothing ran ``close``). Returns their ids, oldest first.
+
+    A run is recognised by its tags ``dvc.stage``, ``eyas.host`` and ``eyas.pid`` (set by
+    :func:`start_stage_run`); runs of other hosts are left alone (their processes cannot be
+    checked from here). MLflow itself never ends such runs (``mlflow.start_run`` only ends a run
+    at interpreter exit through ``atexit``, mlflow ``tracking/fluent.py``), so without this they
+    stay RUNNING forever.
+    """
+    host = socket.gethostname()
+    runs = _retry(client.search_runs, [experiment_id],
+                  filter_string=f"tags.`dvc.stage` = '{stage}' and attributes.status = 'RUNNING' "
+                                f"and tags.`eyas.host` = '{host}'",
+                  order_by=["attributes.start_time ASC"], max_results=100)
+    out = []
+    for r in runs:
+        pid = r.data.tags.get("eyas.pid", "")
+        if pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
+            _retry(client.set_terminated, r.info.run_id, "KILLED")
+            out.append(r.info.run_id)
+    return out
+
+
 def start_stage_run(stage: str, params: Any, stage_params: dict | None = None) -> Tracker:
     """Open the MLflow child run for one stage, under the pipeline execution's parent run.
 
@@ -455,7 +510,11 @@ def start_stage_run(stage: str, params: Any, stage_params: dict | None = None) -
     - Child: named ``stage``, tag ``mlflow.parentRunId`` (works across processes; facts 2.3),
       tags ``dvc.stage`` (``$DVC_STAGE`` or ``stage``), ``dvc.exp_name``, ``dvc.baseline_rev``,
       ``eyas.params_hash``; params = ``flatten(params)`` plus ``stage_params`` (flattened;
-      they win on a clash), secrets masked.
+      they win on a clash), secrets masked; tags ``eyas.host`` and ``eyas.pid``.
+    - Runs of the same stage left RUNNING by a killed process are ended KILLED first
+      (:func:`close_orphans`) and linked both ways: tag ``eyas.resumes`` on the new run (their ids),
+      ``eyas.resumed_by`` on each. A training stage that resumes from a checkpoint also replays
+      the metrics saved with it (eyas/train.py), so the new run holds the whole curve.
 
     Returns the no-op :class:`Tracker` on ranks other than 0 (``$RANK``) or when
     ``$EYAS_TRACKING=off``. Use as a context manager: an exception ends the run FAILED and
@@ -474,12 +533,19 @@ def start_stage_run(stage: str, params: Any, stage_params: dict | None = None) -
         client = _client(uri)
         experiment_id = _get_or_create_experiment(client, uri)
         parent_id = _get_or_create_parent(client, experiment_id, params, pipeline_flat)
+    stage_tag = os.environ.get("DVC_STAGE") or stage
+    orphans = close_orphans(client, experiment_id, stage_tag)
     tags = {
         **_dvc_tags(params),
         "mlflow.parentRunId": parent_id,
-        "dvc.stage": os.environ.get("DVC_STAGE") or stage,
+        "dvc.stage": stage_tag,
+        "eyas.host": socket.gethostname(),
+        "eyas.pid": str(os.getpid()),
+        **({"eyas.resumes": ",".join(orphans)} if orphans else {}),
     }
     run = _retry(client.create_run, experiment_id, tags=tags, run_name=stage)
+    for old in orphans:
+        _retry(client.set_tag, old, "eyas.resumed_by", run.info.run_id)
     tracker = MlflowTracker(
         client, run.info.run_id, experiment_id=experiment_id, parent_run_id=parent_id
     )

@@ -133,7 +133,9 @@ def train_drafter(drafter: Eagle3Drafter, *, train_store: FeatureStore, val_stor
         gate: called with the step-0 val metrics before any update; raise to stop training.
         checkpoint_dir: where resumable state goes (eyas/checkpoint.py; outside DVC outs). When it
             holds a complete checkpoint of the same inputs (params, features, initial drafter),
-            training resumes there: weights, optimizer, scheduler, RNG and data position.
+            training resumes there: weights, optimizer, scheduler, RNG and data position, and
+            ``tracker`` gets the metrics logged before the checkpoint (``Tracker.history``, saved
+            with it) replayed, so a resumed MLflow run holds the whole curve.
         checkpoint_every: optimizer steps between checkpoints (default ``tp.checkpoint_every``;
             0 = none).
     Raises:
@@ -210,6 +212,9 @@ def train_drafter(drafter: Eagle3Drafter, *, train_store: FeatureStore, val_stor
         step0, curve, tokens = row(x["step0"]), [row(r) for r in x["curve"]], x["tokens"]
         last_epoch_counts = x["last_epoch_counts"]
         t0 = time.time() - x["seconds"]
+        # the metrics the killed run had logged up to this checkpoint (step-0 val, gate, curves):
+        # into this run, so it holds the whole history, point for point the DVC plots' rows
+        tracker.replay(x.get("mlflow_history", []))
         log.info("resuming at optimizer step %d of %d (epoch %d, batch %d) from %s",
                  step, total, start_epoch, start_batch, st.path)
     val = step0
@@ -270,8 +275,10 @@ def train_drafter(drafter: Eagle3Drafter, *, train_store: FeatureStore, val_stor
                                                "curve": [[list(r), list(r.values())] for r in curve],
                                                "tokens": tokens,
                                                "last_epoch_counts": last_epoch_counts,
-                                               "seconds": time.time() - t0},
+                                               "seconds": time.time() - t0,
+                                               "mlflow_history": tracker.history()},
                         full_state=full)
+                    tracker.flush()  # the run holds every point up to its checkpoint, even if killed next
                 if world > 1:
                     dist_utils.barrier()
                 last_ckpt, last_ckpt_step = ckpt.state_dir(checkpoint_dir), step

@@ -9,6 +9,7 @@ from __future__ import annotations
 from eyas.config import load_params
 from eyas.features import FeatureStore
 from eyas.io import write_json
+from eyas.provenance import check, record
 from eyas.tracking import start_stage_run
 from eyas.vocab import build_mapping, count_tokens, save_mapping, validate_mapping
 from stages.common import FEATURES, METRICS, VOCAB
@@ -17,6 +18,8 @@ from stages.common import FEATURES, METRICS, VOCAB
 def main() -> None:
     p = load_params()
     with start_stage_run("build-vocab", p) as tracker:
+        check(FEATURES / "train", p, reader="build-vocab")
+        fp = record("build-vocab", p, [FEATURES / "train"])
         store = FeatureStore.open(FEATURES / "train")
         ids, mask = store.token_stats()
         counts = count_tokens(ids, mask, store.manifest["vocab_size"])
@@ -25,6 +28,7 @@ def main() -> None:
                          source="build-vocab")
         info["features_manifest"] = {"num_tokens": store.manifest["num_tokens"],
                                      "target": store.manifest["target"]}
+        info["fingerprint"] = fp  # checked by train-scratch and remap (eyas/provenance.py)
         save_mapping(VOCAB, mapping, counts, info)
         metrics = {k: info[k] for k in ("coverage", "distinct_tokens", "padded", "draft_vocab_size",
                                         "assistant_tokens")}

@@ -28,6 +28,7 @@ from eyas.data import chat_prompts, humaneval_prompts, read_jsonl, render_prompt
 from eyas.export import load_drafter
 from eyas.io import write_json
 from eyas.plots import accept_len_figure
+from eyas.provenance import check
 from eyas.target import load_target
 from eyas.tracking import start_stage_run
 from stages.common import CONVERSATIONS, METRICS
@@ -37,7 +38,9 @@ def main(name: str) -> None:
     p = load_params()
     e = p.eval
     with start_stage_run(f"eval-accept-len@{name}", p) as tracker:
-        target = load_target(p.target.path, p.target.gguf_file, p.target.dtype, p.target.trust_remote_code)
+        check(f"models/{name}", p, reader=f"eval-accept-len@{name}")  # stale drafter: refuse (eyas/provenance.py)
+        target = load_target(p.target.path, p.target.gguf_file, p.target.dtype, p.target.trust_remote_code,
+                             revision=p.target.revision)
         drafter = load_drafter(f"models/{name}", num_target_layers=target.num_layers)
         if drafter.config.num_target_layers != target.num_layers or drafter.config.vocab_size != target.config.vocab_size:
             raise SystemExit(f"models/{name}: built for a target with {drafter.config.num_target_layers} layers and "

@@ -25,6 +25,7 @@ from eyas import features, layers
 from eyas.config import load_params
 from eyas.data import DataError, read_jsonl, render_with_loss_mask
 from eyas.io import save_safetensors, write_json
+from eyas.provenance import record as fingerprint
 from eyas.target import load_target, load_tokenizer_and_config
 from eyas.tracking import start_stage_run
 from stages.common import DISTILLED, FEATURES, METRICS
@@ -162,7 +163,8 @@ def main() -> None:
     p = load_params()
     with start_stage_run("extract", p) as tracker:
         # size the output before the weights load: render every split with the tokenizer
-        tokenizer, cfg = load_tokenizer_and_config(p.target.path, p.target.gguf_file, p.target.trust_remote_code)
+        tokenizer, cfg = load_tokenizer_and_config(p.target.path, p.target.gguf_file, p.target.trust_remote_code,
+                                                   revision=p.target.revision)
         aux_ids = layers.resolve(p.extract.aux_layers, cfg.num_hidden_layers)
         dtype = getattr(torch, p.extract.dtype)
         renders, estimate = {}, {}
@@ -178,7 +180,7 @@ def main() -> None:
               f"disk needed incl. headroom / free: {disk}")
         t0 = time.time()
         target = load_target(p.target.path, p.target.gguf_file, p.target.dtype, p.target.trust_remote_code,
-                             tokenizer=tokenizer)
+                             tokenizer=tokenizer, revision=p.target.revision)
         load_s = time.time() - t0
         template = target.tokenizer.chat_template or ""
         provenance = {
@@ -192,6 +194,8 @@ def main() -> None:
             "hidden_size": cfg.hidden_size,
             "vocab_size": cfg.vocab_size,
             "target_config": target.config_summary(),
+            # what the features were built from, checked by every reader (eyas/provenance.py)
+            "fingerprint": fingerprint("extract", p, [DISTILLED / f"{s}.jsonl" for s in SPLITS]),
         }
         FEATURES.mkdir(parents=True, exist_ok=True)
         save_safetensors(target.head_weights(), features.head_path(FEATURES))

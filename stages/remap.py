@@ -17,6 +17,7 @@ from eyas.config import load_params
 from eyas.export import save_drafter
 from eyas.features import FeatureStore, check_compatible
 from eyas.io import write_json
+from eyas.provenance import FILE as FINGERPRINT, check, record
 from eyas.remap import adopt_target_positions, naive_lm_head, remap_lm_head
 from eyas.target import pick_device
 from eyas.tracking import start_stage_run
@@ -44,6 +45,10 @@ def with_vocab(src: Eagle3Drafter, mapping: VocabMapping, lm_head) -> Eagle3Draf
 def main() -> None:
     p = load_params()
     with start_stage_run("remap", p) as tracker:
+        inputs = [FEATURES / "val", VOCAB] + ([Path(p.remap.source)] if Path(p.remap.source).is_dir() else [])
+        for a in inputs:  # refuse stale upstream outputs, naming the stage to rerun
+            check(a, p, reader="remap")
+        fp = record("remap", p, inputs)
         val = FeatureStore.open(FEATURES / "val")
         m = val.manifest
         src = load_drafter(p.remap.source, num_target_layers=m["num_layers"])
@@ -76,7 +81,7 @@ def main() -> None:
             r = evaluate(d, loader, head_rows_for(head["lm_head"], d).to(dev), p.train.ttt_length,
                          p.train.step_decay, dev)
             step0[name] = {"loss_0": r["loss_0"], "acc_0": r["acc_0"]}
-        save_drafter(remapped.cpu(), OUT, extra_files={"remap_report.json": report})
+        save_drafter(remapped.cpu(), OUT, extra_files={"remap_report.json": report, FINGERPRINT: fp})
         metrics = {**report, "step0_val": step0, "source": p.remap.source, "positions_from_target": positions,
                    "compatibility": {"vocab_size": m["vocab_size"], "target_hidden_size": m["hidden_size"],
                                      "aux_layers": m["aux_layers"], "ok": True}}

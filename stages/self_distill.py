@@ -63,7 +63,7 @@ def run(p, in_dir: Path = IN_DIR, out_dir: Path = OUT_DIR, metrics_path: Path = 
             from eyas.target import load_target
         t0 = time.time()
         target = load_target(p.target.path, p.target.gguf_file, p.target.dtype, p.target.trust_remote_code,
-                             tokenizer=tokenizer)
+                             tokenizer=tokenizer, revision=p.target.revision)
         metrics["target_load_seconds"] = round(time.time() - t0, 1)
         metrics["stop_ids"] = target.stop_ids
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -14,17 +14,23 @@ from pathlib import Path
 
 from eyas.config import load_params
 from eyas.features import FeatureStore
+from eyas.provenance import check, record
 from eyas.target import pick_device
 from eyas.tracking import start_stage_run
 from eyas.train import new_drafter, train_drafter
 from eyas.vocab import build_mapping, count_tokens
-from stages.common import FEATURES, checkpoint_dir, finish_training, target_head
+from stages.common import FEATURES, checkpoint_dir, target_head
+from stages.training import finish_training
 
 
 def main() -> None:
     p = load_params()
     s = p.stand_in
     with start_stage_run("stand-in-drafter", p) as tracker:
+        inputs = [FEATURES / "publish", FEATURES / "val"]
+        for a in inputs:  # refuse stale upstream outputs, naming the stage to rerun
+            check(a, p, reader="stand-in-drafter")
+        fp = record("stand-in-drafter", p, inputs)
         pub, val = FeatureStore.open(FEATURES / "publish"), FeatureStore.open(FEATURES / "val")
         ids, mask = pub.token_stats()
         mapping, info = build_mapping(count_tokens(ids, mask, pub.manifest["vocab_size"]),
@@ -36,7 +42,7 @@ def main() -> None:
                                lr=s.lr, seed=p.seed + 1, tracker=tracker, device=pick_device(),
                                checkpoint_dir=checkpoint_dir("stand-in"))
         finish_training("stand-in", drafter, result, Path("models/stand_in"), tracker,
-                        extra={"vocab": info})
+                        extra={"vocab": info}, fingerprint=fp)
 
 
 if __name__ == "__main__":

@@ -14,16 +14,22 @@ from pathlib import Path
 from eyas.config import load_params
 from eyas.export import load_drafter
 from eyas.features import FeatureStore, check_compatible
+from eyas.provenance import check, record
 from eyas.target import pick_device
 from eyas.tracking import start_stage_run
 from eyas.train import step0_gate, train_drafter
-from stages.common import FEATURES, checkpoint_dir, finish_training, target_head
+from stages.common import FEATURES, checkpoint_dir, target_head
+from stages.training import finish_training
 
 
 def main() -> None:
     p = load_params()
     f = p.train_finetune
     with start_stage_run("train-finetune", p) as tracker:
+        inputs = [FEATURES / "train", FEATURES / "val", Path("models/remapped")]
+        for a in inputs:  # refuse stale upstream outputs, naming the stage to rerun
+            check(a, p, reader="train-finetune")
+        fp = record("train-finetune", p, inputs)
         train, val = FeatureStore.open(FEATURES / "train"), FeatureStore.open(FEATURES / "val")
         drafter = load_drafter("models/remapped", num_target_layers=train.manifest["num_layers"])
         c = drafter.config
@@ -35,7 +41,8 @@ def main() -> None:
         result = train_drafter(drafter, train_store=train, val_store=val, lm_head=head["lm_head"],
                                tp=p.train, lr=p.lr, seed=p.seed, tracker=tracker, device=pick_device(),
                                gate=gate, checkpoint_dir=checkpoint_dir("train-finetune"))
-        m = finish_training("train-finetune", drafter, result, Path("models/finetune"), tracker)
+        m = finish_training("train-finetune", drafter, result, Path("models/finetune"), tracker,
+                            fingerprint=fp)
         print(f"train-finetune: val {m.get('val')}")
 
 

@@ -11,16 +11,22 @@ from pathlib import Path
 
 from eyas.config import load_params
 from eyas.features import FeatureStore
+from eyas.provenance import check, record
 from eyas.target import pick_device
 from eyas.tracking import start_stage_run
 from eyas.train import new_drafter, train_drafter
 from eyas.vocab import load_mapping
-from stages.common import FEATURES, VOCAB, checkpoint_dir, finish_training, target_head
+from stages.common import FEATURES, VOCAB, checkpoint_dir, target_head
+from stages.training import finish_training
 
 
 def main() -> None:
     p = load_params()
     with start_stage_run("train-scratch", p) as tracker:
+        inputs = [FEATURES / "train", FEATURES / "val", VOCAB]
+        for a in inputs:  # refuse stale upstream outputs, naming the stage to rerun
+            check(a, p, reader="train-scratch")
+        fp = record("train-scratch", p, inputs)
         train, val = FeatureStore.open(FEATURES / "train"), FeatureStore.open(FEATURES / "val")
         mapping, _ = load_mapping(VOCAB)
         head = target_head()
@@ -28,7 +34,8 @@ def main() -> None:
         result = train_drafter(drafter, train_store=train, val_store=val, lm_head=head["lm_head"],
                                tp=p.train, lr=p.train_scratch.lr, seed=p.seed, tracker=tracker,
                                device=pick_device(), checkpoint_dir=checkpoint_dir("train-scratch"))
-        m = finish_training("train-scratch", drafter, result, Path("models/scratch"), tracker)
+        m = finish_training("train-scratch", drafter, result, Path("models/scratch"), tracker,
+                            fingerprint=fp)
         print(f"train-scratch: val {m.get('val')}")
 
 

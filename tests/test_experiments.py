@@ -15,7 +15,7 @@ It shows (dvc-mlflow-facts.md pitfalls 1 and 3):
       ``eyas compare`` puts them side by side;
   (c) an unknown key in params.yaml fails before any compute, naming the key's path;
   (d) ``dvc exp show --json`` lists the metrics of the baseline and both experiments.
-Plus unit tests of eyas.plots, eyas.compare and stages/common.finish_training's artifacts on an
+Plus unit tests of eyas.plots, eyas.compare and stages/training.finish_training's artifacts on an
 in-process store.
 
 Run: ``python -m pytest tests/test_experiments.py -q`` (about 2 minutes on 2 CPU cores; the
@@ -548,13 +548,13 @@ def test_compare_fails_fast_on_a_dead_tracking_server(unit_store, monkeypatch):
 
 
 def test_finish_training_logs_pngs_config_and_vocab_report(unit_store, monkeypatch):
-    """stages/common.finish_training on a tiny drafter: PNG curves, config.json, vocab report."""
+    """stages/training.finish_training on a tiny drafter: PNG curves, config.json, vocab report."""
     import torch
     from tiny import tiny_target, write_features
 
     from eyas.train import new_drafter, train_drafter
     from eyas.vocab import build_mapping, count_tokens, save_mapping
-    from stages import common
+    from stages import common, training
 
     target = tiny_target()
     train = write_features(target, unit_store / "f" / "train", 8, seed=1)
@@ -571,9 +571,27 @@ def test_finish_training_logs_pngs_config_and_vocab_report(unit_store, monkeypat
     with tracking.start_stage_run("train-scratch", p) as t:
         result = train_drafter(drafter, train_store=train, val_store=val, lm_head=head["lm_head"],
                                tp=p.train, lr=1e-3, seed=0, tracker=t, device=torch.device("cpu"))
-        common.finish_training("train-scratch", drafter, result, Path("models/scratch"), t)
+        training.finish_training("train-scratch", drafter, result, Path("models/scratch"), t)
     client = MlflowClient(tracking_uri=tracking.tracking_uri())
     names = {a.path for a in client.list_artifacts(t.run_id)}
     assert {"train_scratch_curves.png", "config.json", "vocab.json", "train_scratch_metrics.json"} <= names
     png = Path(client.download_artifacts(t.run_id, "train_scratch_curves.png", str(unit_store)))
     assert png.read_bytes()[:8] == PNG_MAGIC
+
+
+def test_compare_times_out_on_a_server_that_does_not_answer(unit_store, monkeypatch):
+    """A server that accepts connections and never answers (hung, or a proxy that never forwards):
+    `eyas compare` stops within seconds, saying it did not answer in time."""
+    for var in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT"):
+        monkeypatch.delenv(var, raising=False)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(16)  # the kernel completes the TCP handshake; nobody ever reads or answers
+        uri = f"http://127.0.0.1:{s.getsockname()[1]}"
+        t0 = time.monotonic()
+        r = subprocess.run([sys.executable, "-m", "eyas.cli", "compare", "--tracking-uri", uri],
+                           cwd=unit_store, capture_output=True, text=True, timeout=60,
+                           env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert r.returncode == 2 and r.stdout == "", r.stderr
+    assert time.monotonic() - t0 < 40
+    assert "did not answer in time" in r.stderr and "timed out" in r.stderr.lower()

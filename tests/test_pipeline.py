@@ -54,7 +54,7 @@ def test_dvc_repro_end_to_end(tmp_path):
     run([sys.executable, "-m", "dvc", "init", "-q"], repo, env)
 
     out = run([sys.executable, "-m", "dvc", "repro"], repo, env)
-    for stage in ("prepare-data", "self-distill", "extract", "build-vocab", "stand-in-drafter", "remap", "train-scratch",
+    for stage in ("identify-inputs", "prepare-data", "self-distill", "extract", "build-vocab", "stand-in-drafter", "remap", "train-scratch",
                   "train-finetune", "eval-accept-len@scratch", "eval-accept-len@finetune"):
         assert f"Running stage '{stage}'" in out
 
@@ -77,8 +77,16 @@ def test_dvc_repro_end_to_end(tmp_path):
     assert cfg["architectures"] == ["LlamaForCausalLMEagle3"] and cfg["draft_vocab_size"] == 512
     assert "eagle_aux_hidden_state_layer_ids" not in cfg  # default layers write no ids
 
-    # a second repro does nothing
-    assert "Running stage" not in run([sys.executable, "-m", "dvc", "repro"], repo, env)
+    # every artifact later stages read carries its fingerprint (eyas/provenance.py)
+    assert json.loads((repo / "data/features/train/manifest.json").read_text())["fingerprint"]["stage"] == "extract"
+    assert json.loads((repo / "models/vocab/vocab.json").read_text())["fingerprint"]["stage"] == "build-vocab"
+    for d in ("stand_in", "remapped", "scratch", "finetune"):
+        assert (repo / "models" / d / "fingerprint.json").is_file(), d
+
+    # a second repro runs only identify-inputs (always_changed, seconds): its outputs are unchanged,
+    # so nothing downstream reruns
+    again = run([sys.executable, "-m", "dvc", "repro"], repo, env)
+    assert [l for l in again.splitlines() if "Running stage" in l] == ["Running stage 'identify-inputs':"]
 
     # the stages logged child runs under one parent in <repo>/mlflow.db
     with sqlite3.connect(repo / "mlflow.db") as db:

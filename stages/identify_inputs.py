@@ -1,0 +1,29 @@
+"""DVC stage `identify-inputs`: the identity of the target and of the data source, as files.
+
+Reads params `target`, `data.source`, `data.code_prompts`; reads the target's tokenizer, chat
+template and config files (or the embedded GGUF, or the pinned hub revision) and the data source;
+writes `data/inputs/target.json` and `data/inputs/source.json` (eyas/provenance.py). It is
+`always_changed` (DVC cannot hash files outside the repo by itself), cheap, and rewrites a file
+only when its contents change, so the stages that depend on these files rerun exactly when the
+target or the data source changed. No MLflow run: it runs on every `dvc repro`.
+Run: `python -m stages.identify_inputs`.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from eyas.config import load_params
+from eyas.provenance import identify_inputs
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    ids = identify_inputs(load_params())
+    t = ids["target"]
+    print(f"identify-inputs: target {t['kind']} {t['path']} ({len(t['files'])} files hashed, "
+          f"revision {t['revision']}); source {ids['source']['source']}")
+
+
+if __name__ == "__main__":
+    main()

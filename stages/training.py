@@ -1,0 +1,52 @@
+"""The train-stage epilogue shared by train-scratch, train-finetune and stand-in-drafter:
+export the drafter, write its metrics and plots, log them to MLflow."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from eyas import checkpoint, plots
+from eyas.distributed import is_main
+from eyas.drafter import Eagle3Drafter
+from eyas.export import save_drafter
+from eyas.io import write_json, write_tsv
+from eyas.provenance import FILE as FINGERPRINT
+from eyas.train import TrainResult
+from stages.common import METRICS, PLOTS, VOCAB_REPORTS, checkpoint_dir
+
+
+def finish_training(stage: str, drafter: Eagle3Drafter, result: TrainResult, out_dir: Path,
+                    tracker, extra: dict | None = None, fingerprint: dict | None = None) -> dict:
+    """Export the drafter, write ``metrics/<stage>.json`` and ``plots/<stage>/{train,val}.tsv``,
+    and log the same to MLflow (plus ``<stage>_curves.png``, the exported ``config.json`` and the
+    vocab report: ``VOCAB_REPORTS[stage]`` or ``extra["vocab"]``). Returns the metrics dict.
+    Under torchrun only rank 0 writes (the others return an empty dict)."""
+    if not is_main():
+        return {}
+    # the fingerprint (eyas/provenance.py) goes beside the weights: readers refuse a stale drafter
+    save_drafter(drafter.cpu(), out_dir, extra_files={FINGERPRINT: fingerprint} if fingerprint else None)
+    name = stage.replace("-", "_")
+    metrics = {
+        "val": result.final_val,
+        "step0_val": result.step0_val,
+        "train": result.final_train,
+        "steps": result.steps,
+        "train_tokens": result.train_tokens,
+        "seconds": round(result.seconds, 1),
+        "tokens_per_second": round(result.train_tokens / max(result.seconds, 1e-9), 1),
+        **(extra or {}),
+    }
+    write_json(METRICS / f"{name}.json", metrics)
+    for split in ("train", "val"):
+        rows = [{k: v for k, v in r.items() if k != "split"} for r in result.curve if r["split"] == split]
+        write_tsv(PLOTS / name / f"{split}.tsv", rows)
+    tracker.log_metrics({"final/" + k: v for k, v in result.final_val.items()}, step=result.steps)
+    tracker.log_dict(metrics, f"{name}_metrics.json")
+    tracker.log_artifact(out_dir / "config.json")
+    if extra and "vocab" in extra:  # a drafter with its own vocab (the stand-in)
+        tracker.log_dict(extra["vocab"], "vocab_report.json")
+    elif stage in VOCAB_REPORTS and VOCAB_REPORTS[stage].is_file():
+        tracker.log_artifact(VOCAB_REPORTS[stage])
+    tracker.log_figure(plots.ttt_curves_figure(result.curve, title=f"{stage}: TTT curves"), f"{name}_curves.png")
+    checkpoint.clear(checkpoint_dir(stage))  # outputs are written: a rerun starts fresh
+    return metrics
