@@ -250,7 +250,7 @@ def test_zeroed_d2t_gives_accept_len_one_and_is_flagged():
     g = torch.Generator().manual_seed(1)
     prompts = [torch.randint(0, 128, (10,), generator=g).tolist() for _ in range(2)]
     with torch.no_grad():
-        m = evaluate_prompts(tgt, d, prompts, num_draft_tokens=3, max_new_tokens=12, eos_id=None, aux_layer_ids=None)
+        m = evaluate_prompts(tgt, d, prompts, num_draft_tokens=3, max_new_tokens=12, stop_ids=[], aux_layer_ids=None)
     flag = eval_checks.misconfiguration(m)
     assert m["accept_len"] <= 1.1 and flag["suspected"], m["accept_len"]
     assert flag["reasons"][0].startswith(f"accept_len {m['accept_len']:.3f} <= 1.1")
