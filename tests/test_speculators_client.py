@@ -2,11 +2,10 @@
 export as it is (``Eagle3DraftModel.from_pretrained``, offline: the verifier identity is a local
 directory holding the target's config and weights) and computes the same TTT-step logits as eyas.
 
-speculators is not a declared dependency (0.9.0 pins transformers<=5.19 and pulls torchvision,
-torchaudio, datasets, openai and hs-connectors); this module is skipped when it is not importable.
-To run it without changing the environment: ``pip install --no-deps --target DIR speculators==0.9.0
-hs-connectors==0.9.0 loguru openai httpx httpcore jiter "datasets<=5.1.0" dill multiprocess xxhash``
-then ``PYTHONPATH=DIR python3 -m pytest tests/test_speculators_client.py``.
+speculators is a test-only client, not a dependency of eyas: 0.9.0 pins transformers<=5.19 and
+pulls torchvision and torchaudio, which its model code does not import, so ``scripts/install.sh``
+installs it and the packages its import needs with ``--no-deps`` (CI runs this module). Without
+it the module is skipped.
 
 Alignment (speculators ``models/eagle3/core.py`` ``forward``): step 0 embeds the ``input_ids`` it
 is given and steps k >= 1 the given ids shifted left by k; positions advance by one per step.
