@@ -48,7 +48,7 @@ HASH_CACHE = Path(".eyas/hash_cache.json")  # sha256 by (path, size, mtime_ns): 
 
 # the params each fingerprinting stage reads: dvc.yaml's `params` of that stage (a test keeps them equal)
 STAGE_PARAMS: dict[str, list[str]] = {
-    "extract": ["target", "extract"],
+    "extract": ["target", "extract", "data.on_bad_line"],
     "build-vocab": ["vocab"],
     "stand-in-drafter": ["seed", "train", "stand_in"],
     "remap": ["seed", "remap", "train.ttt_length", "train.step_decay", "train.batch_tokens"],

@@ -29,12 +29,20 @@ log = logging.getLogger(__name__)
 
 
 def new_drafter(manifest: dict, mapping, embed_tokens: torch.Tensor, seed: int,
-                mapping_source: str = "the vocab mapping") -> Eagle3Drafter:
-    """A randomly initialised drafter shaped for the target that produced ``manifest`` (a feature
-    manifest), using its aux layers, the vocab ``mapping`` and the target's ``embed_tokens``.
+                mapping_source: str = "the vocab mapping", lm_head: torch.Tensor | None = None) -> Eagle3Drafter:
+    """A new drafter shaped for the target that produced ``manifest`` (a feature manifest), using
+    its aux layers, the vocab ``mapping`` and the target's ``embed_tokens`` [V, H].
+
+    Its layers start random (seeded with ``seed``). ``lm_head``, the target's lm_head [V, H]:
+    the drafter's lm_head starts as the target's rows of the draft vocab (in draft-id order), as
+    the speculators trainer does (``speculators/model.py``, ``load_verifier_weights``: the verifier's
+    lm_head rows selected by ``t2d``); the drafter then only has to learn a hidden state the
+    target's head reads, and every step's gradient is scored against the right tokens from the
+    start. None: the lm_head starts random too.
 
     Raises:
-        FeatureError: the mapping or the embedding was built for a target with another vocab size.
+        FeatureError: the mapping, the embedding or ``lm_head`` was built for a target with another
+            vocab size.
     """
     from types import SimpleNamespace
 
@@ -45,9 +53,10 @@ def new_drafter(manifest: dict, mapping, embed_tokens: torch.Tensor, seed: int,
         raise FeatureError(f"vocab size mismatch: {mapping_source} covers {mapping.vocab_size} target tokens, "
                            f"the features' target has vocab_size {manifest['vocab_size']}; rebuild the vocab "
                            f"(`dvc repro build-vocab`) from these features")
-    if embed_tokens.shape[0] != manifest["vocab_size"]:
-        raise FeatureError(f"vocab size mismatch: the target embedding has {embed_tokens.shape[0]} rows, the "
-                           f"features' target has vocab_size {manifest['vocab_size']}; re-run extract")
+    for name, w in (("embedding", embed_tokens), ("lm_head", lm_head)):
+        if w is not None and w.shape[0] != manifest["vocab_size"]:
+            raise FeatureError(f"vocab size mismatch: the target {name} has {w.shape[0]} rows, the "
+                               f"features' target has vocab_size {manifest['vocab_size']}; re-run extract")
 
     torch.manual_seed(seed)
     cfg = DrafterConfig.for_target(SimpleNamespace(**manifest["target_config"]), mapping.draft_vocab_size,
@@ -55,6 +64,9 @@ def new_drafter(manifest: dict, mapping, embed_tokens: torch.Tensor, seed: int,
     drafter = Eagle3Drafter(cfg)
     drafter.set_embedding(embed_tokens)
     drafter.set_vocab(mapping.d2t, mapping.t2d)
+    if lm_head is not None:
+        with torch.no_grad():
+            drafter.lm_head.weight.copy_(head_rows_for(lm_head, drafter).to(drafter.lm_head.weight.dtype))
     return drafter
 
 

@@ -30,7 +30,8 @@ def main() -> None:
         train, val = FeatureStore.open(FEATURES / "train"), FeatureStore.open(FEATURES / "val")
         mapping, _ = load_mapping(VOCAB)
         head = target_head()
-        drafter = new_drafter(train.manifest, mapping, head["embed_tokens"], p.seed, mapping_source=str(VOCAB))
+        drafter = new_drafter(train.manifest, mapping, head["embed_tokens"], p.seed, mapping_source=str(VOCAB),
+                              lm_head=head["lm_head"])
         result = train_drafter(drafter, train_store=train, val_store=val, lm_head=head["lm_head"],
                                tp=p.train, lr=p.train_scratch.lr, seed=p.seed, tracker=tracker,
                                device=pick_device(), checkpoint_dir=checkpoint_dir("train-scratch"))
