@@ -1,13 +1,13 @@
 """Training throughput of eyas' TTT step for a Llama-3.1-8B-shaped EAGLE-3 drafter.
 
-Shapes as the peer benchmark (/work/shared/bench/peer_speculators.py): hidden 4096, 32/8 heads,
-head_dim 128, intermediate 14336, target vocab 128256, draft vocab 32000; packed documents
-(2048 tokens/step: 1024+640+384; 8192: 2048+1536+1024+1024+1024+768+512+256 packed into rows of
-2048, eyas' row length); bf16 autocast, fp32 master weights, AdamW, grad clip, cosine schedule;
-the step body of eyas.train.train_drafter (ttt_forward, finite check, backward, clip, step,
-loss.item()), in two modes: ``graphs`` (forward + backward replayed as one CUDA graph,
-eyas/graphed.py, what train_drafter does on one GPU) and ``eager`` (compiled parts only). Median
-of --steps after --warmup (which includes compilation and graph capture).
+Shapes as the peer benchmark (vLLM's speculators 0.9.0 trainer step; benchmarks/README.md): hidden
+4096, 32/8 heads, head_dim 128, intermediate 14336, target vocab 128256, draft vocab 32000; packed
+documents (2048 tokens/step: 1024+640+384; 8192: 2048+1536+1024+1024+1024+768+512+256 packed into
+rows of 2048, eyas' row length); bf16 autocast, fp32 master weights, AdamW, grad clip, cosine
+schedule; the step body of eyas.train.train_drafter (ttt_forward, finite check, backward, clip,
+step, loss.item()), in two modes: ``graphs`` (forward + backward replayed as one CUDA graph,
+eyas/graphed.py, what train_drafter does on one GPU) and ``eager`` (compiled parts only). Median of
+--steps after --warmup (which includes compilation and graph capture).
 
 Exact FLOP count (the peer's): fc 6PT once; decoder linears 6PT per TTT step; lm_head 4PT per
 step (+2PT weight grad when trainable); teacher head (draft rows of the target lm_head) 2PT once;

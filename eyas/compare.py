@@ -13,7 +13,7 @@ column per parent (latest first) and one row per key param / stage metric:
   floor (``<bench>/ngram_accept_len``, independent of the drafter) from either eval child.
 
 A cell shows ``–`` when the parent has no child run for that stage: DVC skipped the stage
-(unchanged, or restored from the run-cache: no MLflow run is logged then; facts 1.10, 2.3), so
+(unchanged, or restored from the run-cache: no MLflow run is logged then; docs/dvc-mlflow.md §5), so
 its numbers live in the run where it last ran, and ``dvc exp show`` has them all.
 
 Run: ``eyas compare [--experiment eyas] [--limit 8] [--all-params] [--out compare.md]``.

@@ -33,7 +33,7 @@ from stages.common import DISTILLED, FEATURES, METRICS
 SPLITS = ("train", "val", "publish")
 # in-progress shards live OUTSIDE the DVC out (DVC deletes data/features before the stage runs), so
 # a killed extract resumes from its last complete shard; finished splits are moved into place
-WORK = Path(".eyas/work/extract")
+WORK = Path(".eyas", "work", "extract")  # repo-relative
 
 
 def sample_of(tokenizer, conv: dict, max_length: int) -> dict:

@@ -50,7 +50,7 @@ def test_estimate_equals_bytes_written(tmp_path, dtype):
 
 
 def test_disk_check_refuses_naming_path_and_bytes(tmp_path):
-    out, work = tmp_path / "data/features", tmp_path / ".eyas/work/extract"  # neither exists yet
+    out, work = tmp_path / "data/features", tmp_path / ".eyas" / "work" / "extract"  # neither exists yet
     # same filesystem: only the output is checked; 1000 bytes + 10% headroom = 1100
     with pytest.raises(FeatureError) as e:
         check_disk_space(out, 1000, work, 600, headroom=0.1, free_bytes=lambda p: 1099)

@@ -1,7 +1,7 @@
 """An independent reference of the EAGLE-3 draft forward, written here from the description of
-SGLang's ``models/llama_eagle3.py`` (eagle3-facts.md §1.2), reading ONLY the exported
-``config.json`` and ``model.safetensors`` (no eyas code on the reference side), against eyas'
-drafter on the same inputs.
+SGLang's ``python/sglang/srt/models/llama_eagle3.py`` (``sgl-project/sglang``), reading ONLY the
+exported ``config.json`` and ``model.safetensors`` (no eyas code on the reference side), against
+eyas' drafter on the same inputs.
 
 SGLang, as read: ``hidden = fc(aux)`` when the hidden width differs from the embedding's;
 ``residual = hidden`` (un-normed); attention input ``cat([input_layernorm(embed),
