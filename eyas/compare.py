@@ -307,5 +307,6 @@ def compare_dirs(dirs: list[str], params_default: str | Path = "params.yaml") ->
     for k in DIR_PARAMS:
         lines.append(f"| `{k}` | " + " | ".join(_fmt(params.get(k)) for _, _, params, _ in cols) + " |")
     for label, fname, keys in DIR_ROWS:
-        lines.append(f"| {_cell(label)} | " + " | ".join(_fmt(_dig(files.get(fname), keys)) for *_, files in cols) + " |")
+        lines.append(f"| {_cell(label)} | "
+                     + " | ".join(_fmt(_dig(files.get(fname), keys)) for *_, files in cols) + " |")
     return "\n".join(lines) + "\n"

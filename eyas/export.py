@@ -129,7 +129,8 @@ def check_served_tensors(tensors: dict[str, torch.Tensor], c: DrafterConfig, sou
         if tuple(tensors[k].shape) != shape:
             raise ExportError(f"{source}: {k} has shape {tuple(tensors[k].shape)}, config implies {shape}")
     if tensors["d2t"].dtype != torch.int64 or tensors["t2d"].dtype != torch.bool:
-        raise ExportError(f"{source}: d2t must be int64 and t2d bool, got {tensors['d2t'].dtype}/{tensors['t2d'].dtype}")
+        raise ExportError(f"{source}: d2t must be int64 and t2d bool, "
+                          f"got {tensors['d2t'].dtype}/{tensors['t2d'].dtype}")
     validate_mapping(tensors["d2t"], tensors["t2d"], c.vocab_size, c.draft_vocab_size, source=source)
 
 

@@ -22,7 +22,6 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-
 _UMASK = os.umask(0)
 os.umask(_UMASK)
 

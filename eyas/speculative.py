@@ -39,7 +39,6 @@ from transformers import DynamicCache
 from eyas import layers
 from eyas.drafter import Eagle3Drafter, KVCache
 
-
 # --- the accept rule and the one acceptance-length function ---------------------------------
 
 def verify_chain(draft_tokens: list[int], target_greedy: list[int],

@@ -35,8 +35,8 @@ import json
 import logging
 import math
 import os
-import socket
 import re
+import socket
 import subprocess
 import time
 from pathlib import Path

@@ -189,7 +189,8 @@ def main() -> None:
                 "".join(sorted(map(str, target.tokenizer.get_vocab().items()))).encode()).hexdigest(),
             "chat_template_sha256": hashlib.sha256(template.encode()).hexdigest(),
             "aux_layers": aux_ids,
-            "aux_layers_default": p.extract.aux_layers is None or aux_ids == layers.default_hf_indices(target.num_layers),
+            "aux_layers_default": (p.extract.aux_layers is None
+                                   or aux_ids == layers.default_hf_indices(target.num_layers)),
             "num_layers": target.num_layers,
             "hidden_size": cfg.hidden_size,
             "vocab_size": cfg.vocab_size,

@@ -13,7 +13,6 @@ import sys
 import pytest
 import torch
 import torch.multiprocessing as mp
-
 from safetensors.torch import load_file
 
 from eyas import distributed as D

@@ -16,7 +16,7 @@ import pytest
 mlflow = pytest.importorskip("mlflow")
 from mlflow import MlflowClient  # noqa: E402
 
-from eyas import io as eyas_io
+from eyas import io as eyas_io  # noqa: E402
 from eyas import tracking  # noqa: E402
 from eyas.config import Params, flatten, params_hash  # noqa: E402
 
