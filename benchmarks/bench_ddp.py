@@ -19,7 +19,6 @@ taking rows r::W; the first --equiv-steps global losses are compared across worl
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 

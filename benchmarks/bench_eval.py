@@ -19,8 +19,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from benchmarks.common import median, timed, write_result  # noqa: E402
 from benchmarks.bench_extract import build  # noqa: E402
+from benchmarks.common import median, timed, write_result  # noqa: E402
 from eyas.drafter import DrafterConfig, Eagle3Drafter, KVCache  # noqa: E402
 from eyas.speculative import _crop  # noqa: E402
 

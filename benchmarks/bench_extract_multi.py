@@ -70,6 +70,7 @@ def data_mode(a) -> dict:
 
 def split_mode(a) -> dict:
     from accelerate import dispatch_model
+
     from eyas.target import Target
 
     target, cfg = build(a.tiny)  # whole model on cuda:0 first (16 GB), then half moved to cuda:1

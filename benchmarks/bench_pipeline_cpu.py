@@ -123,7 +123,6 @@ def pipeline(work: Path, resume: bool = False) -> dict:
     stages = json.loads(done_file.read_text()) if resume and done_file.exists() else {}
     if resume:
         subprocess.run(["git", "pull", "--quiet", str(REPO), "HEAD"], cwd=work, check=True)
-    t0 = time.perf_counter()
     for stage in stage_order(work, force=not resume):
         r = run_measured(["dvc", "repro", "--single-item", stage], work)
         check(r, f"dvc repro -s {stage}")

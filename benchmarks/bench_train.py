@@ -1,13 +1,13 @@
 """Training throughput of eyas' TTT step for a Llama-3.1-8B-shaped EAGLE-3 drafter.
 
-Shapes as the peer benchmark (/work/shared/bench/peer_speculators.py): hidden 4096, 32/8 heads,
-head_dim 128, intermediate 14336, target vocab 128256, draft vocab 32000; packed documents
-(2048 tokens/step: 1024+640+384; 8192: 2048+1536+1024+1024+1024+768+512+256 packed into rows of
-2048, eyas' row length); bf16 autocast, fp32 master weights, AdamW, grad clip, cosine schedule;
-the step body of eyas.train.train_drafter (ttt_forward, finite check, backward, clip, step,
-loss.item()), in two modes: ``graphs`` (forward + backward replayed as one CUDA graph,
-eyas/graphed.py, what train_drafter does on one GPU) and ``eager`` (compiled parts only). Median
-of --steps after --warmup (which includes compilation and graph capture).
+Shapes as the peer benchmark (vLLM's speculators 0.9.0 trainer step; benchmarks/README.md): hidden
+4096, 32/8 heads, head_dim 128, intermediate 14336, target vocab 128256, draft vocab 32000; packed
+documents (2048 tokens/step: 1024+640+384; 8192: 2048+1536+1024+1024+1024+768+512+256 packed into
+rows of 2048, eyas' row length); bf16 autocast, fp32 master weights, AdamW, grad clip, cosine
+schedule; the step body of eyas.train.train_drafter (ttt_forward, finite check, backward, clip,
+step, loss.item()), in two modes: ``graphs`` (forward + backward replayed as one CUDA graph,
+eyas/graphed.py, what train_drafter does on one GPU) and ``eager`` (compiled parts only). Median of
+--steps after --warmup (which includes compilation and graph capture).
 
 Exact FLOP count (the peer's): fc 6PT once; decoder linears 6PT per TTT step; lm_head 4PT per
 step (+2PT weight grad when trainable); teacher head (draft rows of the target lm_head) 2PT once;
@@ -153,20 +153,20 @@ def bench(c, dev, tokens: int, ttt: int, freeze_lm_head: bool, warmup: int, step
     graphed = GraphedTTT(d, head_rows, ttt, 0.8) if graphs else None
 
     def step():  # the body of eyas.train.train_drafter's loop
-        b = batches[it[0] % 2]
+        b = batches[it[0] % 2]  # noqa: F821
         it[0] += 1
         if graphed is not None:
             loss, metrics, counts = graphed.step(b)
         else:
             with autocast(dev):
-                loss, metrics, counts = ttt_forward(d, b, head_rows, ttt, 0.8)
+                loss, metrics, counts = ttt_forward(d, b, head_rows, ttt, 0.8)  # noqa: F821
         if not torch.isfinite(loss):
             raise FloatingPointError("non-finite loss")
         if graphed is None:
-            opt.zero_grad(set_to_none=True)
+            opt.zero_grad(set_to_none=True)  # noqa: F821
             loss.backward()
         gn = torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
+        opt.step()  # noqa: F821
         sched.step()
         losses.append(loss.item())
         gn.item()
@@ -195,6 +195,7 @@ def bench(c, dev, tokens: int, ttt: int, freeze_lm_head: bool, warmup: int, step
     print(f"eyas T={fl['tokens']} ttt={ttt} lm_head={out['lm_head']:9s} {out['mode']:10s} attn={out['attn']}: "
           f"{out['step_ms_median']:.1f} ms  {out['tokens_per_s']:.0f} tok/s  MFU(exact) {out['mfu_exact']:.3f}  "
           f"peak {out.get('peak_alloc_GiB', 0):.1f} GiB  warmup {out['warmup_ms'][:2]}", flush=True)
+    # frees the closure cells step() reads (ruff takes the del for an unbinding: F821 noqa above)
     del d, opt, batches
     if dev.type == "cuda":
         torch.cuda.empty_cache()
@@ -266,7 +267,7 @@ def check_graph(c, dev, ttt: int) -> dict:
         for p in params:
             p.grad = None
         with autocast(dev):
-            loss, _, counts = ttt_forward(d, b, head, ttt, 0.8)
+            loss, _, counts = ttt_forward(d, b, head, ttt, 0.8)  # noqa: F821
         loss.backward()
         return float(loss.detach()), [p.grad.float().clone() for p in params], counts
 
@@ -312,12 +313,14 @@ def main():
         try:
             doc["flex_check"] = check_flex(c, dev, 2048, 3)
         except Exception as e:  # noqa: BLE001
-            import traceback; traceback.print_exc()
+            import traceback
+            traceback.print_exc()
             doc["errors"].append(f"flex_check: {e!r}")
         try:
             doc["graph_check"] = check_graph(c, dev, a.ttt)
         except Exception as e:  # noqa: BLE001
-            import traceback; traceback.print_exc()
+            import traceback
+            traceback.print_exc()
             doc["errors"].append(f"graph_check: {e!r}")
     for T in a.tokens:
         for freeze in ((True,) if a.frozen_only else (False, True)):
@@ -328,7 +331,8 @@ def main():
                     doc["runs"].append(bench(c, dev, T, a.ttt, freeze, a.warmup, a.steps, a.tiny, mode == "graphs",
                                              a.profile))
                 except Exception as e:  # noqa: BLE001
-                    import traceback; traceback.print_exc()
+                    import traceback
+                    traceback.print_exc()
                     doc["errors"].append(f"T={T} freeze={freeze} mode={mode}: {e!r}")
                 write_result(a.out, doc)
     if a.dense_ablation and dev.type == "cuda":

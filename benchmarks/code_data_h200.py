@@ -7,9 +7,14 @@ params.yaml, the GGUF target under smol/, data/distilled/{train,val}.jsonl of th
 code_{train,val}_raw.jsonl from `eyas.code_data` (prepare-data with data.code_prompts); results
 under $OUT (committed as results/code_data_h200*.json). An experiment driver, not a pipeline stage.
 """
-import json, os, sys, time
+import json
+import os
+import sys
+import time
 from pathlib import Path
+
 import torch
+
 from eyas import layers
 from eyas.config import load_params
 from eyas.data import read_jsonl
@@ -35,9 +40,10 @@ prov = {"target": target.identity, "aux_layers": aux, "num_layers": target.num_l
         "target_config": target.config_summary()}
 res = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "load_s": round(time.time() - T0, 1)}
 chat_tr, chat_va = read_jsonl(C / "distilled/train.jsonl"), read_jsonl(C / "distilled/val.jsonl")
-from eyas.distill import regenerate
 from eyas.data import write_jsonl
+from eyas.distill import regenerate
 from stages.self_distill import prompt_budget
+
 code = {}
 for split in ("train", "val"):
     t = time.time()

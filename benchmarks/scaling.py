@@ -247,8 +247,7 @@ def acceptance(target, drafter, prompts: dict, outputs: dict, k: int, real: dict
     outputs that end in a repetition loop. With ``real`` (an eval_*.json of this drafter on the
     same prompts), ``oracle_matches_real`` says whether the k-walk reproduces its verify steps,
     new tokens and accepted histogram exactly."""
-    from eyas.chain_oracle import (accepted_draft_counts, chain_acceptance_length, chain_report,
-                                   repetition_loop_period)
+    from eyas.chain_oracle import accepted_draft_counts, chain_acceptance_length, chain_report, repetition_loop_period
 
     drafter.set_embedding(target.model.get_input_embeddings().weight)  # as the eval stage does
     aux = drafter.config.resolved_aux_layers()

@@ -33,8 +33,15 @@ import statistics
 import torch
 
 from eyas.drafter import Eagle3Drafter
-from eyas.speculative import (EagleProposer, NgramProposer, _aux_layers, _forward_params, _model,
-                              acceptance_length, ngram_propose)
+from eyas.speculative import (
+    EagleProposer,
+    NgramProposer,
+    _aux_layers,
+    _forward_params,
+    _model,
+    acceptance_length,
+    ngram_propose,
+)
 from eyas.ttt import shift_left
 
 

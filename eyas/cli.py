@@ -25,9 +25,7 @@ import sys
 
 
 def _inspect(args) -> int:
-    from eyas.inspect import inspect_checkpoint, render
-
-    from eyas.inspect import target_summary
+    from eyas.inspect import inspect_checkpoint, render, target_summary
 
     try:
         target = None if args.target is None else target_summary(args.target, args.target_gguf)
@@ -48,9 +46,7 @@ def _engine_keys(args) -> int:
 
 
 def _compare(args) -> int:
-    from eyas.compare import CompareError, compare, write
-
-    from eyas.compare import compare_dirs
+    from eyas.compare import CompareError, compare, compare_dirs, write
 
     try:
         text = (compare_dirs(args.metrics) if args.metrics else

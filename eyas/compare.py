@@ -13,7 +13,7 @@ column per parent (latest first) and one row per key param / stage metric:
   floor (``<bench>/ngram_accept_len``, independent of the drafter) from either eval child.
 
 A cell shows ``–`` when the parent has no child run for that stage: DVC skipped the stage
-(unchanged, or restored from the run-cache: no MLflow run is logged then; facts 1.10, 2.3), so
+(unchanged, or restored from the run-cache: no MLflow run is logged then; docs/dvc-mlflow.md §5), so
 its numbers live in the run where it last ran, and ``dvc exp show`` has them all.
 
 Run: ``eyas compare [--experiment eyas] [--limit 8] [--all-params] [--out compare.md]``.
@@ -307,5 +307,6 @@ def compare_dirs(dirs: list[str], params_default: str | Path = "params.yaml") ->
     for k in DIR_PARAMS:
         lines.append(f"| `{k}` | " + " | ".join(_fmt(params.get(k)) for _, _, params, _ in cols) + " |")
     for label, fname, keys in DIR_ROWS:
-        lines.append(f"| {_cell(label)} | " + " | ".join(_fmt(_dig(files.get(fname), keys)) for *_, files in cols) + " |")
+        lines.append(f"| {_cell(label)} | "
+                     + " | ".join(_fmt(_dig(files.get(fname), keys)) for *_, files in cols) + " |")
     return "\n".join(lines) + "\n"

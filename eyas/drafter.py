@@ -1,8 +1,9 @@
 """The EAGLE-3 drafter: one Llama decoder layer over [embedding ; fused target features].
 
 Architecture and tensor names follow the checkpoint SGLang and vLLM load as
-``LlamaForCausalLMEagle3`` (eagle3-facts.md §1.1-1.3; SpecForge
-``modeling/draft/llama3_eagle.py``; SGLang ``models/llama_eagle3.py``):
+``LlamaForCausalLMEagle3`` (``sgl-project/SpecForge: specforge/modeling/draft/llama3_eagle.py``;
+``sgl-project/sglang: python/sglang/srt/models/llama_eagle3.py``; ``vllm-project/vllm:
+vllm/model_executor/models/llama_eagle3.py``):
 
 - ``fc``: Linear(n_aux * target_hidden -> H), applied to the concatenated aux hidden states of the
   target (first draft step only; later steps feed back the drafter's own H-wide hidden state).

@@ -1,6 +1,8 @@
 """Save and load drafters in the checkpoint format SGLang and vLLM load.
 
-Written format (eagle3-facts.md §1.1): ``config.json`` with ``architectures:
+Written format (as ``sgl-project/SpecForge: specforge/modeling/draft/llama3_eagle.py`` writes it and
+``configs/llama3-8B-eagle3.json`` shows it; SGLang ``python/sglang/srt/models/llama_eagle3.py`` and
+vLLM ``vllm/model_executor/models/llama_eagle3.py`` load it): ``config.json`` with ``architectures:
 ["LlamaForCausalLMEagle3"]``, ``num_hidden_layers: 1``, the TARGET ``vocab_size``,
 ``draft_vocab_size``, ``target_hidden_size`` when it differs from ``hidden_size``,
 ``tie_word_embeddings: false``, ``rope_theta`` and, for a scaled RoPE, ``rope_scaling``
@@ -127,7 +129,8 @@ def check_served_tensors(tensors: dict[str, torch.Tensor], c: DrafterConfig, sou
         if tuple(tensors[k].shape) != shape:
             raise ExportError(f"{source}: {k} has shape {tuple(tensors[k].shape)}, config implies {shape}")
     if tensors["d2t"].dtype != torch.int64 or tensors["t2d"].dtype != torch.bool:
-        raise ExportError(f"{source}: d2t must be int64 and t2d bool, got {tensors['d2t'].dtype}/{tensors['t2d'].dtype}")
+        raise ExportError(f"{source}: d2t must be int64 and t2d bool, "
+                          f"got {tensors['d2t'].dtype}/{tensors['t2d'].dtype}")
     validate_mapping(tensors["d2t"], tensors["t2d"], c.vocab_size, c.draft_vocab_size, source=source)
 
 
@@ -163,7 +166,8 @@ def config_from_hf(cfg: dict, num_target_layers: int | None, source: str) -> Dra
             eyas drafter does not implement (:func:`check_supported_variant`, through the table of
             eyas/engine_keys.py): ``num_hidden_layers`` != 1, ``norm_before_residual: true``
             (speculators/vLLM: the residual is the hidden_norm'ed h; eyas and SGLang keep the
-            un-normed h, eagle3-facts.md §1.4), ``norm_before_fc``, ``fc_norm`` or ``norm_output``
+            un-normed h; ``vllm-project/speculators: src/speculators/models/eagle3/core.py``),
+            ``norm_before_fc``, ``fc_norm`` or ``norm_output``
             true, a RoPE scaling type other than default/linear/llama3, ...
     """
     check_supported_variant(cfg, source)

@@ -417,7 +417,8 @@ class HostCopy:
         self.cuda = dev.type == "cuda"
         self.stream = torch.cuda.Stream(device=dev) if self.cuda else None
 
-    def submit(self, tensors: dict[str, torch.Tensor], dtypes: dict[str, torch.dtype] | None = None) -> "HostCopy.Handle":
+    def submit(self, tensors: dict[str, torch.Tensor],
+               dtypes: dict[str, torch.dtype] | None = None) -> "HostCopy.Handle":
         dtypes = dtypes or {}
         if not self.cuda:
             return HostCopy.Handle({k: v.to(dtypes.get(k, v.dtype)).cpu() for k, v in tensors.items()}, None)

@@ -2,17 +2,21 @@
 
 Reads a checkpoint directory (``config.json`` + ``model.safetensors``) in either layout:
 
-- eyas / EAGLE / SpecForge: ``LlamaForCausalLMEagle3``, ``midlayer.*`` (eagle3-facts.md §1.1);
+- eyas / EAGLE / SpecForge: ``LlamaForCausalLMEagle3``, ``midlayer.*``
+  (``sgl-project/SpecForge: specforge/modeling/draft/llama3_eagle.py``);
 - speculators: ``Eagle3Speculator``, ``layers.0.*``, nested ``transformer_layer_config``,
-  top-level ``eagle_aux_hidden_state_layer_ids`` (§1.4).
+  top-level ``eagle_aux_hidden_state_layer_ids``
+  (``vllm-project/speculators: src/speculators/models/eagle3/config.py``).
 
 and reports architecture and sizes, the aux layers and their meaning per engine
 (:func:`eyas.layers.describe`), vocab-mapping health (:func:`eyas.vocab.validate_mapping`, draft-id
 order), and, per engine, the keys it would skip, the defaults it would assume and whether the
-embedding would be discarded. The engine behaviours encoded here are the ones read in SGLang
-``models/llama_eagle3.py`` / ``speculative/eagle_worker.py`` and vLLM ``models/llama_eagle3.py`` /
-``transformers_utils/configs/speculators/algos.py`` (§1.2-1.4); they are a model of the engines,
-not the engines.
+embedding would be discarded. The engine behaviours encoded here are the ones read in
+``sgl-project/sglang``: ``python/sglang/srt/models/llama_eagle3.py`` /
+``python/sglang/srt/speculative/eagle_worker.py`` and ``vllm-project/vllm``:
+``vllm/model_executor/models/llama_eagle3.py`` /
+``vllm/transformers_utils/configs/speculators/algos.py``; they are a model of the engines, not the
+engines.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import torch
 from safetensors import safe_open
 
 from eyas import layers, rope
-from eyas.engine_keys import BY_KEY, ENGINE_KEYS, refusals
+from eyas.engine_keys import ENGINE_KEYS, refusals
 from eyas.export import SERVED_KEYS, ExportError, check_served_tensors, config_from_hf, detect_layout
 from eyas.io import read_json
 from eyas.vocab import VocabError, VocabMapping, compare_mappings, load_mapping, validate_mapping

@@ -22,7 +22,6 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-
 _UMASK = os.umask(0)
 os.umask(_UMASK)
 
@@ -105,9 +104,9 @@ def _tsv_cell(v: Any) -> str:
 
 def write_tsv(path: str | os.PathLike, rows: list[dict[str, Any]]) -> None:
     """Write a DVC plots file (e.g. ``x: step``): a header from the first row's keys, one line
-    per row, tab-separated, ``\\n`` line endings, atomic (facts 1.2: stage-level ``plots``
-    with ``cache: false``). Missing values are empty cells; an empty ``rows`` writes an empty
-    file."""
+    per row, tab-separated, ``\\n`` line endings, atomic (a stage-level ``plots`` output with
+    ``cache: false``; docs/dvc-mlflow.md §5). Missing values are empty cells; an empty ``rows``
+    writes an empty file."""
     if not rows:
         write_text(path, "")
         return

@@ -11,7 +11,10 @@ eyas stores and speaks **HF indices**: ``k`` means ``model(..., output_hidden_st
   captures at ``id + 1`` (``set_eagle3_layers_to_capture``): SGLang id = HF index - 1.
 
 With the default layers the exported config carries no ids (every engine assumes the default);
-with custom layers it carries both forms (eagle3-facts.md §1.1, §1.3, §1.4).
+with custom layers it carries both forms: the nested ``eagle_config`` (``sgl-project/sglang:
+python/sglang/srt/models/llama.py``) and the top-level key (``vllm-project/vllm:
+vllm/v1/worker/gpu_model_runner.py`` ``_get_eagle3_aux_layers_from_config``; speculators
+``src/speculators/models/eagle3/config.py``).
 """
 
 from __future__ import annotations
@@ -106,7 +109,7 @@ def describe(ids: list[int] | None, num_layers: int) -> dict:
         "sglang_eagle_config_ids": to_sglang(hf),
         "vllm_top_level_ids": hf,
         "is_default": default,
-        # SGLang PR #25454 applies the +1 only when the first id is 1 (eagle3-facts.md §3 trap 2):
+        # sgl-project/sglang PR #25454 applies the +1 only when the first id is 1:
         # custom ids whose SGLang form starts elsewhere are read differently across SGLang versions
         "sglang_version_ambiguous": (not default) and to_sglang(hf)[0] != 1,
     }

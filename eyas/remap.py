@@ -1,7 +1,10 @@
-"""Move a pretrained drafter onto a new vocab mapping (no peer tool does this; eagle3-facts §7).
+"""Move a pretrained drafter onto a new vocab mapping (no peer tool does this).
 
 The failure this prevents: a published drafter fine-tuned under the new data's own d2t keeps its
-lm_head rows in place, so row i (trained for target token ``i + d2t_old[i]``) is scored against
+lm_head rows in place (SpecForge loads the new d2t/t2d over a warm-started drafter without
+permuting rows: ``sgl-project/SpecForge: specforge/algorithms/model_providers.py``
+``build_eagle3_draft``; speculators likewise: ``vllm-project/speculators: src/speculators/model.py``
+``load_vocab_mappings``), so row i (trained for target token ``i + d2t_old[i]``) is scored against
 ``i + d2t_new[i]``. When the mappings agree on few positions the loss sits at chance.
 
 The remap goes through TARGET ids, never draft indices: new row j (target id ``t = j +

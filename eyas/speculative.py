@@ -1,9 +1,12 @@
 """Speculative decoding with the target: chain drafting, greedy verification, acceptance length.
 
-One number matters here, and every engine counts it the same way (eagle3-facts.md §5):
+One number matters here, and every engine counts it the same way:
 **acceptance length = tokens committed per target verify step, the bonus token counted**
-(SGLang ``(num_accepted + bs) / forward_ct``; vLLM ``1 + accepted / num_drafts``; EAGLE
-``accept_length + 1`` per cycle). Its ceiling is ``k + 1`` for ``k`` draft tokens per step.
+(SGLang ``(num_accepted + bs) / forward_ct`` in
+``python/sglang/srt/managers/scheduler_metrics_mixin.py`` ``update_spec_metrics``; vLLM
+``1 + accepted / num_drafts`` in ``vllm/v1/spec_decode/metrics.py``; EAGLE ``accept_length + 1``
+per cycle in ``eagle/model/utils.py`` ``update_inference_inputs``). Its ceiling is ``k + 1`` for
+``k`` draft tokens per step.
 
 The loop (:func:`speculative_generate`, batch size 1, temperature 0) reads top to bottom, after
 gpt-fast: the target prefills the prompt and emits the first token (a generated token, not a verify
@@ -35,7 +38,6 @@ from transformers import DynamicCache
 
 from eyas import layers
 from eyas.drafter import Eagle3Drafter, KVCache
-
 
 # --- the accept rule and the one acceptance-length function ---------------------------------
 
@@ -85,9 +87,9 @@ def stop_set(stop_ids: Sequence[int]) -> frozenset[int]:
 
 
 def acceptance_length(committed_per_step: list[int]) -> float:
-    """Mean tokens committed per target verify step, bonus token included (SGLang / vLLM / EAGLE
-    convention, eagle3-facts.md §5). Pooled over the steps given; 1.0 means every draft was
-    rejected, ``k + 1`` that every draft was accepted.
+    """Mean tokens committed per target verify step, bonus token included (the SGLang / vLLM / EAGLE
+    convention; sources in the module docstring). Pooled over the steps given; 1.0 means every draft
+    was rejected, ``k + 1`` that every draft was accepted.
 
     Raises:
         ValueError: no verify steps (the quantity is undefined).

@@ -1,7 +1,7 @@
 """The speculators (vLLM) drafter layout: read it into eyas names, write it for tests and export.
 
-Layout (eagle3-facts.md §1.4; ``vllm-project/speculators: src/speculators/models/eagle3/config.py``,
-``convert/eagle/eagle3_converter.py``):
+Layout (``vllm-project/speculators: src/speculators/models/eagle3/config.py``,
+``.../eagle3/core.py``, ``src/speculators/convert/eagle/eagle3_converter.py``):
 
 - ``config.json``: ``architectures ["Eagle3Speculator"]``, ``speculators_model_type "eagle3"``,
   ``transformer_layer_config`` (a nested LlamaConfig: TARGET ``vocab_size``, ``num_hidden_layers``
@@ -14,8 +14,9 @@ Layout (eagle3-facts.md §1.4; ``vllm-project/speculators: src/speculators/model
   ``verifier_lm_head`` / ``verifier_norm`` (copies of the target's head).
 
 vLLM translates such a config with ``norm_before_residual`` defaulting to **True** when the key is
-missing (``transformers_utils/configs/speculators/algos.py: update_eagle3``); eyas' drafter keeps
-the un-normed residual (SGLang's ``llama_eagle3.py``), so ``true`` is refused on load.
+missing (``vllm-project/vllm: vllm/transformers_utils/configs/speculators/algos.py:
+update_eagle3``); eyas' drafter keeps the un-normed residual (SGLang's ``llama_eagle3.py``), so
+``true`` is refused on load.
 """
 
 from __future__ import annotations

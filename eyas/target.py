@@ -1,9 +1,12 @@
 """The target model: load it (embedded GGUF, hub id or local HF dir), run it, capture features.
 
-Features per token (DESIGN.md, eagle3-facts.md §6): the aux hidden states at HF indices
-``layers.resolve(...)`` concatenated in ascending order [T, n_aux*H], the final (post-norm) hidden
-state [T, H] from which the target's distribution is recomputed as ``lm_head(h)``, and the
-target's full-vocab argmax [T] (the reference for ``acc_i``).
+Features per token (the offline layout of ``sgl-project/SpecForge:
+scripts/prepare_hidden_states.py``, ``aux_hidden_state`` + post-norm ``hidden_state``; compare
+``vllm-project/speculators: src/speculators/cli/generate_offline_data.py``): the aux hidden states
+at HF indices ``layers.resolve(...)`` concatenated in ascending order [T, n_aux*H], the final
+(post-norm) hidden state [T, H] from which the target's distribution is recomputed as
+``lm_head(h)``, and the target's full-vocab argmax [T] (the reference for ``acc_i``, as in
+``SafeAILab/EAGLE: eagle/traineagle3/cnets.py``).
 """
 
 from __future__ import annotations

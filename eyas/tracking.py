@@ -1,24 +1,25 @@
 """MLflow runs, tags, and the metrics files DVC reads.
 
-Two records of every stage, written side by side (dvc-mlflow-facts.md, section 1.10):
+Two records of every stage, written side by side (docs/dvc-mlflow.md §5; the § numbers below are
+sections of that page):
 
 - **DVC files** (the reproducible record, read by ``dvc exp show`` / ``metrics diff`` /
   ``plots diff``): ``eyas.io.write_json`` and ``write_tsv`` write ``metrics/*.json`` and the
-  per-step ``.tsv`` plots atomically, with ``\\n`` line endings so hashes are stable (1.8).
+  per-step ``.tsv`` plots atomically, with ``\\n`` line endings so hashes are stable.
 - **MLflow runs** (for comparison in the UI): :func:`start_stage_run` opens one child run per
-  stage under one parent run per pipeline execution (2.3), tagged with the DVC variables
-  ``dvc.exp_name`` / ``dvc.baseline_rev`` / ``dvc.stage`` (0, item 5) and with the params
-  flattened to the dotted keys ``dvc exp show`` uses (2.4).
+  stage under one parent run per pipeline execution (§6), tagged with the DVC variables
+  ``dvc.exp_name`` / ``dvc.baseline_rev`` / ``dvc.stage`` (§1) and with the params
+  flattened to the dotted keys ``dvc exp show`` uses (§6).
 
 This module knows nothing about DVC beyond reading the variables DVC sets for stage commands
-(``DVC_ROOT``, ``DVC_STAGE``, ``DVC_EXP_NAME``, ``DVC_EXP_BASELINE_REV``; table in 1.6).
+(``DVC_ROOT``, ``DVC_STAGE``, ``DVC_EXP_NAME``, ``DVC_EXP_BASELINE_REV``; table in §1).
 
-Where the store lives (0, pitfall 1; 2.1): queued and ``--temp`` experiments run in
+Where the store lives (§2): queued and ``--temp`` experiments run in
 ``.dvc/tmp/exps/tmpXXXX``, which is deleted afterwards, so MLflow's default (a relative
 ``sqlite:///mlflow.db``) would lose their runs. :func:`tracking_uri` therefore anchors the
 store at ``$DVC_ROOT`` (the *original* repo root, also for queued runs):
 ``sqlite:////<root>/mlflow.db``, which ``mlflow ui`` started in the repo root finds by its own
-defaults. ``$MLFLOW_TRACKING_URI`` (e.g. a local ``mlflow server``, the preferred option of 2.1)
+defaults. ``$MLFLOW_TRACKING_URI`` (e.g. a local ``mlflow server``, the preferred option)
 overrides it, verbatim.
 
 Environment switches: ``EYAS_EXPERIMENT`` (MLflow experiment name, default ``eyas``),
@@ -34,8 +35,8 @@ import json
 import logging
 import math
 import os
-import socket
 import re
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -63,8 +64,8 @@ def repo_root() -> Path:
     """The repository root: ``$DVC_ROOT``, else the nearest parent of cwd holding ``dvc.yaml``.
 
     DVC sets ``DVC_ROOT`` to the *original* repo root even for queued / ``--temp`` experiments
-    that run in ``.dvc/tmp/exps/tmpXXXX`` (facts 1.6). Use it only for side channels such as
-    the MLflow store, never to read stage inputs (that would break the snapshot isolation).
+    that run in ``.dvc/tmp/exps/tmpXXXX`` (docs/dvc-mlflow.md §1). Use it only for side channels
+    such as the MLflow store, never to read stage inputs (that would break the snapshot isolation).
     Falls back to cwd when neither is found.
     """
     env = os.environ.get("DVC_ROOT")
@@ -81,7 +82,7 @@ def tracking_uri() -> str:
     """``$MLFLOW_TRACKING_URI`` verbatim if set, else ``sqlite:///<abs repo_root>/mlflow.db``.
 
     The absolute form (four slashes on POSIX) does not depend on the working directory, so
-    runs from queued experiments land in the same store (facts 0, convention 4; 2.1).
+    runs from queued experiments land in the same store (docs/dvc-mlflow.md §2).
     """
     env = os.environ.get("MLFLOW_TRACKING_URI")
     if env:
@@ -98,7 +99,7 @@ def _sqlite_path(uri: str) -> Path | None:
         log.warning(
             "MLFLOW_TRACKING_URI %s is relative: it resolves against each process's cwd, "
             "which for queued DVC experiments is a temp dir deleted after the run "
-            "(dvc-mlflow-facts.md 2.1). Use an absolute sqlite:////... or a server.",
+            "(docs/dvc-mlflow.md §2). Use an absolute sqlite:////... or a server.",
             uri,
         )
     return Path(path)
@@ -113,7 +114,7 @@ def _store_lock(uri: str) -> Iterator[None]:
     """An exclusive ``flock`` on ``<db>.lock`` for sqlite stores; nothing for servers.
 
     Parallel queue workers (``dvc queue start -j N``) creating or migrating a fresh sqlite
-    file at once fail with ``table ... already exists`` (facts 0, pitfall 2); serialising the
+    file at once fail with ``table ... already exists`` (docs/dvc-mlflow.md §3); serialising the
     first touch of the store fixes it. A server owns its DB, so it needs no lock.
     """
     db = _sqlite_path(uri)
@@ -141,7 +142,7 @@ def _get_or_create_experiment(client, uri: str) -> str:
     For sqlite stores the experiment gets an ABSOLUTE ``artifact_location`` under the repo
     root: MLflow fixes it when the experiment is created, and one first created from inside a
     queued run's temp dir would send every later run's artifacts to a deleted directory
-    (facts 0, pitfall 1; 2.5). Servers keep their own default (``mlflow-artifacts:/``).
+    (docs/dvc-mlflow.md §2). Servers keep their own default (``mlflow-artifacts:/``).
     """
     from mlflow.exceptions import MlflowException
 
@@ -167,7 +168,7 @@ def ensure_store(uri: str) -> None:
     """Create/upgrade the store's schema and the MLflow experiment once, before any run.
 
     For sqlite this is done under an exclusive ``flock`` on ``<db>.lock``: constructing the
-    client creates the tables (what ``mlflow db upgrade`` does; facts 2.1, option 2), and the
+    client creates the tables (what ``mlflow db upgrade`` does; docs/dvc-mlflow.md §3), and the
     experiment is got-or-created under the same lock. Safe to call from parallel processes.
     """
     with _store_lock(uri):
@@ -187,7 +188,7 @@ def is_secret_key(key: str) -> bool:
     (split on non-alphanumerics) that is or ends in ``token`` (``hf_token``, ``authtoken``,
     ``token``). Counts of tokens (``batch_tokens``, ``max_new_tokens``) and ``tokenizer`` are
     not secrets and stay visible. Redacting before logging follows SpecForge's tracker
-    (facts 4.4).
+    (``sgl-project/SpecForge: specforge/tracker.py``).
     """
     k = key.lower()
     if any(s in k for s in _SECRET_SUBSTRINGS):
@@ -212,7 +213,7 @@ def _chunks(items: list, n: int) -> Iterator[list]:
 
 def _retry(fn, *args, attempts: int = 4, **kwargs):
     """Call ``fn``, retrying a few times: sqlite may answer "database is locked" under
-    parallel writers (mlflow/mlflow#6490, facts 2.1)."""
+    parallel writers (mlflow/mlflow#6490; docs/dvc-mlflow.md §3)."""
     for i in range(attempts):
         try:
             return fn(*args, **kwargs)
@@ -241,7 +242,8 @@ class Tracker:
     """The no-op tracker: the same interface as :class:`MlflowTracker`, doing nothing.
 
     Returned on non-zero ranks and when tracking is off, so loops carry no ``if``s (nanochat's
-    ``DummyWandb``, torchtitan's ``BaseLogger``; facts 4.1, 4.3). Usable as a context manager.
+    ``DummyWandb``, torchtitan's ``BaseLogger``; docs/dvc-mlflow.md §7). Usable as a context
+    manager.
     """
 
     run_id: str | None = None
@@ -367,7 +369,7 @@ class MlflowTracker(Tracker):
 
     def log_artifact(self, path: str | os.PathLike) -> None:
         """Copy a file or a directory into the run's artifacts (small things only: DVC owns
-        checkpoints and features; facts 2.5)."""
+        checkpoints and features; docs/dvc-mlflow.md §6)."""
         p = Path(path)
         if p.is_dir():
             self.client.log_artifacts(self.run_id, str(p), artifact_path=p.name)
@@ -421,7 +423,7 @@ def pipeline_key(params: Any) -> str:
     """The key that identifies one pipeline execution: all its stages share one parent run.
 
     ``<exp name or 'workspace'>:<baseline rev or git HEAD or 'nogit'>:<params hash>``, from
-    ``$DVC_EXP_NAME`` / ``$DVC_EXP_BASELINE_REV`` (facts 1.6, 2.4: ``DVC_EXP_GIT_COMMIT`` and
+    ``$DVC_EXP_NAME`` / ``$DVC_EXP_BASELINE_REV`` (docs/dvc-mlflow.md §1: ``DVC_EXP_GIT_COMMIT`` and
     ``DVC_BASELINE_REV`` do not exist).
     """
     exp = os.environ.get("DVC_EXP_NAME") or "workspace"
@@ -507,7 +509,8 @@ def start_stage_run(stage: str, params: Any, stage_params: dict | None = None) -
       ``workspace-<short sha>``, tagged ``dvc.exp_name``, ``dvc.baseline_rev``,
       ``eyas.params_hash``, and holding ``flatten(params)`` too (the row to compare in the UI;
       not ``stage_params``, which differ per stage).
-    - Child: named ``stage``, tag ``mlflow.parentRunId`` (works across processes; facts 2.3),
+    - Child: named ``stage``, tag ``mlflow.parentRunId`` (works across processes;
+      docs/dvc-mlflow.md §6),
       tags ``dvc.stage`` (``$DVC_STAGE`` or ``stage``), ``dvc.exp_name``, ``dvc.baseline_rev``,
       ``eyas.params_hash``; params = ``flatten(params)`` plus ``stage_params`` (flattened;
       they win on a clash), secrets masked; tags ``eyas.host`` and ``eyas.pid``.

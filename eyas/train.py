@@ -17,13 +17,21 @@ import torch
 from transformers import get_cosine_schedule_with_warmup
 
 from eyas import checkpoint as ckpt
+from eyas import distributed as dist_utils
 from eyas.config import TrainParams
 from eyas.drafter import Eagle3Drafter
 from eyas.features import FeatureStore
 from eyas.graphed import GraphedTTT, cuda_graphs_enabled, pad_batch
-from eyas import distributed as dist_utils
-from eyas.ttt import (PackedLoader, add_counts, autocast, evaluate, head_rows_for, summarise,
-                      supervised_counts, ttt_forward)
+from eyas.ttt import (
+    PackedLoader,
+    add_counts,
+    autocast,
+    evaluate,
+    head_rows_for,
+    summarise,
+    supervised_counts,
+    ttt_forward,
+)
 
 log = logging.getLogger(__name__)
 

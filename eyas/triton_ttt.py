@@ -18,7 +18,6 @@ import torch
 import triton
 import triton.language as tl
 
-
 # --- head loss: soft cross-entropy against the teacher, with the logits' gradient ---------------
 
 @triton.autotune(configs=[triton.Config({"BLOCK": b}, num_warps=w)
@@ -222,8 +221,9 @@ def _merge_launch(kernel, q, o0, o, kd, *tensors):
 class DiagonalMerge(torch.autograd.Function):
     """Triton forward/backward of :func:`eyas.drafter.merge_diagonal`, with kd and vd stacked on
     their FIRST dim, [n, B, nkv, T, hd], and without ``valid`` (all n entries are real). q and o0
-    are read in place when their layout is dense (e.g. a transposed view; else copied); the output is [B, nh, T, hd] laid out as [B, T, nh, hd] (a transposed view), the
-    layout o_proj reads, so reshaping it to [B, T, nh * hd] copies nothing.
+    are read in place when their layout is dense (e.g. a transposed view; else copied); the output
+    is [B, nh, T, hd] laid out as [B, T, nh, hd] (a transposed view), the layout o_proj reads, so
+    reshaping it to [B, T, nh * hd] copies nothing.
 
     Raises:
         ValueError: shapes that do not fit together (``forward``)."""

@@ -10,9 +10,11 @@ Alignment (one convention, used at every step k = 0 .. ttt_length-1; index t of 
 - the loss mask is ``loss_mask[t+2+k]`` (the PREDICTED token is an assistant token), and index t
   and ``t+2+k`` must lie in the same packed document.
 
-Inputs, teacher, reference and mask therefore shift together (the peers shift the mask by one
-step less; eagle3-facts.md §4). The step weight is ``step_decay**k``; each step's loss is the mean
-over its supervised positions, so chance level at step 0 is ``ln(draft_vocab_size)``.
+Inputs, teacher, reference and mask therefore shift together (EAGLE and SpecForge shift the mask by
+one step less: ``SafeAILab/EAGLE: eagle/traineagle3/cnets.py`` ``dataprepare``,
+``sgl-project/SpecForge: specforge/modeling/target/target_head.py``; reported as SpecForge issue
+#885 / PR #895 and EAGLE issues #317, #325). The step weight is ``step_decay**k``; each step's loss
+is the mean over its supervised positions, so chance level at step 0 is ``ln(draft_vocab_size)``.
 
 Metrics per step k: ``loss_k``; ``acc_k`` teacher-forced top-1 (draft argmax mapped through d2t
 equals the target's full-vocab argmax); ``full_acc_k`` correct at every step <= k;

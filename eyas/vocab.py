@@ -1,7 +1,12 @@
 """The draft vocabulary: build, validate and compare d2t / t2d mappings.
 
-Convention (all engines agree; eagle3-facts.md §2): ``d2t[i] = target_id - i`` (int64 offsets),
-so ``target_id = i + d2t[i]`` (SGLang: ``hot_token_id = d2t + arange``; vLLM writes draft logits at
+Convention (all engines agree): ``d2t[i] = target_id - i`` (int64 offsets), so
+``target_id = i + d2t[i]``. Built so by EAGLE (``SafeAILab/EAGLE: eagle/traineagle3/cnets.py``
+``Model.scandata``), SpecForge (``sgl-project/SpecForge: specforge/data/preprocessing.py``
+``process_token_dict_to_mappings``) and speculators (``vllm-project/speculators:
+src/speculators/train/vocab_mapping.py``); read so by SGLang
+(``python/sglang/srt/models/llama_eagle3.py``: ``hot_token_id = d2t + arange``) and vLLM
+(``vllm/model_executor/models/llama_eagle3.py`` writes draft logits at
 ``arange(draft_vocab) + d2t``). ``t2d`` is a bool mask over the target vocab with exactly
 ``draft_vocab_size`` true entries. Always convert through target ids, never draft indices: some
 published drafters order draft ids by frequency, others by target id.

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A local MLflow tracking server for eyas: one process owns the store, so parallel queue workers
-# (`dvc queue start -j N`) never race on the sqlite file (dvc-mlflow-facts.md 0 pitfall 2, 2.1).
+# (`dvc queue start -j N`) never race on the sqlite file (docs/dvc-mlflow.md §2, §3).
 #
 #   scripts/mlflow_server.sh            # foreground; Ctrl-C stops it
 #   # in every shell that runs stages (before `dvc repro`, `dvc exp run`, `dvc queue start`):
@@ -12,7 +12,7 @@
 #              `eyas` experiment made without a server keeps its absolute <repo>/mlartifacts path)
 # Overrides: EYAS_MLFLOW_HOST (127.0.0.1), EYAS_MLFLOW_PORT (5000), EYAS_MLFLOW_WORKERS (2),
 # EYAS_ROOT (the repo; default: this script's parent directory). Loopback only by default:
-# --host 0.0.0.0 opens it to the network with no access control (facts 2.2).
+# --host 0.0.0.0 opens it to the network with no access control (docs/dvc-mlflow.md §8).
 set -euo pipefail
 ROOT="${EYAS_ROOT:-$(cd "$(dirname "$0")/.." && pwd)}"
 ROOT="$(cd "$ROOT" && pwd -P)"

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import sys
 
-from eyas.acceptance import evaluate_benchmark
 from eyas import eval_checks
+from eyas.acceptance import evaluate_benchmark
 from eyas.config import load_params
 from eyas.data import chat_prompts, humaneval_prompts, read_jsonl, render_prompt
 from eyas.export import load_drafter
@@ -42,7 +42,8 @@ def main(name: str) -> None:
         target = load_target(p.target.path, p.target.gguf_file, p.target.dtype, p.target.trust_remote_code,
                              revision=p.target.revision)
         drafter = load_drafter(f"models/{name}", num_target_layers=target.num_layers)
-        if drafter.config.num_target_layers != target.num_layers or drafter.config.vocab_size != target.config.vocab_size:
+        if (drafter.config.num_target_layers != target.num_layers
+                or drafter.config.vocab_size != target.config.vocab_size):
             raise SystemExit(f"models/{name}: built for a target with {drafter.config.num_target_layers} layers and "
                              f"vocab {drafter.config.vocab_size}; this target has {target.num_layers} layers and "
                              f"vocab {target.config.vocab_size}")

@@ -33,7 +33,7 @@ from stages.common import DISTILLED, FEATURES, METRICS
 SPLITS = ("train", "val", "publish")
 # in-progress shards live OUTSIDE the DVC out (DVC deletes data/features before the stage runs), so
 # a killed extract resumes from its last complete shard; finished splits are moved into place
-WORK = Path(".eyas/work/extract")
+WORK = Path(".eyas", "work", "extract")  # repo-relative
 
 
 def sample_of(tokenizer, conv: dict, max_length: int) -> dict:
@@ -189,7 +189,8 @@ def main() -> None:
                 "".join(sorted(map(str, target.tokenizer.get_vocab().items()))).encode()).hexdigest(),
             "chat_template_sha256": hashlib.sha256(template.encode()).hexdigest(),
             "aux_layers": aux_ids,
-            "aux_layers_default": p.extract.aux_layers is None or aux_ids == layers.default_hf_indices(target.num_layers),
+            "aux_layers_default": (p.extract.aux_layers is None
+                                   or aux_ids == layers.default_hf_indices(target.num_layers)),
             "num_layers": target.num_layers,
             "hidden_size": cfg.hidden_size,
             "vocab_size": cfg.vocab_size,

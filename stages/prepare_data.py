@@ -1,9 +1,11 @@
 """DVC stage `prepare-data`: load conversations, split them, write the splits and metrics.
 
-Reads params `data.*` and `seed`; writes `data/conversations/{train,val,test,publish}.jsonl`
-and `metrics/prepare_data.json`, and logs the counts as the stage's MLflow child run. `data.code_prompts` code conversations (eyas.code_data) are added
-to train and val after the split; when it is > 0, the metrics' `code` section holds, per package (import name), the
-usable functions it gave (`code.<package>.usable`) and why the others were skipped. Run from the repository root: `python -m stages.prepare_data`.
+Reads params `data.*` and `seed`; writes `data/conversations/{train,val,test,publish}.jsonl` and
+`metrics/prepare_data.json`, and logs the counts as the stage's MLflow child run.
+`data.code_prompts` code conversations (eyas.code_data) are added to train and val after the split;
+when it is > 0, the metrics' `code` section holds, per package (import name), the usable functions
+it gave (`code.<package>.usable`) and why the others were skipped. Run from the repository root:
+`python -m stages.prepare_data`.
 """
 
 from __future__ import annotations

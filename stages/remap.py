@@ -14,17 +14,17 @@ import copy
 from pathlib import Path
 
 from eyas.config import load_params
-from eyas.export import save_drafter
+from eyas.drafter import Eagle3Drafter
+from eyas.export import load_drafter, save_drafter
 from eyas.features import FeatureStore, check_compatible
 from eyas.io import write_json
-from eyas.provenance import FILE as FINGERPRINT, check, record
+from eyas.provenance import FILE as FINGERPRINT
+from eyas.provenance import check, record
 from eyas.remap import adopt_target_positions, naive_lm_head, remap_lm_head
 from eyas.target import pick_device
 from eyas.tracking import start_stage_run
 from eyas.ttt import PackedLoader, evaluate, head_rows_for
-from eyas.drafter import Eagle3Drafter
 from eyas.vocab import VocabMapping, load_mapping
-from eyas.export import load_drafter
 from stages.common import FEATURES, METRICS, VOCAB, target_head
 
 OUT = Path("models/remapped")

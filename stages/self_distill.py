@@ -1,14 +1,15 @@
 """DVC stage `self-distill`: the target rewrites assistant turns (`distill.turns`: the last, or all).
 
-Reads params `distill`, `target`, `extract.max_length`, `data.on_bad_line`; reads `data/conversations/{train,val,publish}.jsonl`; writes
-`data/distilled/{train,val,publish}.jsonl` (regenerated rows carry the target's token ids:
-eyas/distill.py) and `metrics/self_distill.json`. Every prompt is rendered with the tokenizer
-before the target's weights load, so a conversation the chat template refuses stops the stage
-(or, with `data.on_bad_line: skip`, is counted by id) in seconds. Splits not named in
-`distill.splits` (and every split when `distill.enabled` is false) are copied byte for byte, so
-the DAG is the same either way. Finished replies are journaled in `.eyas/work/self_distill/`: a
-killed run, rerun, generates only the rest (eyas.distill.Journal). The test split is never
-touched (eval reads it from data/conversations). Run from the repository root:
+Reads params `distill`, `target`, `extract.max_length`, `data.on_bad_line`; reads
+`data/conversations/{train,val,publish}.jsonl`; writes `data/distilled/{train,val,publish}.jsonl`
+(regenerated rows carry the target's token ids: eyas/distill.py) and `metrics/self_distill.json`.
+Every prompt is rendered with the tokenizer before the target's weights load, so a conversation the
+chat template refuses stops the stage (or, with `data.on_bad_line: skip`, is counted by id) in
+seconds. Splits not named in `distill.splits` (and every split when `distill.enabled` is false) are
+copied byte for byte, so the DAG is the same either way. Finished replies are journaled in
+`self_distill` under `.eyas/work`: a killed run, rerun, generates only the rest
+(eyas.distill.Journal). The test split is never touched (eval reads it from data/conversations). Run
+from the repository root:
 `python -m stages.self_distill`.
 """
 
@@ -26,7 +27,8 @@ from eyas.tracking import start_stage_run
 
 SPLITS = ("train", "val", "publish")
 IN_DIR, OUT_DIR = Path("data/conversations"), Path("data/distilled")
-WORK = Path(".eyas/work/self_distill")  # per-split journals of finished replies (resume)
+# repo-relative: per-split journals of finished replies (resume)
+WORK = Path(".eyas", "work", "self_distill")
 METRICS = Path("metrics/self_distill.json")
 
 

@@ -7,8 +7,14 @@ import math
 import pytest
 import torch
 
-from eyas.chain_oracle import (walk_metrics, accepted_draft_counts, chain_acceptance_length, chain_report, chain_walk,
-                               repetition_loop_period)
+from eyas.chain_oracle import (
+    accepted_draft_counts,
+    chain_acceptance_length,
+    chain_report,
+    chain_walk,
+    repetition_loop_period,
+    walk_metrics,
+)
 from eyas.drafter import DrafterConfig, Eagle3Drafter
 from eyas.speculative import NgramProposer, evaluate_prompts, greedy_generate, speculative_generate
 from eyas.ttt import head_rows_for, pack, ttt_forward

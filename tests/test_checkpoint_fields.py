@@ -3,7 +3,6 @@ speculators export is safe to load (issue 25). Values are computed here independ
 by transformers' own ``ROPE_INIT_FUNCTIONS``, acceptance lengths by real speculative decoding."""
 
 import json
-import math
 
 import pytest
 import torch
@@ -235,7 +234,7 @@ def test_zeroed_d2t_gives_accept_len_one_and_is_flagged():
     """A real speculative run of a reduced-vocab drafter whose d2t was zeroed (draft id i proposes
     target id i) on a tiny Llama target: the acceptance length is a real 1.0-ish and is flagged;
     the n-gram floor on repeated prompts is not."""
-    from eyas.speculative import NgramProposer, evaluate_prompts
+    from eyas.speculative import evaluate_prompts
 
     torch.manual_seed(0)
     tgt = transformers.LlamaForCausalLM(transformers.LlamaConfig(

@@ -16,8 +16,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from eyas.code_data import (MAX_PROMPT_CHARS, MAX_SOURCE_CHARS, PACKAGES, add_to_splits,
-                            code_conversations, humaneval_word_runs)
+from eyas.code_data import (
+    MAX_PROMPT_CHARS,
+    MAX_SOURCE_CHARS,
+    PACKAGES,
+    add_to_splits,
+    code_conversations,
+    humaneval_word_runs,
+)
 from eyas.config import ParamsError, parse_params
 from eyas.data import DataError
 

@@ -10,8 +10,7 @@ import torch
 from transformers import GenerationConfig
 
 from eyas.config import ParamsError, load_params
-from eyas.data import read_jsonl, write_jsonl
-from eyas.data import DataError
+from eyas.data import DataError, read_jsonl, write_jsonl
 from eyas.distill import Journal, fit_prompt, generate_batch, plan_prompts, regenerate, turn_prompts
 from eyas.speculative import greedy_generate
 from stages import self_distill

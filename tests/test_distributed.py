@@ -13,7 +13,6 @@ import sys
 import pytest
 import torch
 import torch.multiprocessing as mp
-
 from safetensors.torch import load_file
 
 from eyas import distributed as D
@@ -266,6 +265,7 @@ def test_launch_main_names_where_a_bad_nproc_came_from(tmp_path, monkeypatch):
         launch.main(["no_such_module_eyas"])
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 GPUs (NCCL)")
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_two_gpus_over_nccl_match_one_gpu(tmp_path, strategy):

@@ -6,7 +6,7 @@ scripts use the real ``eyas.config`` (typed params), ``eyas.tracking`` (MLflow s
 
     prepare-data (params: data) -> train-finetune (params: lr) -> eval-accept-len@finetune
 
-It shows (dvc-mlflow-facts.md pitfalls 1 and 3):
+It shows (docs/dvc-mlflow.md §2 and §4):
   (a) ``dvc exp run -S lr=5e-5`` reruns exactly the stages downstream of ``lr``, and the stage
       reads ``lr`` as the float 5e-05 although PyYAML reads the written ``5e-05`` as a string;
   (b) two ``dvc exp run --queue -S lr=...`` + ``dvc queue start -j 2`` land in ONE MLflow store:
@@ -245,7 +245,7 @@ def test_exp_run_set_param_reruns_only_lr_stages(repo):
     out = r.stdout + r.stderr
     assert ran_stages(out) == LR_STAGES, out
     assert "COMPUTE prepare-data" not in out
-    # DVC wrote `lr: 5e-05`, which PyYAML reads as a STRING (facts 0, pitfall 3) ...
+    # DVC wrote `lr: 5e-05`, which PyYAML reads as a STRING (docs/dvc-mlflow.md §4) ...
     assert yaml.safe_load((repo / "params.yaml").read_text())["lr"] == "5e-05"
     lock = yaml.safe_load((repo / "dvc.lock").read_text())
     assert lock["stages"]["train-finetune"]["params"]["params.yaml"]["lr"] == "5e-05"

@@ -39,7 +39,8 @@ def raw_safetensors(path) -> dict:
     header = json.loads(blob[8:8 + n])
     header.pop("__metadata__", None)
     data = blob[8 + n:]
-    return {k: (v["dtype"], tuple(v["shape"]), hashlib.sha256(data[v["data_offsets"][0]:v["data_offsets"][1]]).hexdigest())
+    return {k: (v["dtype"], tuple(v["shape"]),
+                hashlib.sha256(data[v["data_offsets"][0]:v["data_offsets"][1]]).hexdigest())
             for k, v in header.items()}
 
 

@@ -12,8 +12,17 @@ import torch
 from safetensors import safe_open
 
 from eyas.config import ParamsError, parse_params
-from eyas.features import (FP8, FeatureError, FeatureStore, ShardWriter, check_disk_space, bytes_per_token,
-                           dequantize_fp8, estimate_split_bytes, quantize_fp8)
+from eyas.features import (
+    FP8,
+    FeatureError,
+    FeatureStore,
+    ShardWriter,
+    bytes_per_token,
+    check_disk_space,
+    dequantize_fp8,
+    estimate_split_bytes,
+    quantize_fp8,
+)
 from eyas.ttt import PackedLoader
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -50,7 +59,7 @@ def test_estimate_equals_bytes_written(tmp_path, dtype):
 
 
 def test_disk_check_refuses_naming_path_and_bytes(tmp_path):
-    out, work = tmp_path / "data/features", tmp_path / ".eyas/work/extract"  # neither exists yet
+    out, work = tmp_path / "data/features", tmp_path / ".eyas" / "work" / "extract"  # neither exists yet
     # same filesystem: only the output is checked; 1000 bytes + 10% headroom = 1100
     with pytest.raises(FeatureError) as e:
         check_disk_space(out, 1000, work, 600, headroom=0.1, free_bytes=lambda p: 1099)
@@ -189,8 +198,9 @@ def test_fp8_quantised_before_the_host_copy_writes_the_same_bytes(tmp_path):
     bytes the writer's own per-sample quantisation writes; pre-quantised input that does not fit
     (no or wrong scales, another fp8 format, a scale for unquantised states, non-fp8 storage) is
     refused before anything is buffered."""
-    from eyas.features import quantize_capture
     from tiny import tiny_target, write_features
+
+    from eyas.features import quantize_capture
 
     ref = write_features(tiny_target(), tmp_path / "f32", 5, seed=4)
     samples = list(ref.iter_samples())
@@ -226,8 +236,9 @@ def test_fp8_storage_refuses_non_finite_aux_states(tmp_path, value):
     """e4m3 cannot hold inf/NaN: its per-token scale would be inf/NaN and the stored row zeros or
     NaN. The writer names the sample, token and aux layer, for both quantisation paths, and the
     samples before it stay written."""
-    from eyas.features import quantize_capture
     from tiny import tiny_target, write_features
+
+    from eyas.features import quantize_capture
 
     ref = write_features(tiny_target(), tmp_path / "ref", 3, seed=5)
     samples = list(ref.iter_samples())

@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 import yaml
+from tiny import tiny_target, write_features
 
 from eyas import provenance
 from eyas.config import ParamsError, load_params
 from eyas.io import save_safetensors
 from eyas.provenance import StaleError
-from tiny import tiny_target, write_features
 
 REPO = Path(__file__).resolve().parents[1]
 PARAMS = {"seed": 0, "target": {"path": "./target"}, "vocab": {"draft_vocab_size": 16},

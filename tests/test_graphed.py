@@ -63,6 +63,7 @@ def test_pad_batch_keeps_loss_grads_and_counts():
         pad_batch(b, 2, 8)
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
 def test_graph_replay_equals_eager_over_batches_with_other_documents():
     d, head = drafter("cuda")
@@ -79,6 +80,7 @@ def test_graph_replay_equals_eager_over_batches_with_other_documents():
     assert ref[0][0] != pytest.approx(ref[1][0], rel=1e-3)  # the two batches really differ
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
 def test_training_stage_with_graphs_matches_eager(tmp_path, monkeypatch):
     """train_drafter on a GPU, the default (graph replay: padded static batches, one capture)

@@ -34,7 +34,8 @@ def test_two_token_vocab_by_hand():
 
 
 @pytest.mark.parametrize("device", [
-    "cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA"))])
+    "cpu", pytest.param("cuda", marks=[pytest.mark.gpu,
+                                       pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")])])
 def test_gradients_equal_autograd_through_soft_target_cross_entropy(device):
     # on CUDA the loss pass is the torch.compile'd graph
     g = torch.Generator().manual_seed(0)

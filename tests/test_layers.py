@@ -10,7 +10,7 @@ import transformers
 from eyas import layers
 from eyas.drafter import DrafterConfig, Eagle3Drafter
 from eyas.export import ExportError, load_drafter, save_drafter, to_hf_config
-from eyas.features import FeatureError, LAYER_CONVENTION, check_compatible
+from eyas.features import LAYER_CONVENTION, FeatureError, check_compatible
 from eyas.target import Target
 
 

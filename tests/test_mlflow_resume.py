@@ -17,9 +17,9 @@ import time
 
 import pytest
 from mlflow import MlflowClient
+from test_resume import CKPT, DRIVER, _copy, _env, workspace  # noqa: F401 - workspace is a fixture
 
 from eyas import checkpoint as ckpt
-from test_resume import CKPT, DRIVER, _copy, _env, workspace  # noqa: F401 - workspace is a fixture
 
 
 def _tsv(path) -> list[dict]:

@@ -54,8 +54,8 @@ def test_dvc_repro_end_to_end(tmp_path):
     run([sys.executable, "-m", "dvc", "init", "-q"], repo, env)
 
     out = run([sys.executable, "-m", "dvc", "repro"], repo, env)
-    for stage in ("identify-inputs", "prepare-data", "self-distill", "extract", "build-vocab", "stand-in-drafter", "remap", "train-scratch",
-                  "train-finetune", "eval-accept-len@scratch", "eval-accept-len@finetune"):
+    for stage in ("identify-inputs", "prepare-data", "self-distill", "extract", "build-vocab", "stand-in-drafter",
+                  "remap", "train-scratch", "train-finetune", "eval-accept-len@scratch", "eval-accept-len@finetune"):
         assert f"Running stage '{stage}'" in out
 
     m = {p.stem: json.loads(p.read_text()) for p in (repo / "metrics").glob("*.json")}

@@ -1,7 +1,7 @@
 """An independent reference of the EAGLE-3 draft forward, written here from the description of
-SGLang's ``models/llama_eagle3.py`` (eagle3-facts.md §1.2), reading ONLY the exported
-``config.json`` and ``model.safetensors`` (no eyas code on the reference side), against eyas'
-drafter on the same inputs.
+SGLang's ``python/sglang/srt/models/llama_eagle3.py`` (``sgl-project/sglang``), reading ONLY the
+exported ``config.json`` and ``model.safetensors`` (no eyas code on the reference side), against
+eyas' drafter on the same inputs.
 
 SGLang, as read: ``hidden = fc(aux)`` when the hidden width differs from the embedding's;
 ``residual = hidden`` (un-normed); attention input ``cat([input_layernorm(embed),
@@ -29,7 +29,8 @@ def reference_forward(ckpt_dir, embed_weight, aux, input_ids, positions):
     """From scratch, float64. aux [T, 3*TH], input_ids [T], positions [T] -> (pre-norm hidden [T, H],
     draft logits [T, VD], full-vocab logits [T, V] with -inf outside the draft vocab)."""
     cfg = json.loads((ckpt_dir / "config.json").read_text())
-    w = {k: v.double() if v.is_floating_point() else v for k, v in load_file(str(ckpt_dir / "model.safetensors")).items()}
+    tensors = load_file(str(ckpt_dir / "model.safetensors"))
+    w = {k: v.double() if v.is_floating_point() else v for k, v in tensors.items()}
     Hd, nh, nkv = cfg["head_dim"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
     eps, theta = cfg["rms_norm_eps"], cfg["rope_theta"]
 

@@ -5,14 +5,14 @@ import math
 
 import pytest
 import torch
+from tiny import tiny_target, write_features
 
 from eyas.config import TrainParams
 from eyas.remap import naive_lm_head, remap_lm_head
-from eyas.train import GateError, new_drafter, step0_gate, train_drafter
 from eyas.tracking import Tracker
+from eyas.train import GateError, new_drafter, step0_gate, train_drafter
 from eyas.ttt import PackedLoader, evaluate, head_rows_for
 from eyas.vocab import VocabMapping, build_mapping, count_tokens
-from tiny import tiny_target, write_features
 
 
 def mapping_from_targets(tids, vocab):

@@ -21,6 +21,7 @@ import pytest
 import torch
 import yaml
 from safetensors.torch import load_file
+from tiny import tiny_target, write_features
 from transformers import get_cosine_schedule_with_warmup
 
 from eyas import checkpoint as ckpt
@@ -30,7 +31,6 @@ from eyas.io import save_safetensors
 from eyas.tracking import Tracker
 from eyas.train import NonFiniteLossError, new_drafter, train_drafter
 from eyas.vocab import build_mapping, count_tokens, save_mapping
-from tiny import tiny_target, write_features
 
 REPO = Path(__file__).resolve().parents[1]
 CKPT = Path(".eyas/checkpoints/train-scratch")
@@ -46,7 +46,8 @@ def slow(*a, **k):
     time.sleep(float(os.environ.get("EYAS_TEST_STEP_SLEEP", "0")))
     return real(*a, **k)
 t.ttt_forward = slow
-import eyas.plots, stages.common; stages.common.__dict__.setdefault("plots", eyas.plots)  # TODO: drop once stages/common.py imports plots
+# TODO: drop once stages/common.py imports plots
+import eyas.plots, stages.common; stages.common.__dict__.setdefault("plots", eyas.plots)
 from stages.train_scratch import main
 main()
 """

@@ -98,11 +98,11 @@ CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }
 @pytest.fixture(scope="module")
 def char_target():
     """The tiny random Llama with a character-level fast tokenizer and a ChatML template."""
+    from tiny import VOCAB, tiny_target
     from tokenizers import Tokenizer, models
     from transformers import PreTrainedTokenizerFast
 
     from eyas.target import Target
-    from tiny import VOCAB, tiny_target
 
     chars = [chr(c) for c in range(32, 127)] + ["\n"]
     tok = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(chars)}, merges=[]))
@@ -158,10 +158,11 @@ def test_missing_drafter_dir_is_named(tmp_path):
 
 
 def test_vocab_size_mismatch_between_features_and_vocab_dir(tmp_path):
+    from tiny import manifest_fields, tiny_target
+
     from eyas.features import FeatureError, check_compatible
     from eyas.train import new_drafter
     from eyas.vocab import build_mapping, load_mapping, save_mapping
-    from tiny import manifest_fields, tiny_target
 
     target = tiny_target()
     manifest = manifest_fields(target, [2, 4, 5])
@@ -217,10 +218,10 @@ def test_no_pickle_eval_or_exec_in_code():
 
 def test_trust_remote_code_off_unless_asked(tmp_path, monkeypatch):
     import transformers
+    from tiny import tiny_target
 
     from eyas.config import Params
     from eyas.target import load_target
-    from tiny import tiny_target
 
     calls = []
 

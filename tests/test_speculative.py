@@ -8,9 +8,17 @@ import torch
 import transformers
 
 from eyas import speculative as spec
-from eyas.drafter import DrafterConfig, Eagle3Drafter, KVCache
-from eyas.speculative import (EagleProposer, NgramProposer, acceptance_length, evaluate_prompts,
-                              greedy_generate, ngram_propose, speculative_generate, verify_chain)
+from eyas.drafter import DrafterConfig, Eagle3Drafter
+from eyas.speculative import (
+    EagleProposer,
+    NgramProposer,
+    acceptance_length,
+    evaluate_prompts,
+    greedy_generate,
+    ngram_propose,
+    speculative_generate,
+    verify_chain,
+)
 
 V = 128
 

@@ -14,7 +14,6 @@ ids shifted left by one and the same positions. Its logits are read from its own
 through a forward hook (the forward returns only the argmax tokens).
 """
 
-import os
 
 import pytest
 import torch
@@ -22,9 +21,9 @@ import torch
 speculators = pytest.importorskip("speculators")
 
 from eyas.drafter import DrafterConfig, Eagle3Drafter  # noqa: E402
+from eyas.speculators_format import write_speculators  # noqa: E402
 from eyas.ttt import shift_left  # noqa: E402
 from eyas.verifier import verifier_identity  # noqa: E402
-from eyas.speculators_format import write_speculators  # noqa: E402
 
 V, VD, H, L, T = 96, 24, 32, 8, 128  # T: one flex-attention block (speculators builds 128-token block masks)
 

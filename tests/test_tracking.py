@@ -16,7 +16,7 @@ import pytest
 mlflow = pytest.importorskip("mlflow")
 from mlflow import MlflowClient  # noqa: E402
 
-from eyas import io as eyas_io
+from eyas import io as eyas_io  # noqa: E402
 from eyas import tracking  # noqa: E402
 from eyas.config import Params, flatten, params_hash  # noqa: E402
 
@@ -74,7 +74,7 @@ def test_repo_root_and_uri(bare_repo, monkeypatch):
 
 def test_queued_run_lands_in_root_store(bare_repo, monkeypatch):
     repo = bare_repo
-    """A queued experiment runs in .dvc/tmp/exps/tmpXXX, deleted afterwards (facts 1.6)."""
+    """A queued experiment runs in .dvc/tmp/exps/tmpXXX, deleted afterwards (docs/dvc-mlflow.md §1)."""
     tmp = repo / ".dvc" / "tmp" / "exps" / "tmpabc"
     tmp.mkdir(parents=True)
     (tmp / "dvc.yaml").write_text("stages: {}\n")  # the copy has its own dvc.yaml

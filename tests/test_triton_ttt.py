@@ -9,7 +9,8 @@ import torch
 from eyas.drafter import merge_diagonal
 from eyas.head_loss import soft_cross_entropy_grad
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="Triton kernels run on CUDA")
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="Triton kernels run on CUDA")]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

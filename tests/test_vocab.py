@@ -8,8 +8,16 @@ import torch
 
 from eyas.drafter import DrafterConfig, Eagle3Drafter
 from eyas.export import ExportError, check_served_tensors
-from eyas.vocab import (VocabError, VocabMapping, build_mapping, compare_mappings, count_tokens,
-                        load_mapping, save_mapping, validate_mapping)
+from eyas.vocab import (
+    VocabError,
+    VocabMapping,
+    build_mapping,
+    compare_mappings,
+    count_tokens,
+    load_mapping,
+    save_mapping,
+    validate_mapping,
+)
 
 V = 16
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from eyas.features import ShardWriter, FeatureStore
+from eyas.features import FeatureStore, ShardWriter
 from eyas.target import Target
 
 VOCAB = 128
