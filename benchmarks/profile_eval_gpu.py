@@ -7,12 +7,20 @@ $OUT/prof_eval.json (or /tmp). Run on a GPU machine from the repository root:
 
     python3 benchmarks/profile_eval_gpu.py
 """
-import time, sys, torch, json, os
+import json
+import os
+import sys
+import time
+
+import torch
+
 sys.path.insert(0, ".")  # the repository root
 from transformers import LlamaConfig, LlamaForCausalLM
-from eyas.drafter import DrafterConfig, Eagle3Drafter
-from eyas.speculative import evaluate_prompts, greedy_generate, NgramProposer
+
 from eyas.chain_oracle import accepted_draft_counts
+from eyas.drafter import DrafterConfig, Eagle3Drafter
+from eyas.speculative import NgramProposer, evaluate_prompts, greedy_generate
+
 torch.manual_seed(0)
 cfg = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
                   num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=2048, tie_word_embeddings=True,
@@ -38,7 +46,6 @@ with torch.no_grad():
     T("oracle_eagle_10", lambda: [accepted_draft_counts(model, dr, p, y, num_draft_tokens=4, aux_layer_ids=aux, features=f) for p, y, f in zip(prompts, greedy, fed)])
     T("oracle_eagle_10_again", lambda: [accepted_draft_counts(model, dr, p, y, num_draft_tokens=4, aux_layer_ids=aux, features=f) for p, y, f in zip(prompts, greedy, fed)])
     T("oracle_ngram_10", lambda: [accepted_draft_counts(model, NgramProposer(), p, y, num_draft_tokens=4, aux_layer_ids=None) for p, y in zip(prompts, greedy)])
-    from transformers import GenerationConfig
     from eyas.distill import generate_batch
     for bs in (128, 512, 1024):
         ps = [torch.randint(100, 40000, (200,), generator=g).tolist() for _ in range(bs)]
