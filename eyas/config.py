@@ -146,6 +146,7 @@ class EvalParams:
     chat_prompts: int = 20
     humaneval_prompts: int = 20
     timing_repeats: int = 1        # timed greedy + speculative runs per prompt (eyas.speculative.evaluate_prompts)
+    max_prompt_tokens: int = 0     # chat: earliest turns of a longer prompt dropped (eyas.distill.fit_prompt); 0 = none
     timed_prompts: int = 0         # prompts per benchmark decoded for real (timed, lossless check); 0 = all
     batch_size: int = 64           # prompts per batched greedy call for the untimed prompts' reference
 
@@ -292,6 +293,7 @@ _RANGES = [
     ("eval.max_new_tokens", lambda v: v >= 2, ">= 2 (the first token comes from the prefill, not a verify step)"),
     ("eval.chat_prompts", lambda v: v >= 1, ">= 1"),
     ("eval.humaneval_prompts", lambda v: 1 <= v <= 164, "in [1, 164] (HumanEval has 164 problems)"),
+    ("eval.max_prompt_tokens", lambda v: v >= 0, ">= 0 (0 = no prompt budget)"),
     ("eval.timed_prompts", lambda v: v >= 0, ">= 0 (0 = every prompt is decoded for real)"),
     ("eval.batch_size", lambda v: v >= 1, ">= 1"),
     ("eval.timing_repeats", lambda v: v >= 1, ">= 1 (each prompt's greedy and speculative runs are timed this often)"),

@@ -6,7 +6,9 @@ both decoders stop at the target's stop set (`Target.stop_ids`: the tokenizer's 
 `generation_config.eos_token_id`, where HF `generate` stops). The greedy reference comes out of
 the timed greedy runs of `evaluate_prompts` (interleaved per prompt with the speculative ones,
 `eval.timing_repeats` times): no separate greedy pass.
-With `eval.timed_prompts` N > 0 only the first N prompts per benchmark are decoded for real; the
+Chat prompts longer than `eval.max_prompt_tokens` lose their earliest turns (the rule self-distill
+applies, eyas.distill.fit_prompt; 0 = no budget), and are dropped, counted, when even the last
+user turn does not fit. With `eval.timed_prompts` N > 0 only the first N prompts per benchmark are decoded for real; the
 others' greedy outputs come from batched generate and their acceptance from the exact oracle
 (eyas/acceptance.py). The exact oracle of eyas/chain_oracle.py adds the acceptance length of every chain length 1..k
 (its k entry is checked against the real run: `oracle_matches_real`) and the prompts whose greedy
@@ -24,7 +26,8 @@ import sys
 from eyas import eval_checks
 from eyas.acceptance import evaluate_benchmark
 from eyas.config import load_params
-from eyas.data import chat_prompts, humaneval_prompts, read_jsonl, render_prompt
+from eyas.data import chat_prompts, humaneval_prompts, read_jsonl
+from eyas.distill import fit_prompt
 from eyas.export import load_drafter
 from eyas.io import write_json
 from eyas.plots import accept_len_figure
@@ -58,13 +61,18 @@ def main(name: str) -> None:
         kw = dict(num_draft_tokens=k, max_new_tokens=e.max_new_tokens, stop_ids=target.stop_ids)
         metrics: dict = {"drafter": name, "ngram": {}}
         for bench, chats in benchmarks.items():
-            prompts = [render_prompt(tok, m) for m in chats]
+            budget = (e.max_prompt_tokens or None) if bench == "chat" else None  # HumanEval: whole problems
+            fits = [fit_prompt(tok, m, budget) for m in chats]
+            prompts = [f[1] for f in fits if f is not None]
             pos = eval_checks.position_check([len(x) for x in prompts], e.max_new_tokens, k,  # issue 16
                                              drafter.config.max_position_embeddings)
             r, n = evaluate_benchmark(target, drafter, prompts, aux_layer_ids=drafter.config.resolved_aux_layers(),
                                       timed_prompts=e.timed_prompts, timing_repeats=e.timing_repeats,
                                       batch_size=e.batch_size, **kw)
             metrics[bench], metrics["ngram"][bench] = r, n
+            r["settings"]["max_prompt_tokens"] = e.max_prompt_tokens
+            r["settings"]["prompts_shortened"] = sum(f is not None and len(f[0]) < len(m) for f, m in zip(fits, chats))
+            r["settings"]["prompts_dropped_too_long"] = sum(f is None for f in fits)
             r["positions"], r["suspected_misconfiguration"] = pos, eval_checks.misconfiguration(r)  # issue 16
             for w in ([pos["warning"]] if pos["warning"] else []) + r["suspected_misconfiguration"]["reasons"]:
                 print(f"eval {name} {bench}: WARNING {w}")
