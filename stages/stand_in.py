@@ -36,7 +36,7 @@ def main() -> None:
         mapping, info = build_mapping(count_tokens(ids, mask, pub.manifest["vocab_size"]),
                                       s.draft_vocab_size, order=s.order)
         head = target_head()
-        drafter = new_drafter(pub.manifest, mapping, head["embed_tokens"], p.seed + 1, lm_head=head["lm_head"])
+        drafter = new_drafter(pub.manifest, mapping, head["embed_tokens"], p.seed + 1)
         tp = dataclasses.replace(p.train, epochs=s.epochs)
         result = train_drafter(drafter, train_store=pub, val_store=val, lm_head=head["lm_head"], tp=tp,
                                lr=s.lr, seed=p.seed + 1, tracker=tracker, device=pick_device(),

@@ -184,7 +184,7 @@ def test_prepare_data_stage_counts_code(tmp_path):
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     env = {**os.environ, "PYTHONPATH": str(REPO), "EYAS_TRACKING": "off", "OMP_NUM_THREADS": "1"}
     r = subprocess.run([sys.executable, "-m", "stages.prepare_data"], cwd=tmp_path, env=env,
-                       capture_output=True, text=True, timeout=120)
+                       capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
     m = json.loads((tmp_path / "metrics/prepare_data.json").read_text())
     # train 40 - 10 - 2 - 2 = 26 chat; val share 10 * 10 // 36 = 2

@@ -124,3 +124,17 @@ def test_train_drafter_loss_decreases(two_mappings):
     assert r.step0_val["loss_0"] == pytest.approx(math.log(96), abs=0.3)  # random init: chance
     assert r.final_val["loss_0"] < r.step0_val["loss_0"] - 0.3
     assert r.steps == sum(PackedLoader(train, 96, 0).num_batches(e) for e in range(2))
+
+
+def test_a_new_drafter_starts_with_the_targets_lm_head_rows(two_mappings):
+    """new_drafter(lm_head=...) copies the target's lm_head rows of each draft id (target id =
+    draft id + d2t[draft id]), in draft-id order; without it the head is random."""
+    target, train, val, map_a, map_b, head = two_mappings
+    d = new_drafter(train.manifest, map_a, head["embed_tokens"], seed=0, lm_head=head["lm_head"])
+    tids = torch.arange(map_a.draft_vocab_size) + map_a.d2t  # computed here, not through the drafter
+    assert torch.equal(d.lm_head.weight, head["lm_head"][tids])
+    assert not torch.equal(d.lm_head.weight, head["lm_head"][torch.arange(map_a.draft_vocab_size)])  # frequency order
+    r = new_drafter(train.manifest, map_a, head["embed_tokens"], seed=0)
+    assert not torch.equal(r.lm_head.weight, d.lm_head.weight)
+    with pytest.raises(Exception, match="lm_head has 5 rows"):
+        new_drafter(train.manifest, map_a, head["embed_tokens"], seed=0, lm_head=head["lm_head"][:5])

@@ -90,7 +90,8 @@ def _reference(ws: Path):
     p = load_params(ws / "params.yaml")
     train, val = FeatureStore.open(ws / "data/features/train"), FeatureStore.open(ws / "data/features/val")
     head = load_safetensors(ws / "data/features/target_head.safetensors")
-    drafter = new_drafter(train.manifest, load_mapping(ws / "models/vocab")[0], head["embed_tokens"], p.seed)
+    drafter = new_drafter(train.manifest, load_mapping(ws / "models/vocab")[0], head["embed_tokens"], p.seed,
+                          lm_head=head["lm_head"])
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as the subprocess (OMP_NUM_THREADS=1): same reduction order, same bits
     try:
