@@ -18,8 +18,10 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 
 TINY = {
-    "data": {"max_conversations": 40, "val": 4, "test": 3, "publish": 10},
-    "distill": {"max_new_tokens": 8, "batch_size": 8, "splits": ["train", "val"]},
+    # chat only: the stand-in (10 human chat conversations) must pass the fine-tune gate on val
+    # (code conversations are tested in tests/test_code_data.py)
+    "data": {"max_conversations": 40, "val": 4, "test": 3, "publish": 10, "code_prompts": 0},
+    "distill": {"max_new_tokens": 8, "batch_size": 8, "splits": ["train", "val"], "max_prompt_tokens": 0},
     "extract": {"max_length": 128, "batch_size": 4, "shard_samples": 8},
     "vocab": {"draft_vocab_size": 512},
     "stand_in": {"draft_vocab_size": 384, "epochs": 1},
