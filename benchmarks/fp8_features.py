@@ -26,7 +26,7 @@ import torch
 from benchmarks.common import write_result
 from eyas.config import load_params
 from eyas.features import FP8, FeatureStore, ShardWriter, bytes_per_token, dequantize_fp8, head_path, quantize_fp8
-from eyas.io import load_safetensors
+from eyas.files import load_safetensors
 from eyas.tracking import NoOpTracker
 from eyas.train import new_drafter, train_drafter
 from eyas.vocab import load_mapping

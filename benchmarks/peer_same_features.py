@@ -134,7 +134,7 @@ def convert(args) -> dict:
     from safetensors.torch import save_file
 
     from eyas.features import FeatureStore, head_path
-    from eyas.io import load_safetensors
+    from eyas.files import load_safetensors
     from eyas.target import load_target
     from eyas.vocab import load_mapping
 
@@ -287,7 +287,7 @@ def check_same_function(args, ckpt: str, sample: int = 0) -> dict:
 
     from eyas.export import load_drafter
     from eyas.features import FeatureStore, head_path
-    from eyas.io import load_safetensors
+    from eyas.files import load_safetensors
     from eyas.ttt import shift_left
 
     torch.set_num_threads(1)
@@ -340,7 +340,7 @@ def eyas_time(args, steps: int) -> dict:
     torch.set_num_threads(1)
     from eyas.export import save_drafter
     from eyas.features import FeatureStore, head_path
-    from eyas.io import load_safetensors
+    from eyas.files import load_safetensors
     from eyas.tracking import Tracker
     from eyas.train import new_drafter, train_drafter
     from eyas.ttt import PackedLoader
@@ -381,7 +381,7 @@ def evaluate_drafters(args, ckpt: str, partial=None) -> dict:
     from eyas.data import chat_prompts, humaneval_prompts, read_jsonl, render_prompt
     from eyas.export import load_drafter
     from eyas.features import FeatureStore, head_path
-    from eyas.io import load_safetensors
+    from eyas.files import load_safetensors
     from eyas.speculative import evaluate_prompts, greedy_generate
     from eyas.target import load_target
     from eyas.ttt import PackedLoader, evaluate, head_rows_for

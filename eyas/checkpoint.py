@@ -10,7 +10,7 @@ Layout of a checkpoint directory (``<checkpoint_dir>/state/``)::
                               param groups, scheduler state_dict, caller extras, and the sha256 of
                               the safetensors file; ``"complete": true``
 
-The directory is built under a temporary name and renamed into place (:func:`eyas.io.atomic_dir`),
+The directory is built under a temporary name and renamed into place (:func:`eyas.files.atomic_dir`),
 so ``state/`` is either the previous complete checkpoint or the new one. A kill inside the rename
 leaves the previous one at ``.state.old``; :func:`load_train_state` falls back to it. Anything else
 (a temporary ``.state.*.tmp`` directory, a truncated file, a hash mismatch, a checkpoint written for
@@ -30,7 +30,7 @@ from typing import Callable
 
 import torch
 
-from eyas.io import atomic_dir, load_safetensors, read_json, save_safetensors, sha256_file, write_json
+from eyas.files import atomic_dir, load_safetensors, read_json, save_safetensors, sha256_file, write_json
 
 log = logging.getLogger(__name__)
 

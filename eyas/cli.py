@@ -3,7 +3,7 @@
 Subcommands:
     eyas inspect PATH [--vocab DIR] [--num-target-layers N] [--target T [--target-gguf F]] [--json]
         What a drafter checkpoint is and what SGLang / vLLM / speculators would do with it
-        (eyas/inspect.py); with --target (a hub id, a local HF dir, "embedded", a .gguf file or a
+        (eyas/inspector.py); with --target (a hub id, a local HF dir, "embedded", a .gguf file or a
         feature manifest) also its context length, RoPE, vocab, hidden size and aux layers
         against the target's.
         Exit status 1 when the checkpoint has errors for serving, 2 when it cannot be read, else 0.
@@ -25,7 +25,7 @@ import sys
 
 
 def _inspect(args) -> int:
-    from eyas.inspect import inspect_checkpoint, render, target_summary
+    from eyas.inspector import inspect_checkpoint, render, target_summary
 
     try:
         target = None if args.target is None else target_summary(args.target, args.target_gguf)

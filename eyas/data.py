@@ -32,7 +32,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterable
 
-from eyas.io import atomic_path
+from eyas.files import atomic_path
 
 __all__ = [
     "DataError",
@@ -261,7 +261,7 @@ def split_conversations(convs: list[dict], *, val: int, test: int, publish: int,
 
 
 def write_jsonl(path: str | os.PathLike, rows: Iterable[dict]) -> int:
-    """Write ``rows`` as UTF-8 JSONL atomically (:func:`eyas.io.atomic_path`: temp file in the same
+    """Write ``rows`` as UTF-8 JSONL atomically (:func:`eyas.files.atomic_path`: temp file in the same
     dir, fsync, rename, the umask's permissions). Creates parent directories. Returns the number
     of rows written."""
     n = 0

@@ -42,7 +42,7 @@ from pathlib import Path
 import torch
 
 from eyas.data import DataError, prompt_messages, render_prompt
-from eyas.io import write_text
+from eyas.files import write_text
 
 __all__ = ["generate_batch", "fit_prompt", "turn_prompts", "plan_prompts", "regenerate", "Journal",
            "TURNS"]

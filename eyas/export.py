@@ -21,7 +21,7 @@ import torch
 
 from eyas import layers, rope
 from eyas.drafter import DrafterConfig, Eagle3Drafter
-from eyas.io import atomic_dir, load_safetensors, read_json, save_safetensors, write_json
+from eyas.files import atomic_dir, load_safetensors, read_json, save_safetensors, write_json
 from eyas.vocab import validate_mapping
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"

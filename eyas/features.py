@@ -37,7 +37,7 @@ from typing import Iterator
 import torch
 from safetensors import safe_open
 
-from eyas.io import read_json, save_safetensors_parts, write_json
+from eyas.files import read_json, save_safetensors_parts, write_json
 
 MANIFEST = "manifest.json"
 PROGRESS = "progress.json"  # resumable extraction: the complete shards so far (removed at finish)

@@ -26,7 +26,7 @@ from pathlib import Path
 import yaml
 
 from eyas.config import ParamsError, flatten, parse_params
-from eyas.io import write_text
+from eyas.files import write_text
 
 __all__ = ["load_preset", "merge", "set_args"]
 

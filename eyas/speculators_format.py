@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from eyas.io import atomic_dir, load_safetensors, read_json, save_safetensors, write_json
+from eyas.files import atomic_dir, load_safetensors, read_json, save_safetensors, write_json
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from eyas import layers
-from eyas.io import sha256_file
+from eyas.files import sha256_file
 
 log = logging.getLogger(__name__)
 

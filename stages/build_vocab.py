@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from eyas.config import load_params
 from eyas.features import FeatureStore
-from eyas.io import write_json
+from eyas.files import write_json
 from eyas.provenance import check, record
 from eyas.tracking import start_stage_run
 from eyas.vocab import build_mapping, count_tokens, save_mapping, validate_mapping

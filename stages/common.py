@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from eyas import features
-from eyas.io import load_safetensors
+from eyas.files import load_safetensors
 
 CONVERSATIONS = Path("data/conversations")
 DISTILLED = Path("data/distilled")  # self-distill: the splits extract reads

@@ -24,7 +24,7 @@ from tqdm import tqdm
 from eyas import features, layers
 from eyas.config import load_params
 from eyas.data import DataError, read_jsonl, render_with_loss_mask
-from eyas.io import save_safetensors, write_json
+from eyas.files import save_safetensors, write_json
 from eyas.provenance import record as fingerprint
 from eyas.target import load_target, load_tokenizer_and_config
 from eyas.tracking import start_stage_run

@@ -17,7 +17,7 @@ from eyas.config import load_params
 from eyas.drafter import Eagle3Drafter
 from eyas.export import load_drafter, save_drafter
 from eyas.features import FeatureStore, check_compatible
-from eyas.io import write_json
+from eyas.files import write_json
 from eyas.provenance import FILE as FINGERPRINT
 from eyas.provenance import check, record
 from eyas.remap import adopt_target_positions, naive_lm_head, remap_lm_head

@@ -22,7 +22,7 @@ from pathlib import Path
 from eyas.config import ParamsError, load_params
 from eyas.data import read_jsonl, write_jsonl
 from eyas.distill import Journal, plan_prompts, regenerate
-from eyas.io import write_json
+from eyas.files import write_json
 from eyas.tracking import start_stage_run
 
 SPLITS = ("train", "val", "publish")

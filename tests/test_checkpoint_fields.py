@@ -13,8 +13,8 @@ from eyas import engine_keys, eval_checks, rope
 from eyas.cli import main
 from eyas.drafter import DrafterConfig, Eagle3Drafter, rope_cos_sin
 from eyas.export import ExportError, load_drafter, save_drafter
-from eyas.inspect import inspect_checkpoint, target_summary
-from eyas.io import load_safetensors, save_safetensors
+from eyas.files import load_safetensors, save_safetensors
+from eyas.inspector import inspect_checkpoint, target_summary
 from eyas.remap import adopt_target_positions
 from eyas.speculators_format import UnsafeExportError, write_speculators
 from eyas.target import summarise_config

@@ -121,7 +121,7 @@ def test_unknown_key_is_an_error(extra):
 
 
 def test_unknown_key_in_a_file_refuses_to_load(tmp_path):
-    from eyas.io import save_safetensors
+    from eyas.files import save_safetensors
     d = make_drafter()
     save_drafter(d, tmp_path / "out")
     t = dict(d.state_dict_for_export(), **{"midlayer.extra_norm.weight": torch.ones(32)})

@@ -20,7 +20,7 @@ from tiny import tiny_target, write_features
 
 from eyas import provenance
 from eyas.config import ParamsError, load_params
-from eyas.io import save_safetensors
+from eyas.files import save_safetensors
 from eyas.provenance import StaleError
 
 REPO = Path(__file__).resolve().parents[1]

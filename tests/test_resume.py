@@ -27,7 +27,7 @@ from transformers import get_cosine_schedule_with_warmup
 from eyas import checkpoint as ckpt
 from eyas.config import TrainParams
 from eyas.features import PROGRESS, FeatureStore, ShardWriter
-from eyas.io import save_safetensors
+from eyas.files import save_safetensors
 from eyas.tracking import Tracker
 from eyas.train import NonFiniteLossError, new_drafter, train_drafter
 from eyas.vocab import build_mapping, count_tokens, save_mapping
@@ -84,7 +84,7 @@ def _copy(ws: Path, dst: Path) -> Path:
 def _reference(ws: Path):
     """What train-scratch computes on ``ws`` without interruption (in-process, same seed)."""
     from eyas.config import load_params
-    from eyas.io import load_safetensors
+    from eyas.files import load_safetensors
     from eyas.vocab import load_mapping
 
     p = load_params(ws / "params.yaml")

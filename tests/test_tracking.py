@@ -16,7 +16,7 @@ import pytest
 mlflow = pytest.importorskip("mlflow")
 from mlflow import MlflowClient  # noqa: E402
 
-from eyas import io as eyas_io  # noqa: E402
+from eyas import files as eyas_files  # noqa: E402
 from eyas import tracking  # noqa: E402
 from eyas.config import Params, flatten, params_hash  # noqa: E402
 
@@ -240,23 +240,23 @@ def test_log_figure_and_tags(repo):
 
 def test_write_json_atomic(tmp_path):
     path = tmp_path / "metrics" / "sub" / "train.json"
-    eyas_io.write_json(path, {"b": 1, "a": [1.5, 2], "c": {"z": 0, "y": None}})
+    eyas_files.write_json(path, {"b": 1, "a": [1.5, 2], "c": {"z": 0, "y": None}})
     assert path.read_bytes() == (
         b'{\n  "a": [\n    1.5,\n    2\n  ],\n  "b": 1,\n'
         b'  "c": {\n    "y": null,\n    "z": 0\n  }\n}\n'
     )
-    eyas_io.write_json(path, {"x": 2})
+    eyas_files.write_json(path, {"x": 2})
     assert json.loads(path.read_text()) == {"x": 2}
     assert os.listdir(path.parent) == ["train.json"]  # no tmp file left
     with pytest.raises(TypeError):
-        eyas_io.write_json(path, {"bad": object()})
+        eyas_files.write_json(path, {"bad": object()})
     assert json.loads(path.read_text()) == {"x": 2}  # old content intact on failure
     assert os.listdir(path.parent) == ["train.json"]
 
 
 def test_write_tsv(tmp_path):
     path = tmp_path / "plots" / "loss.tsv"
-    eyas_io.write_tsv(path, [{"step": 0, "loss": 2.5}, {"step": 1, "loss": 1.0}])
+    eyas_files.write_tsv(path, [{"step": 0, "loss": 2.5}, {"step": 1, "loss": 1.0}])
     assert path.read_bytes() == b"step\tloss\n0\t2.5\n1\t1.0\n"
     assert os.listdir(path.parent) == ["loss.tsv"]
 

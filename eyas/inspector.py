@@ -29,7 +29,7 @@ from safetensors import safe_open
 from eyas import layers, rope
 from eyas.engine_keys import ENGINE_KEYS, refusals
 from eyas.export import SERVED_KEYS, ExportError, check_served_tensors, config_from_hf, detect_layout
-from eyas.io import read_json
+from eyas.files import read_json
 from eyas.vocab import VocabError, VocabMapping, compare_mappings, load_mapping, validate_mapping
 
 # what SGLang's LlamaForCausalLMEagle3 has a parameter for (t2d is accepted and ignored)

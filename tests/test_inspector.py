@@ -12,8 +12,8 @@ import torch
 from eyas.cli import main
 from eyas.drafter import DrafterConfig, Eagle3Drafter
 from eyas.export import ExportError, load_drafter, save_drafter
-from eyas.inspect import inspect_checkpoint, render
-from eyas.io import load_safetensors, save_safetensors
+from eyas.files import load_safetensors, save_safetensors
+from eyas.inspector import inspect_checkpoint, render
 from eyas.speculators_format import SpeculatorsFormatError, read_speculators, write_speculators
 from eyas.vocab import VocabMapping, save_mapping
 
