@@ -26,12 +26,11 @@ tokens are committed: its step ``i`` predicts ``y[p + i]``.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import statistics
 
 import torch
 
+from eyas.backend import DENSE
 from eyas.drafter import Eagle3Drafter
 from eyas.speculative import (
     EagleProposer,
@@ -52,21 +51,6 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
             break
         n += 1
     return n
-
-
-@contextlib.contextmanager
-def _dense_ttt_attention():
-    """Force the reference (dense) TTT attention: on CUDA ``ttt_step`` would otherwise compile
-    flex attention and the layers once per sequence length (eyas/drafter.py, ``EYAS_ATTN``)."""
-    old = os.environ.get("EYAS_ATTN")
-    os.environ["EYAS_ATTN"] = "dense"
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop("EYAS_ATTN", None)
-        else:
-            os.environ["EYAS_ATTN"] = old
 
 
 @torch.no_grad()
@@ -98,13 +82,14 @@ def _eagle_counts(model, proposer: EagleProposer, aux_ids: list[int], prompt_ids
     ok = torch.ones(T - lo, dtype=torch.bool, device=seq.device)   # chain at index t still matches
     counts = torch.zeros(T - lo, dtype=torch.int64, device=seq.device)
     cache: list = []
-    with _dense_ttt_attention():
-        hidden = drafter.project(aux.to(proposer.dtype))
-        for i in range(k):
-            hidden = drafter.ttt_step(hidden, shift_left(seq, 1 + i, 0), pos + i, docs, cache)
-            draft = drafter.draft_to_target(drafter.logits(hidden[0, lo:]).argmax(-1))  # predicts seq[t+2+i]
-            ok &= draft == shift_left(seq, 2 + i, -1)[0, lo:]    # -1 past the end: never matched
-            counts += ok
+    # the reference attention: on CUDA flex attention and the compiled layers would recompile for
+    # every sequence length (eyas/backend.py)
+    hidden = drafter.project(aux.to(proposer.dtype))
+    for i in range(k):
+        hidden = drafter.ttt_step(hidden, shift_left(seq, 1 + i, 0), pos + i, docs, cache, backend=DENSE)
+        draft = drafter.draft_to_target(drafter.logits(hidden[0, lo:]).argmax(-1))  # predicts seq[t+2+i]
+        ok &= draft == shift_left(seq, 2 + i, -1)[0, lo:]    # -1 past the end: never matched
+        counts += ok
     c = counts.tolist()
     return [c[n + p - 2 - lo] if n + p >= 2 else 0 for p in range(len(output_ids))]
 

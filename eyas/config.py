@@ -27,6 +27,8 @@ from typing import Any
 
 import yaml
 
+from eyas.backend import Backend
+
 
 class ParamsError(ValueError):
     """A params file is malformed: the message names the file and the key's dotted path."""
@@ -125,6 +127,7 @@ class TrainParams:
     checkpoint_every: int = 0  # optimizer steps between resumable checkpoints; 0 = none
     nproc: int = 1             # processes under torchrun (eyas.launch); 0 = one per CUDA device
     strategy: str = "ddp"      # data parallelism with nproc > 1: 'ddp' (replicas) or 'fsdp' (FSDP2 shards)
+    backend: Backend = field(default_factory=Backend)  # the TTT unroll's kernels (eyas/backend.py)
 
 
 @dataclass
@@ -224,7 +227,10 @@ def _build(cls: type, raw: dict, prefix: str, source: str) -> Any:
         k: _coerce(v, hints[k], f"{prefix + '.' if prefix else ''}{k}", source)
         for k, v in raw.items()
     }
-    return cls(**kwargs)
+    try:
+        return cls(**kwargs)
+    except ValueError as e:  # a section that checks its own values (eyas.backend.Backend)
+        raise ParamsError(f"{source}: '{prefix}': {e}") from None
 
 
 def parse_params(raw: dict | None, source: str = "params.yaml") -> Params:

@@ -18,12 +18,12 @@ vllm/model_executor/models/llama_eagle3.py``):
 Two attention modes share the weights: :meth:`Eagle3Drafter.ttt_step` (training-time test,
 packed sequences, causal over the target-fed step plus a diagonal over earlier draft steps) and
 :meth:`Eagle3Drafter.decode` (incremental decoding with a KV cache, for speculative decoding).
+TTT attention itself (dense reference, flex attention on CUDA) is eyas/attention.py; which kernels
+run is the caller's :class:`eyas.backend.Backend`.
 """
 
 from __future__ import annotations
 
-import math
-import os
 from dataclasses import asdict, dataclass, field
 from typing import NamedTuple
 
@@ -33,6 +33,8 @@ from torch import nn
 
 from eyas import layers as layer_ids
 from eyas import rope
+from eyas.attention import dense_ttt_attention, expand_kv, flex_ttt_attention
+from eyas.backend import DEFAULT, Backend
 
 
 @dataclass
@@ -134,11 +136,6 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     x1, x2 = x.chunk(2, dim=-1)
     rotated = torch.cat([-x2, x1], dim=-1)
     return x * cos[:, None] + rotated * sin[:, None]
-
-
-def expand_kv(t: torch.Tensor, rep: int) -> torch.Tensor:
-    """Grouped-query attention: kv heads [B, nkv, T, hd] -> [B, nkv * rep, T, hd]."""
-    return t.repeat_interleave(rep, dim=1) if rep > 1 else t
 
 
 class Attention(nn.Module):
@@ -286,7 +283,7 @@ class Eagle3Drafter(nn.Module):
 
     # --- training-time test -------------------------------------------------------------
     def ttt_step(self, hidden, input_ids, positions, doc_ids, cache: list,
-                 weights: LayerWeights | None = None) -> torch.Tensor:
+                 weights: LayerWeights | None = None, backend: Backend = DEFAULT) -> torch.Tensor:
         """One TTT step over packed sequences.
 
         Args:
@@ -297,6 +294,8 @@ class Eagle3Drafter(nn.Module):
             cache: list of (k, v) from earlier steps of this TTT unroll; appended to in place.
             weights: ``self.midlayer.weights(...)``, built once per unroll by the caller; ``None``
                 builds them here.
+            backend: the kernels (eyas/backend.py): on CUDA, flex attention and compiled layer
+                halves (eyas/attention.py) or the dense reference, which CPU always runs.
         Returns:
             [B, T, H] pre-norm hidden state. Query t attends causally (same document) to step-0
             keys and, from steps 1..k, only to the keys at its own index t: the keys a chain draft
@@ -306,29 +305,16 @@ class Eagle3Drafter(nn.Module):
         w = self.midlayer.weights() if weights is None else weights
         embeds = self.embed_tokens(input_ids)
         cos, sin = rope_cos_sin(positions, c.head_dim, c.rope_theta, torch.float32, c.rope_scaling)
-        if use_flex_attention(hidden, c.head_dim):
+        if backend.flex_attention(hidden, c.head_dim):
             # CUDA: the layer around attention (norms, GEMMs, RoPE, SiLU*up, residuals) runs
             # through two torch.compile'd graphs shared by every TTT step; attention is
             # flex_ttt_attention (its block mask is built once per batch)
-            q, k, v = compiled("pre", layer_pre)(w, c, embeds, hidden, cos, sin)
+            q, k, v = backend.compiled("pre", layer_pre)(w, c, embeds, hidden, cos, sin)
             cache.append((k, v))
-            return compiled("post", layer_post)(w, c, hidden, flex_ttt_attention(q, cache, doc_ids))
+            return backend.compiled("post", layer_post)(w, c, hidden, flex_ttt_attention(q, cache, doc_ids, backend))
         q, k, v = layer_pre(w, c, embeds, hidden, cos, sin)
         cache.append((k, v))
-        rep = c.num_attention_heads // c.num_key_value_heads
-        k0, v0 = expand_kv(cache[0][0], rep), expand_kv(cache[0][1], rep)
-        scale = 1.0 / math.sqrt(c.head_dim)
-        T = q.shape[2]
-        s0 = torch.matmul(q, k0.transpose(-1, -2)) * scale  # [B, nh, T, T]
-        causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
-        allowed = causal[None] & (doc_ids[:, :, None] == doc_ids[:, None, :])
-        s0 = s0.masked_fill(~allowed[:, None], float("-inf"))
-        diag = [(q * expand_kv(kj, rep)).sum(-1, keepdim=True) * scale for kj, _ in cache[1:]]
-        scores = torch.cat([s0, *diag], dim=-1).float().softmax(-1).to(q.dtype)
-        o = torch.matmul(scores[..., :T], v0)
-        for j, (_, vj) in enumerate(cache[1:]):
-            o = o + scores[..., T + j : T + j + 1] * expand_kv(vj, rep)
-        return layer_post(w, c, hidden, o)
+        return layer_post(w, c, hidden, dense_ttt_attention(q, cache, doc_ids))
 
     # --- incremental decoding -----------------------------------------------------------
     def decode(self, hidden, input_ids, positions, kv: "KVCache",
@@ -360,142 +346,6 @@ class Eagle3Drafter(nn.Module):
     def state_dict_for_export(self) -> dict[str, torch.Tensor]:
         """The tensors of the served checkpoint: everything but the (target's) embedding."""
         return {k: v for k, v in self.state_dict().items() if not k.startswith("embed_tokens")}
-
-
-# --- TTT attention on CUDA: block-sparse flex_attention over step-0 keys + the diagonal ---------
-# Keys of step k are [step-0 keys | step-1 keys | ... | step-k keys] (each T long); query t may see
-# step-0 key j when j <= t in the same document, and key t of every later step (the diagonal).
-# flex_attention covers the step-0 part (skipping every all-masked 128x128 tile: no [T, T] score
-# matrix); merge_diagonal adds the diagonal keys through the log-sum-exp.
-# The dense path of ttt_step is the reference (and what the CPU tests check); EYAS_ATTN=dense
-# forces it.
-
-
-def use_flex_attention(x: torch.Tensor, head_dim: int) -> bool:
-    """Whether TTT attention runs through :func:`flex_ttt_attention`: on CUDA (``x`` any input of
-    the step), for head_dim >= 16 (flex_attention's minimum), unless EYAS_ATTN is not "flex"."""
-    if x.device.type != "cuda" or head_dim < 16 or os.environ.get("EYAS_ATTN", "flex") != "flex":
-        return False
-    try:
-        import torch.nn.attention.flex_attention  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-_compiled_fns: dict = {}
-
-
-def _compile_enabled() -> bool:
-    return os.environ.get("EYAS_COMPILE", "1") != "0"
-
-
-def compiled(name: str, fn, dynamic: bool | None = False):
-    """``fn`` through torch.compile (one compiled function per ``name``, made on first use), or
-    ``fn`` itself when EYAS_COMPILE=0. The layer halves (``pre``/``post``) also stay eager with
-    EYAS_COMPILE_LAYER=0. Shapes are fixed per batch shape: ``dynamic=False`` by default."""
-    if not _compile_enabled() or (name in ("pre", "post") and os.environ.get("EYAS_COMPILE_LAYER", "1") == "0"):
-        return fn
-    if name not in _compiled_fns:
-        _compiled_fns[name] = torch.compile(fn, dynamic=dynamic)
-    return _compiled_fns[name]
-
-
-def use_triton(x: torch.Tensor) -> bool:
-    """Whether the TTT hot path's memory-bound pieces (head loss, diagonal merge) run as the
-    Triton kernels of eyas/triton_ttt.py: on CUDA when Triton is installed, unless EYAS_TRITON=0
-    or EYAS_COMPILE=0 (then the torch definitions run, compiled or eager)."""
-    if x.device.type != "cuda" or os.environ.get("EYAS_TRITON", "1") == "0" or not _compile_enabled():
-        return False
-    import importlib.util
-
-    return importlib.util.find_spec("triton") is not None
-
-
-_mask_memo: tuple | None = None  # (weakref to doc_ids, its _version, BlockMask)
-
-
-def doc_causal_block_mask(doc_ids: torch.Tensor):
-    """The flex_attention BlockMask of causal attention inside packed documents: query t sees
-    key j <= t when ``doc_ids[b, t] == doc_ids[b, j]`` (doc_ids [B, T] int64). Memoised on the
-    tensor and its version: every TTT step of a batch shares one mask, and ``copy_`` into
-    ``doc_ids`` (as eyas.graphed.GraphedTTT does, inside its graph) builds a new one."""
-    global _mask_memo
-    import weakref
-
-    from torch.nn.attention.flex_attention import create_block_mask
-
-    m = _mask_memo
-    if m is not None and m[0]() is doc_ids and m[1] == doc_ids._version:
-        return m[2]
-
-    def mask_mod(b, h, q_idx, kv_idx):
-        return (kv_idx <= q_idx) & (doc_ids[b, q_idx] == doc_ids[b, kv_idx])
-
-    B, T = doc_ids.shape
-    mask = create_block_mask(mask_mod, B, None, T, T, device=doc_ids.device,
-                             _compile=_compile_enabled() and doc_ids.device.type == "cuda")
-    _mask_memo = (weakref.ref(doc_ids), doc_ids._version, mask)
-    return mask
-
-
-def merge_diagonal(q: torch.Tensor, o0: torch.Tensor, lse0: torch.Tensor, kd: torch.Tensor,
-                   vd: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """Add the diagonal keys of TTT steps 1..n to attention over the step-0 keys, exactly.
-
-    Args:
-        q: [B, nh, T, hd] queries; o0 [B, nh, T, hd] their attention output over the step-0 keys
-            and lse0 [B, nh, T] float32 its log-sum-exp of scaled scores (natural log).
-        kd, vd: [B, nkv, T, W, hd] the keys/values of steps 1..n stacked (W >= n; query t sees only
-            index t of each; grouped-query: head h uses kv head h // (nh / nkv)).
-        valid: [W] bool, True for the n real entries of kd/vd (the rest is padding, never seen).
-    Returns:
-        [B, nh, T, hd] in q's dtype: softmax attention over the union of the step-0 keys and the n
-        diagonal keys, the two parts weighted by their log-sum-exps (computed in float32).
-    """
-    B, nh, T, hd = q.shape
-    nkv = kd.shape[1]
-    qg = q.float().view(B, nkv, nh // nkv, T, 1, hd)
-    s = (qg * kd.float()[:, :, None]).sum(-1) / math.sqrt(hd)  # [B, nkv, rep, T, W]
-    s = s.masked_fill(~valid, float("-inf"))
-    lse0 = lse0.view(B, nkv, nh // nkv, T)
-    lse = torch.logaddexp(lse0, torch.logsumexp(s, dim=-1))
-    o = o0.float().view(B, nkv, nh // nkv, T, hd) * torch.exp(lse0 - lse)[..., None]
-    o = o + (torch.exp(s - lse[..., None])[..., None] * vd.float()[:, :, None]).sum(-2)
-    return o.view(B, nh, T, hd).to(q.dtype)
-
-
-def flex_ttt_attention(q: torch.Tensor, cache: list, doc_ids: torch.Tensor) -> torch.Tensor:
-    """TTT attention of q [B, nh, T, hd] over the cached (k, v) of steps 0..n: [B, nh, T, hd].
-
-    The step-0 keys go through one block-sparse flex_attention call with the causal same-document
-    mask (:func:`doc_causal_block_mask`, the same at every step), which also returns its
-    log-sum-exp; the keys of steps 1..n are one per query (its own index), so
-    :func:`merge_diagonal` adds them with per-row dot products. No n*T key set is concatenated
-    and no kernel tile is spent on a diagonal key. The stacked diagonal keys are one compiled
-    graph for every n >= 2 (their count is marked dynamic); n = 1 is padded to 2."""
-    from torch.nn.attention.flex_attention import AuxRequest, flex_attention
-
-    k0, v0 = cache[0]
-    o0, aux = compiled("flex", flex_attention, dynamic=None)(
-        q, k0.to(q.dtype), v0.to(q.dtype), block_mask=doc_causal_block_mask(doc_ids),
-        enable_gqa=q.shape[1] != k0.shape[1], return_aux=AuxRequest(lse=True))
-    n = len(cache) - 1
-    if n == 0:
-        return o0
-    if use_triton(q):
-        from eyas.triton_ttt import DiagonalMerge
-
-        kd = torch.stack([k for k, _ in cache[1:]])
-        vd = torch.stack([v for _, v in cache[1:]])
-        return DiagonalMerge.apply(q, o0, aux.lse, kd, vd)
-    pad = [torch.zeros_like(k0)] * (n == 1)  # a size-1 dim would be specialised, not dynamic
-    kd = torch.stack([k for k, _ in cache[1:]] + pad, dim=3)
-    vd = torch.stack([v for _, v in cache[1:]] + pad, dim=3)
-    valid = torch.arange(kd.shape[3], device=q.device) < n
-    for t in (kd, vd, valid):
-        torch._dynamo.maybe_mark_dynamic(t, t.dim() - 2 if t.dim() > 1 else 0)
-    return compiled("merge", merge_diagonal)(q, o0, aux.lse, kd, vd, valid)
 
 
 class KVCache:

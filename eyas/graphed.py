@@ -7,7 +7,7 @@ are static for a given batch shape, so the whole forward (block masks included) 
 be recorded once and replayed as one launch (PyTorch's "whole network capture",
 https://pytorch.org/docs/stable/notes/cuda.html#cuda-graphs).
 
-What the graph holds: :func:`eyas.ttt.ttt_loss_stats` under bf16 autocast (the flex block mask of
+What the graph holds: :class:`eyas.unroll.TTTUnroll`'s forward under bf16 autocast (the flex block mask of
 the batch is rebuilt from the static ``doc_ids`` inside the graph, so every batch gets its own
 mask) and ``loss.backward()``, whose gradients are allocated in the graph's memory pool during
 capture and rewritten by every replay (no zeroing pass, no accumulation into old gradients). Not
@@ -22,23 +22,12 @@ that carry no loss and attend only to themselves, so a training run captures onc
 
 from __future__ import annotations
 
-import os
-
 import torch
 
-from eyas.drafter import Eagle3Drafter
-from eyas.ttt import Batch, autocast, counts_from_stats, summarise, ttt_loss_stats
+from eyas.ttt import Batch, autocast, counts_from_stats, summarise
+from eyas.unroll import TTTUnroll
 
 _TENSOR_FIELDS = ("input_ids", "loss_mask", "aux_hidden", "final_hidden", "target_argmax", "positions", "doc_ids")
-
-
-def cuda_graphs_enabled(device: torch.device | str, world: int = 1) -> bool:
-    """Whether training replays CUDA graphs: on CUDA, single process (DDP's gradient hooks are not
-    captured), unless ``EYAS_CUDA_GRAPHS=0`` or ``EYAS_COMPILE=0``. Measured in
-    benchmarks/README.md (rounds 4-5); a whole train_drafter run with graphs matches eager
-    (tests/test_graphed.py, on a GPU)."""
-    return (torch.device(device).type == "cuda" and world == 1
-            and os.environ.get("EYAS_CUDA_GRAPHS", "1") != "0" and os.environ.get("EYAS_COMPILE", "1") != "0")
 
 
 def pad_batch(batch: Batch, rows: int, tokens: int) -> Batch:
@@ -66,18 +55,19 @@ def pad_batch(batch: Batch, rows: int, tokens: int) -> Batch:
 class GraphedTTT:
     """Forward + backward of the TTT loss over a batch as one CUDA graph replay.
 
-    ``step(batch)`` leaves the batch's gradient in ``p.grad`` of every trainable parameter
-    (overwritten, not accumulated) and returns (loss: detached scalar float32 tensor on the
-    device, metrics as in :func:`eyas.ttt.ttt_forward`, counts as there). The first batch of a
-    new shape is run ``warmup`` times eagerly on a side stream (compilation, cuBLAS workspaces)
-    before capture; its shape then replaces any earlier graph.
+    ``step(batch)`` runs ``unroll``'s forward and backward on ``batch``, leaves the gradient in
+    ``p.grad`` of every trainable parameter (overwritten, not accumulated) and returns (loss:
+    detached scalar float32 tensor on the device, metrics as in :func:`eyas.unroll.ttt_forward`,
+    counts as there). The first batch of a new shape is run ``warmup`` times eagerly on a side
+    stream (compilation, cuBLAS workspaces) before capture; its shape then replaces any earlier
+    graph. Whether training uses it at all is :meth:`eyas.backend.Backend.graphs`: on CUDA, one
+    process (DDP's gradient hooks are not captured); a whole train_drafter run with graphs
+    matches eager (tests/test_graphed.py, on a GPU).
     """
 
-    def __init__(self, drafter: Eagle3Drafter, head_rows: torch.Tensor, ttt_length: int,
-                 step_decay: float, warmup: int = 3):
-        self.drafter, self.head_rows = drafter, head_rows
-        self.ttt_length, self.step_decay, self.warmup = ttt_length, step_decay, warmup
-        self.params = [p for p in drafter.parameters() if p.requires_grad]
+    def __init__(self, unroll: TTTUnroll, warmup: int = 3):
+        self.unroll, self.warmup = unroll, warmup
+        self.params = [p for p in unroll.parameters() if p.requires_grad]
         self.graph = self.static = self.loss = self.stats = None
         self.captures = 0
 
@@ -87,8 +77,7 @@ class GraphedTTT:
         for p in self.params:
             p.grad = None
         with autocast(self.static.input_ids.device):
-            loss, stats = ttt_loss_stats(self.drafter, self.static, self.head_rows, self.ttt_length,
-                                         self.step_decay)
+            loss, stats = self.unroll(self.static)
         loss.backward()
         return loss.detach(), stats
 
@@ -105,7 +94,7 @@ class GraphedTTT:
             for _ in range(self.warmup):
                 self._body()
         torch.cuda.current_stream().wait_stream(side)
-        # copy_ bumps doc_ids' version, so the block-mask memo (eyas.drafter.doc_causal_block_mask)
+        # copy_ bumps doc_ids' version, so the block-mask memo (eyas.attention.doc_causal_block_mask)
         # misses and the mask is built INSIDE the graph, from the static doc_ids
         self._load(batch)
         self.graph = torch.cuda.CUDAGraph()
@@ -121,4 +110,4 @@ class GraphedTTT:
             self._load(batch)
         self.graph.replay()
         counts = counts_from_stats(self.stats)
-        return self.loss, dict(summarise(counts, self.ttt_length)), counts
+        return self.loss, dict(summarise(counts, self.unroll.ttt_length)), counts

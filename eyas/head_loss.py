@@ -2,7 +2,7 @@
 
 Per position t, with student logits ``z = x[t] @ W.T`` over the draft vocab and the teacher
 ``p = exp(teacher_logits[t] - teacher_lse[t])`` (the target's distribution restricted to the draft
-vocab, eyas.ttt.teacher_logits), the token loss is the soft cross-entropy
+vocab, eyas.unroll.teacher_logits), the token loss is the soft cross-entropy
 
     loss[t] = -sum_v p[v] * log_softmax(z)[v]
 
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from eyas.drafter import compiled, use_triton
+from eyas.backend import DEFAULT, Backend
 
 
 def soft_cross_entropy(logits: torch.Tensor, teacher_logits: torch.Tensor, teacher_lse: torch.Tensor
@@ -66,11 +66,12 @@ class HeadLoss(torch.autograd.Function):
     the forward (module docstring). Use :func:`head_loss`."""
 
     @staticmethod
-    def forward(ctx, x, head_weight, teacher_logits, teacher_lse, weight):
+    def forward(ctx, x, head_weight, teacher_logits, teacher_lse, weight, backend):
         logits = torch.matmul(x, head_weight.T)
-        loss, argmax, grad = _loss_fn(x, with_grad=True)(logits, teacher_logits, teacher_lse, weight)
+        loss, argmax, grad = _loss_fn(x, True, backend)(logits, teacher_logits, teacher_lse, weight)
         del logits
         ctx.save_for_backward(x, head_weight, grad)
+        ctx.backend = backend
         ctx.mark_non_differentiable(loss, argmax)
         return (weight * loss).sum(), loss, argmax
 
@@ -78,12 +79,12 @@ class HeadLoss(torch.autograd.Function):
     def backward(ctx, g, _loss, _argmax):
         x, head_weight, grad = ctx.saved_tensors
         gx = gw = None
-        scale = _scale if grad.device.type != "cuda" else compiled("scale", _scale)
+        scale = _scale if grad.device.type != "cuda" else ctx.backend.compiled("scale", _scale)
         if ctx.needs_input_grad[0]:
             gx = scale(torch.matmul(grad, head_weight), g)
         if ctx.needs_input_grad[1]:
             gw = scale(torch.matmul(grad.flatten(0, -2).T, x.flatten(0, -2)), g)
-        return gx, gw, None, None, None
+        return gx, gw, None, None, None, None
 
 
 def _scale(x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
@@ -92,36 +93,36 @@ def _scale(x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
 
 
 def head_loss(x: torch.Tensor, head_weight: torch.Tensor, teacher_logits: torch.Tensor,
-              teacher_lse: torch.Tensor, weight: torch.Tensor
+              teacher_lse: torch.Tensor, weight: torch.Tensor, backend: Backend = DEFAULT
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The weighted head loss of normed hidden states.
 
     Args:
         x: [B, T, H] the final-normed drafter hidden states, in the lm_head's dtype.
         head_weight: [V, H] the lm_head weight (V = draft vocab).
-        teacher_logits: [B, T, V]; teacher_lse: [B, T] float32 (eyas.ttt.teacher_logits).
+        teacher_logits: [B, T, V]; teacher_lse: [B, T] float32 (eyas.unroll.teacher_logits).
         weight: [B, T] float32 per-position loss weight (0 where unsupervised).
     Returns:
         (``sum(weight * loss)``: scalar float32 with grad to ``x`` and ``head_weight``, the token
         losses [B, T] float32 and the draft argmax [B, T] int64, both without grad). Without grad
         mode (evaluation) no gradient is made. On CUDA the loss pass is the Triton kernel of
-        :mod:`eyas.triton_ttt` (:func:`eyas.drafter.use_triton`), else one torch.compile'd graph
-        (static shapes) unless EYAS_COMPILE=0.
+        :mod:`eyas.triton_ttt` when ``backend`` says so (:meth:`eyas.backend.Backend.triton_kernels`),
+        else the torch definition, compiled (static shapes) when ``backend.compile`` is on.
     """
     if torch.is_grad_enabled() and (x.requires_grad or head_weight.requires_grad):
-        return HeadLoss.apply(x, head_weight, teacher_logits, teacher_lse, weight)
-    loss, argmax = _loss_fn(x, with_grad=False)(torch.matmul(x, head_weight.T), teacher_logits, teacher_lse)
+        return HeadLoss.apply(x, head_weight, teacher_logits, teacher_lse, weight, backend)
+    loss, argmax = _loss_fn(x, False, backend)(torch.matmul(x, head_weight.T), teacher_logits, teacher_lse)
     return (weight * loss).sum(), loss, argmax
 
 
-def _loss_fn(x: torch.Tensor, with_grad: bool):
-    """The loss pass for ``x``'s device: the Triton kernel on CUDA (eyas.drafter.use_triton), else
-    the torch definition, torch.compile'd on CUDA."""
-    if use_triton(x):
+def _loss_fn(x: torch.Tensor, with_grad: bool, backend: Backend):
+    """The loss pass for ``x``'s device: the Triton kernel on CUDA when ``backend`` allows, else the
+    torch definition, through ``backend.compiled`` on CUDA."""
+    if backend.triton_kernels(x):
         from eyas import triton_ttt
 
         if with_grad:
             return triton_ttt.soft_cross_entropy_grad
         return lambda z, t, lse: triton_ttt.soft_cross_entropy_grad(z, t, lse, None)[:2]
     fn = soft_cross_entropy_grad if with_grad else soft_cross_entropy
-    return fn if x.device.type != "cuda" else compiled(fn.__name__, fn)
+    return fn if x.device.type != "cuda" else backend.compiled(fn.__name__, fn)

@@ -27,6 +27,7 @@ No torch here: ``identify-inputs`` runs on every ``dvc repro`` and should start 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -36,6 +37,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from eyas.backend import Backend
 from eyas.config import flatten
 
 log = logging.getLogger(__name__)
@@ -51,12 +53,14 @@ STAGE_PARAMS: dict[str, list[str]] = {
     "extract": ["target", "extract", "data.on_bad_line"],
     "build-vocab": ["vocab"],
     "stand-in-drafter": ["seed", "train", "stand_in"],
-    "remap": ["seed", "remap", "train.ttt_length", "train.step_decay", "train.batch_tokens"],
+    "remap": ["seed", "remap", "train.ttt_length", "train.step_decay", "train.batch_tokens", "train.backend"],
     "train-scratch": ["seed", "train", "train_scratch"],
     "train-finetune": ["lr", "seed", "train", "train_finetune"],
 }
-# params that change how a stage runs but not what it writes: not compared
-IGNORED = {"train.nproc", "train.checkpoint_every", "extract.batch_size"}
+# params that change how a stage runs but not what it computes: not compared (the backend picks
+# kernels for the same math: eyas/backend.py)
+IGNORED = {"train.nproc", "train.checkpoint_every", "extract.batch_size",
+           *(f"train.backend.{f.name}" for f in dataclasses.fields(Backend))}
 
 # the target files that decide tokenization, the chat template and the architecture (HF layout;
 # transformers `tokenization_utils_base.py` reads chat_template.jinja / .json beside tokenizer_config.json)

@@ -11,7 +11,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 from transformers import get_cosine_schedule_with_warmup
@@ -21,17 +21,9 @@ from eyas import distributed as dist_utils
 from eyas.config import TrainParams
 from eyas.drafter import Eagle3Drafter
 from eyas.features import FeatureStore
-from eyas.graphed import GraphedTTT, cuda_graphs_enabled, pad_batch
-from eyas.ttt import (
-    PackedLoader,
-    add_counts,
-    autocast,
-    evaluate,
-    head_rows_for,
-    summarise,
-    supervised_counts,
-    ttt_forward,
-)
+from eyas.graphed import GraphedTTT, pad_batch
+from eyas.ttt import Batch, PackedLoader, add_counts, autocast, counts_from_stats, head_rows_for, summarise
+from eyas.unroll import TTTUnroll, evaluate, supervised_counts
 
 log = logging.getLogger(__name__)
 
@@ -117,18 +109,6 @@ class NonFiniteLossError(FloatingPointError):
     last good checkpoint."""
 
 
-class _TTTModule(torch.nn.Module):
-    """``ttt_forward`` as a module's forward, so DDP or FSDP can wrap it (DDP's gradient hooks
-    and FSDP's all-gather/reduce-scatter hooks need the call to go through ``forward``)."""
-
-    def __init__(self, drafter: Eagle3Drafter):
-        super().__init__()
-        self.drafter = drafter
-
-    def forward(self, batch, head_rows, ttt_length, step_decay, step_norms=None):
-        return ttt_forward(self.drafter, batch, head_rows, ttt_length, step_decay, step_norms=step_norms)
-
-
 @dataclass
 class TrainResult:
     step0_val: dict   # val metrics before the first optimizer step
@@ -140,6 +120,198 @@ class TrainResult:
     curve: list       # rows for the DVC plots file: step, split, metrics
 
 
+class Trainer:
+    """The pieces of one training run, torchtitan-style: setup (:meth:`__init__`, :meth:`build`),
+    resume (:meth:`resume`), step (:meth:`train_step`), log (:meth:`log_val`) and checkpoint
+    (:meth:`checkpoint`), then :meth:`finish`. :func:`train_drafter` is the loop that calls them.
+
+    The computation is one :class:`eyas.unroll.TTTUnroll` over ``drafter``: wrapped by DDP or FSDP
+    under torchrun (eyas/distributed.py), replayed as a CUDA graph on one GPU (eyas/graphed.py,
+    when ``tp.backend`` allows), called eagerly otherwise; evaluation runs a second, never-wrapped
+    unroll of the same drafter (under FSDP inside :func:`eyas.distributed.gathered`).
+    """
+
+    def __init__(self, drafter: Eagle3Drafter, *, lm_head: torch.Tensor, tp: TrainParams, lr: float, tracker,
+                 device: torch.device, rank: int, world: int, val_loader):
+        self.drafter, self.tp, self.lr, self.tracker = drafter, tp, lr, tracker
+        self.device, self.rank, self.world, self.val_loader = device, rank, world, val_loader
+        self.backend = tp.backend
+        drafter.to(device).train()
+        self.head_rows = head_rows_for(lm_head, drafter).to(device)
+        self.eval_unroll = TTTUnroll(drafter, self.head_rows, tp.ttt_length, tp.step_decay, self.backend)
+        self.model = None  # the training module once built; under FSDP evaluation gathers its shards
+        self.fsdp = world > 1 and tp.strategy == "fsdp"
+        self.step, self.tokens, self.t0 = 0, 0, time.time()
+        self.curve: list[dict] = []
+        self.step0: dict = {}
+        self.last_epoch_counts: dict = {}
+        self.start_epoch, self.start_batch, self.resumed = 0, 0, False
+        self.last_ckpt, self.last_ckpt_step = None, 0
+
+    # --- setup ------------------------------------------------------------------------------
+    def build(self, train_loader) -> None:
+        """The training module, AdamW, the cosine schedule and (one GPU) the CUDA-graph step."""
+        tp, device = self.tp, self.device
+        # DDP: rank 0's weights broadcast, gradients averaged in backward; FSDP (eyas/distributed.py):
+        # weights, gradients and AdamW state sharded over ranks; one process: unwrapped
+        unroll = TTTUnroll(self.drafter, self.head_rows, tp.ttt_length, tp.step_decay, self.backend)
+        self.model = dist_utils.wrap_data_parallel(unroll, tp.strategy, device)
+        self.params = [p for p in self.model.parameters() if p.requires_grad]  # after wrapping: FSDP's DTensors
+        # CUDA: the fused AdamW kernel (one launch per step instead of a dozen foreach passes)
+        self.opt = torch.optim.AdamW(self.params, lr=self.lr, betas=(0.9, 0.95), weight_decay=tp.weight_decay,
+                                     fused=device.type == "cuda")
+        # CUDA, one process: forward + backward replayed as one CUDA graph (eyas/graphed.py), every
+        # batch padded to one static shape (rows of the loader's row length, rounded up to 128)
+        self.graphed = GraphedTTT(unroll) if self.backend.graphs(device, self.world) else None
+        self.static_shape = (train_loader.rows_per_batch, -(-train_loader.row_tokens // 128) * 128)
+        per_epoch = [train_loader.num_batches(e, self.world) for e in range(tp.epochs)]
+        self.total = sum(per_epoch) if tp.max_steps <= 0 else min(tp.max_steps, sum(per_epoch))
+        self.sched = get_cosine_schedule_with_warmup(self.opt, math.ceil(tp.warmup_ratio * self.total), self.total)
+        log.info("training %d steps (%s batches per epoch%s), peak lr %.2e", self.total, per_epoch,
+                 f" per rank, {self.world} ranks" if self.world > 1 else "", self.lr)
+
+    # --- resume -----------------------------------------------------------------------------
+    def resume(self, checkpoint_dir, fp: str, found) -> None:
+        """Restore weights, optimizer, schedule, RNG, data position, curve and the MLflow history
+        from the checkpoint ``found`` (``ckpt.find_checkpoint``) in ``checkpoint_dir``.
+
+        Raises:
+            eyas.checkpoint.CheckpointError: the checkpoint vanished since it was found.
+        """
+        install = (lambda w, o: dist_utils.load_full_train_state(self.model, self.opt, "drafter.", w, o)) \
+            if self.fsdp else None
+        st = ckpt.load_train_state(checkpoint_dir, self.drafter, self.opt, self.sched, fingerprint=fp,
+                                   install=install)
+        if st is None:  # it was complete a moment ago: someone removed it while we started
+            raise ckpt.CheckpointError(f"{found}: checkpoint vanished while resuming; rerun")
+        self.step, self.start_epoch, self.start_batch, self.last_ckpt = st.step, st.epoch, st.batch_in_epoch, st.path
+        self.last_ckpt_step, self.resumed = self.step, True
+        x = st.extra
+        # rows were saved as [keys, values] (JSON objects get sorted keys; plots keep column
+        # order); JSON null -> NaN
+        row = lambda kv: {k: (math.nan if v is None else v) for k, v in zip(*kv)}
+        self.step0, self.curve, self.tokens = row(x["step0"]), [row(r) for r in x["curve"]], x["tokens"]
+        self.last_epoch_counts = x["last_epoch_counts"]
+        self.t0 = time.time() - x["seconds"]
+        # the metrics the killed run had logged up to this checkpoint (step-0 val, gate, curves):
+        # into this run, so it holds the whole history, point for point the DVC plots' rows
+        self.tracker.replay(x.get("mlflow_history", []))
+        log.info("resuming at optimizer step %d of %d (epoch %d, batch %d) from %s",
+                 self.step, self.total, self.start_epoch, self.start_batch, st.path)
+
+    def batches(self, train_loader) -> Iterator[tuple[int, int, Batch]]:
+        """(epoch, batch index in the epoch, batch) from the resume point to the last step; the
+        last epoch's counts (``final_train``) restart at every epoch boundary."""
+        for epoch in range(self.start_epoch, self.tp.epochs):
+            if epoch != self.start_epoch or not self.resumed:
+                self.last_epoch_counts = {}
+            start = self.start_batch if epoch == self.start_epoch else 0
+            for b_i, batch in enumerate(train_loader.batches(epoch, start=start, rank=self.rank, world=self.world),
+                                        start):
+                if self.step >= self.total:
+                    break
+                yield epoch, b_i, batch
+
+    # --- step -------------------------------------------------------------------------------
+    def train_step(self, batch: Batch, epoch: int) -> None:
+        """One optimizer step on ``batch``, logged.
+
+        Raises:
+            NonFiniteLossError: a non-finite loss (before any update), naming the step, the batch's
+                samples and the last good checkpoint.
+        """
+        tp, world = self.tp, self.world
+        batch = batch.to(self.device)
+        norms = None
+        if world > 1:  # normalise by the GLOBAL supervised count: DDP's mean is then exact
+            n_glob = dist_utils.all_reduce_sum(supervised_counts(batch, tp.ttt_length))
+            norms = n_glob.clamp(min=1).to(torch.float32) / world
+        if self.graphed is not None:  # gradients are already in p.grad
+            loss, metrics, counts = self.graphed.step(pad_batch(batch, *self.static_shape))
+        else:
+            with autocast(self.device):
+                loss, stats = self.model(batch, norms)
+            counts = counts_from_stats(stats)
+            metrics = dict(summarise(counts, tp.ttt_length))
+        loss_g = loss.detach() if world == 1 else dist_utils.all_reduce_sum(loss.detach()) / world
+        if not torch.isfinite(loss_g):
+            raise NonFiniteLossError(
+                f"non-finite loss {loss_g.item()} at optimizer step {self.step + 1} (epoch {epoch}); "
+                f"batch samples (shard, index): {batch.sample_ids[:8]}; last good checkpoint: "
+                f"{f'{self.last_ckpt} (step {self.last_ckpt_step})' if self.last_ckpt else 'none'}")
+        if self.graphed is None:
+            self.opt.zero_grad(set_to_none=True)
+            loss.backward()
+        # FSDP: the norm over all shards (a replicated DTensor), so every rank clips alike
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, tp.grad_clip)
+        if self.fsdp:
+            grad_norm = grad_norm.full_tensor()
+        self.opt.step()
+        self.sched.step()
+        self.step += 1
+        self.tokens += int(batch.input_ids.numel())
+        if world > 1:
+            counts = dist_utils.all_reduce_counts(counts)
+            metrics = summarise(counts, tp.ttt_length)
+        add_counts(self.last_epoch_counts, counts)
+        loss_f = loss_g.item()
+        self.tracker.log_metrics({"train/loss": loss_f, "train/grad_norm": grad_norm.item(),
+                                  "train/lr": self.sched.get_last_lr()[0],
+                                  **{f"train/{k}": v for k, v in metrics.items()}}, step=self.step)
+        self.curve.append({"step": self.step, "split": "train", "loss": loss_f, **metrics})
+
+    # --- log --------------------------------------------------------------------------------
+    def evaluate(self) -> dict:
+        """Val metrics of the drafter as it is now (every rank gets the same)."""
+        with dist_utils.gathered(self.model):
+            return evaluate(self.eval_unroll, self.val_loader, self.device, rank=self.rank, world=self.world)
+
+    def log_val(self) -> dict:
+        """Evaluate, log ``val/*`` at the current step and add the row to the curve."""
+        val = self.evaluate()
+        self.tracker.log_metrics({f"val/{k}": v for k, v in val.items()}, step=self.step)
+        self.curve.append({"step": self.step, "split": "val", **val})
+        return val
+
+    # --- checkpoint -------------------------------------------------------------------------
+    def checkpoint(self, checkpoint_dir, fp: str, epoch: int, batch_in_epoch: int) -> None:
+        """Write the resumable state after the current step (rank 0 writes; collective under
+        FSDP, which gathers the full state) and flush the tracker, so the run holds every point
+        up to it even if killed next."""
+        full = dist_utils.full_train_state(self.model, self.opt, "drafter.") if self.fsdp else None
+        if self.rank == 0:
+            ckpt.save_train_state(
+                checkpoint_dir, self.drafter, self.opt, self.sched, step=self.step, epoch=epoch,
+                batch_in_epoch=batch_in_epoch, fingerprint=fp,
+                extra={"step0": [list(self.step0), list(self.step0.values())],
+                       "curve": [[list(r), list(r.values())] for r in self.curve],
+                       "tokens": self.tokens,
+                       "last_epoch_counts": self.last_epoch_counts,
+                       "seconds": time.time() - self.t0,
+                       "mlflow_history": self.tracker.history()},
+                full_state=full)
+            self.tracker.flush()
+        if self.world > 1:
+            dist_utils.barrier()
+        self.last_ckpt, self.last_ckpt_step = ckpt.state_dir(checkpoint_dir), self.step
+
+    def finish(self) -> TrainResult:
+        """Hand the drafter back unwrapped (under FSDP: full, plain parameters on every rank, for
+        export), evaluate it once more and return the run's results."""
+        seconds = time.time() - self.t0
+        if self.fsdp:
+            dist_utils.release(self.model)
+            self.model = None
+        val = self.log_val()
+        tokens = self.tokens
+        if self.world > 1:
+            tokens = int(dist_utils.all_reduce_counts({"tokens": tokens})["tokens"])
+            dist_utils.barrier()
+        final_train = summarise(self.last_epoch_counts, self.tp.ttt_length) if self.last_epoch_counts else {}
+        return TrainResult(step0_val=self.step0, final_val=val, final_train=final_train, steps=self.step,
+                           train_tokens=tokens, seconds=seconds, curve=self.curve)
+
+
 def train_drafter(drafter: Eagle3Drafter, *, train_store: FeatureStore, val_store: FeatureStore,
                   lm_head: torch.Tensor, tp: TrainParams, lr: float, seed: int, tracker,
                   device: torch.device, gate: Callable[[dict], None] | None = None,
@@ -148,7 +320,8 @@ def train_drafter(drafter: Eagle3Drafter, *, train_store: FeatureStore, val_stor
 
     Args:
         lm_head: the target's lm_head [vocab, H_target] (float32); the teacher uses its draft rows.
-        tp: TrainParams (ttt_length, step_decay, batch_tokens, epochs, warmup_ratio, ...).
+        tp: TrainParams (ttt_length, step_decay, batch_tokens, epochs, warmup_ratio, ...; its
+            ``backend`` picks the kernels: eyas/backend.py).
         lr: peak learning rate.
         gate: called with the step-0 val metrics before any update; raise to stop training.
         checkpoint_dir: where resumable state goes (eyas/checkpoint.py; outside DVC outs). When it
@@ -165,153 +338,31 @@ def train_drafter(drafter: Eagle3Drafter, *, train_store: FeatureStore, val_stor
     torch.manual_seed(seed)
     # under torchrun: one process group, this rank's device, DDP; otherwise all of this is a no-op
     rank, world, device = dist_utils.init_distributed(device)
-    drafter.to(device).train()
-    head_rows = head_rows_for(lm_head, drafter).to(device)
     train_loader = PackedLoader(train_store, tp.batch_tokens, seed)
     val_loader = PackedLoader(val_store, tp.batch_tokens, seed, shuffle=False)
-    model = None  # the training module once wrapped; under FSDP evaluation gathers its shards
-
-    def ev() -> dict:
-        with dist_utils.gathered(model):
-            return evaluate(drafter, val_loader, head_rows, tp.ttt_length, tp.step_decay, device,
-                            rank=rank, world=world)
-
-    every = getattr(tp, "checkpoint_every", 0) if checkpoint_every is None else checkpoint_every
-    fp = resume_from = None
+    t = Trainer(drafter, lm_head=lm_head, tp=tp, lr=lr, tracker=tracker, device=device, rank=rank, world=world,
+                val_loader=val_loader)
+    every = tp.checkpoint_every if checkpoint_every is None else checkpoint_every
+    fp = found = None
     if checkpoint_dir is not None:
-        # what makes a checkpoint resumable: same params (checkpoint_every aside), features, world
-        # size and initial weights
-        tp_fp = {k: v for k, v in vars(tp).items() if k not in ("checkpoint_every", "nproc")}
+        # what makes a checkpoint resumable: same params (how it runs aside), features, world size
+        # and initial weights
+        tp_fp = {k: v for k, v in vars(tp).items() if k not in ("checkpoint_every", "nproc", "backend")}
         fp = ckpt.fingerprint(tp_fp, lr, seed, world, train_store.manifest.get("shards"),
                               val_store.manifest.get("shards"), train_store.manifest.get("num_tokens"),
                               *[p.detach() for p in drafter.parameters() if p.requires_grad])
-        resume_from = ckpt.find_checkpoint(checkpoint_dir, fp)
-
-    curve: list[dict] = []
-    if resume_from is None:
-        step0 = ev()
-        tracker.log_metrics({f"val/{k}": v for k, v in step0.items()}, step=0)
-        curve.append({"step": 0, "split": "val", **step0})
+        found = ckpt.find_checkpoint(checkpoint_dir, fp)
+    if found is None:
+        t.step0 = t.log_val()
         if gate is not None:
-            gate(step0)
-
-    # DDP: rank 0's weights broadcast, gradients averaged in backward; FSDP (eyas/distributed.py):
-    # weights, gradients and AdamW state sharded over ranks; one process: unwrapped
-    model = dist_utils.wrap_data_parallel(_TTTModule(drafter), tp.strategy, device)
-    fsdp = world > 1 and tp.strategy == "fsdp"
-    params = [p for p in model.parameters() if p.requires_grad]  # after wrapping: FSDP's DTensors
-    # CUDA: the fused AdamW kernel (one launch per step instead of a dozen foreach passes)
-    opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=tp.weight_decay,
-                            fused=device.type == "cuda")
-    # CUDA, one process: forward + backward replayed as one CUDA graph (eyas/graphed.py), every
-    # batch padded to one static shape (rows of the loader's row length, rounded up to 128)
-    graphed = GraphedTTT(drafter, head_rows, tp.ttt_length, tp.step_decay) \
-        if cuda_graphs_enabled(device, world) else None
-    static_shape = (train_loader.rows_per_batch, -(-train_loader.row_tokens // 128) * 128)
-    per_epoch = [train_loader.num_batches(e, world) for e in range(tp.epochs)]
-    total = sum(per_epoch) if tp.max_steps <= 0 else min(tp.max_steps, sum(per_epoch))
-    sched = get_cosine_schedule_with_warmup(opt, math.ceil(tp.warmup_ratio * total), total)
-    log.info("training %d steps (%s batches per epoch%s), peak lr %.2e", total, per_epoch,
-             f" per rank, {world} ranks" if world > 1 else "", lr)
-
-    step, tokens, t0 = 0, 0, time.time()
-    last_epoch_counts: dict = {}
-    start_epoch, start_batch, last_ckpt, last_ckpt_step = 0, 0, None, 0
-    if resume_from is not None:
-        install = (lambda w, o: dist_utils.load_full_train_state(model, opt, "drafter.", w, o)) \
-            if fsdp else None
-        st = ckpt.load_train_state(checkpoint_dir, drafter, opt, sched, fingerprint=fp, install=install)
-        if st is None:  # it was complete a moment ago: someone removed it while we started
-            raise ckpt.CheckpointError(f"{resume_from}: checkpoint vanished while resuming; rerun")
-        step, start_epoch, start_batch, last_ckpt = st.step, st.epoch, st.batch_in_epoch, st.path
-        last_ckpt_step = step
-        x = st.extra
-        # rows were saved as [keys, values] (JSON objects get sorted keys; plots keep column
-        # order); JSON null -> NaN
-        row = lambda kv: {k: (math.nan if v is None else v) for k, v in zip(*kv)}
-        step0, curve, tokens = row(x["step0"]), [row(r) for r in x["curve"]], x["tokens"]
-        last_epoch_counts = x["last_epoch_counts"]
-        t0 = time.time() - x["seconds"]
-        # the metrics the killed run had logged up to this checkpoint (step-0 val, gate, curves):
-        # into this run, so it holds the whole history, point for point the DVC plots' rows
-        tracker.replay(x.get("mlflow_history", []))
-        log.info("resuming at optimizer step %d of %d (epoch %d, batch %d) from %s",
-                 step, total, start_epoch, start_batch, st.path)
-    val = step0
-    for epoch in range(start_epoch, tp.epochs):
-        if epoch != start_epoch or resume_from is None:
-            last_epoch_counts = {}
-        start = start_batch if epoch == start_epoch else 0
-        for b_i, batch in enumerate(train_loader.batches(epoch, start=start, rank=rank, world=world), start):
-            if step >= total:
-                break
-            batch = batch.to(device)
-            norms = None
-            if world > 1:  # normalise by the GLOBAL supervised count: DDP's mean is then exact
-                n_glob = dist_utils.all_reduce_sum(supervised_counts(batch, tp.ttt_length))
-                norms = n_glob.clamp(min=1).to(torch.float32) / world
-            if graphed is not None:  # gradients are already in p.grad
-                loss, metrics, counts = graphed.step(pad_batch(batch, *static_shape))
-            else:
-                with autocast(device):
-                    loss, metrics, counts = model(batch, head_rows, tp.ttt_length, tp.step_decay, norms)
-            loss_g = loss.detach() if world == 1 else dist_utils.all_reduce_sum(loss.detach()) / world
-            if not torch.isfinite(loss_g):
-                raise NonFiniteLossError(
-                    f"non-finite loss {loss_g.item()} at optimizer step {step + 1} (epoch {epoch}); "
-                    f"batch samples (shard, index): {batch.sample_ids[:8]}; last good checkpoint: "
-                    f"{f'{last_ckpt} (step {last_ckpt_step})' if last_ckpt else 'none'}")
-            if graphed is None:
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-            # FSDP: the norm over all shards (a replicated DTensor), so every rank clips alike
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, tp.grad_clip)
-            if fsdp:
-                grad_norm = grad_norm.full_tensor()
-            opt.step()
-            sched.step()
-            step += 1
-            tokens += int(batch.input_ids.numel())
-            if world > 1:
-                counts = dist_utils.all_reduce_counts(counts)
-                metrics = summarise(counts, tp.ttt_length)
-            add_counts(last_epoch_counts, counts)
-            loss_f = loss_g.item()
-            tracker.log_metrics({"train/loss": loss_f, "train/grad_norm": grad_norm.item(),
-                                 "train/lr": sched.get_last_lr()[0],
-                                 **{f"train/{k}": v for k, v in metrics.items()}}, step=step)
-            curve.append({"step": step, "split": "train", "loss": loss_f, **metrics})
-            if step % tp.eval_every == 0 and step < total:
-                val = ev()
-                tracker.log_metrics({f"val/{k}": v for k, v in val.items()}, step=step)
-                curve.append({"step": step, "split": "val", **val})
-            if checkpoint_dir is not None and every > 0 and step % every == 0 and step < total:
-                # FSDP: every rank helps gather the full state; rank 0 writes it
-                full = dist_utils.full_train_state(model, opt, "drafter.") if fsdp else None
-                if rank == 0:
-                    last_ckpt = ckpt.save_train_state(
-                        checkpoint_dir, drafter, opt, sched, step=step, epoch=epoch, batch_in_epoch=b_i + 1,
-                        fingerprint=fp, extra={"step0": [list(step0), list(step0.values())],
-                                               "curve": [[list(r), list(r.values())] for r in curve],
-                                               "tokens": tokens,
-                                               "last_epoch_counts": last_epoch_counts,
-                                               "seconds": time.time() - t0,
-                                               "mlflow_history": tracker.history()},
-                        full_state=full)
-                    tracker.flush()  # the run holds every point up to its checkpoint, even if killed next
-                if world > 1:
-                    dist_utils.barrier()
-                last_ckpt, last_ckpt_step = ckpt.state_dir(checkpoint_dir), step
-    seconds = time.time() - t0
-    if fsdp:  # the caller gets the drafter with full, plain parameters on every rank (export)
-        dist_utils.release(model)
-        model = None
-    val = ev()
-    tracker.log_metrics({f"val/{k}": v for k, v in val.items()}, step=step)
-    curve.append({"step": step, "split": "val", **val})
-    if world > 1:
-        tokens = int(dist_utils.all_reduce_counts({"tokens": tokens})["tokens"])
-        dist_utils.barrier()
-    return TrainResult(step0_val=step0, final_val=val,
-                       final_train=summarise(last_epoch_counts, tp.ttt_length) if last_epoch_counts else {},
-                       steps=step, train_tokens=tokens, seconds=seconds, curve=curve)
+            gate(t.step0)
+    t.build(train_loader)
+    if found is not None:
+        t.resume(checkpoint_dir, fp, found)
+    for epoch, b_i, batch in t.batches(train_loader):
+        t.train_step(batch, epoch)
+        if t.step % tp.eval_every == 0 and t.step < t.total:
+            t.log_val()
+        if checkpoint_dir is not None and every > 0 and t.step % every == 0 and t.step < t.total:
+            t.checkpoint(checkpoint_dir, fp, epoch, b_i + 1)
+    return t.finish()

@@ -23,7 +23,8 @@ from eyas.provenance import check, record
 from eyas.remap import adopt_target_positions, naive_lm_head, remap_lm_head
 from eyas.target import pick_device
 from eyas.tracking import start_stage_run
-from eyas.ttt import PackedLoader, evaluate, head_rows_for
+from eyas.ttt import PackedLoader, head_rows_for
+from eyas.unroll import TTTUnroll, evaluate
 from eyas.vocab import VocabMapping, load_mapping
 from stages.common import FEATURES, METRICS, VOCAB, target_head
 
@@ -78,8 +79,9 @@ def main() -> None:
         step0 = {}
         for name, d in (("source_own_mapping", src), ("naive_rows_in_place", naive), ("remapped", remapped)):
             d.to(dev)
-            r = evaluate(d, loader, head_rows_for(head["lm_head"], d).to(dev), p.train.ttt_length,
-                         p.train.step_decay, dev)
+            unroll = TTTUnroll(d, head_rows_for(head["lm_head"], d).to(dev), p.train.ttt_length,
+                               p.train.step_decay, p.train.backend)
+            r = evaluate(unroll, loader, dev)
             step0[name] = {"loss_0": r["loss_0"], "acc_0": r["acc_0"]}
         save_drafter(remapped.cpu(), OUT, extra_files={"remap_report.json": report, FINGERPRINT: fp})
         metrics = {**report, "step0_val": step0, "source": p.remap.source, "positions_from_target": positions,

@@ -17,7 +17,8 @@ from eyas.chain_oracle import (
 )
 from eyas.drafter import DrafterConfig, Eagle3Drafter
 from eyas.speculative import NgramProposer, evaluate_prompts, greedy_generate, speculative_generate
-from eyas.ttt import head_rows_for, pack, ttt_forward
+from eyas.ttt import head_rows_for, pack
+from eyas.unroll import ttt_forward
 from tests.tiny import VOCAB, tiny_target
 
 K = 4

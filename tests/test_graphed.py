@@ -9,7 +9,8 @@ import torch
 
 from eyas.drafter import DrafterConfig, Eagle3Drafter
 from eyas.graphed import GraphedTTT, pad_batch
-from eyas.ttt import Batch, autocast, ttt_forward
+from eyas.ttt import Batch, autocast
+from eyas.unroll import TTTUnroll, ttt_forward
 
 CFG = DrafterConfig(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
                     head_dim=16, vocab_size=100, draft_vocab_size=40, target_hidden_size=32, num_target_layers=8)
@@ -69,7 +70,7 @@ def test_graph_replay_equals_eager_over_batches_with_other_documents():
     d, head = drafter("cuda")
     bs = [batch(rows, seed=s).to("cuda") for s, rows in enumerate([[[64, 40, 24]], [[24, 24, 80]]])]
     ref = [loss_grads_counts(d, b, head) for b in bs]
-    g = GraphedTTT(d, head, 3, 0.8)
+    g = GraphedTTT(TTTUnroll(d, head, 3, 0.8))
     for i in (0, 1, 0):
         loss, _, counts = g.step(bs[i])
         assert counts["tokens_0"] == ref[i][2]["tokens_0"]
@@ -84,9 +85,10 @@ def test_graph_replay_equals_eager_over_batches_with_other_documents():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
 def test_training_stage_with_graphs_matches_eager(tmp_path, monkeypatch):
     """train_drafter on a GPU, the default (graph replay: padded static batches, one capture)
-    against EYAS_CUDA_GRAPHS=0 (eager): same train losses, val metrics and weights to bf16
+    against ``train.backend.cuda_graphs: false`` (eager): same train losses, val metrics and weights to bf16
     precision over 6 optimizer steps."""
     import eyas.graphed as graphed
+    from eyas.backend import Backend
     from eyas.config import TrainParams
     from eyas.tracking import Tracker
     from eyas.train import new_drafter, train_drafter
@@ -104,17 +106,16 @@ def test_training_stage_with_graphs_matches_eager(tmp_path, monkeypatch):
     monkeypatch.setattr(graphed.GraphedTTT, "_capture",
                         lambda self, b: (captures.append(tuple(b.input_ids.shape)), real_capture(self, b))[1])
     runs = {}
-    for mode in ("1", "0"):
-        monkeypatch.setenv("EYAS_CUDA_GRAPHS", mode)
+    for mode in (True, False):
         d = new_drafter(train.manifest, mapping, head["embed_tokens"], seed=0)
         tp = TrainParams(ttt_length=3, step_decay=0.8, batch_tokens=128, epochs=1, warmup_ratio=0.0,
-                         grad_clip=1.0, eval_every=100, max_steps=6)
+                         grad_clip=1.0, eval_every=100, max_steps=6, backend=Backend(cuda_graphs=mode))
         r = train_drafter(d, train_store=train, val_store=val, lm_head=head["lm_head"], tp=tp, lr=1e-3, seed=0,
                           tracker=Tracker(), device=torch.device("cuda"))
         runs[mode] = ([c["loss"] for c in r.curve if c["split"] == "train"], r.final_val,
                       torch.cat([p.detach().float().flatten() for p in d.parameters() if p.requires_grad]))
     assert len(captures) == 1  # every batch padded to one static shape
-    (l1, v1, w1), (l0, v0, w0) = runs["1"], runs["0"]
+    (l1, v1, w1), (l0, v0, w0) = runs[True], runs[False]
     assert len(l1) == len(l0) == 6
     for a, b in zip(l1, l0):
         assert a == pytest.approx(b, rel=2e-3)

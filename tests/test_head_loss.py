@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import eyas.ttt as ttt
+import eyas.unroll as unroll
 from eyas.head_loss import head_loss
 from tests.test_ttt import make_batch, make_drafter
 
@@ -62,7 +62,7 @@ def test_gradients_equal_autograd_through_soft_target_cross_entropy(device):
     assert x.grad[weight == 0].abs().max() == 0  # unsupervised positions get no gradient
 
 
-def _plain_autograd_head_loss(x, head_weight, teacher_logits, teacher_lse, weight):
+def _plain_autograd_head_loss(x, head_weight, teacher_logits, teacher_lse, weight, backend):
     z = (x @ head_weight.T).double()
     p = torch.exp(teacher_logits.double() - teacher_lse.double()[..., None])
     tok = F.cross_entropy(z.flatten(0, 1), p.flatten(0, 1), reduction="none").view(z.shape[:2])
@@ -74,12 +74,12 @@ def test_ttt_unroll_gradients_equal_plain_autograd(monkeypatch):
 
     def run():
         d = make_drafter().train()
-        total, metrics, _ = ttt.ttt_forward(d, batch, head_rows, ttt_length=3, step_decay=0.8)
+        total, metrics, _ = unroll.ttt_forward(d, batch, head_rows, ttt_length=3, step_decay=0.8)
         total.backward()
         return total, metrics, {n: p.grad.clone() for n, p in d.named_parameters() if p.requires_grad}
 
     total, metrics, grads = run()
-    monkeypatch.setattr(ttt, "head_loss", _plain_autograd_head_loss)
+    monkeypatch.setattr(unroll, "head_loss", _plain_autograd_head_loss)
     total_ref, metrics_ref, grads_ref = run()
     torch.testing.assert_close(total, total_ref, rtol=1e-5, atol=1e-6)
     assert metrics.keys() == metrics_ref.keys()

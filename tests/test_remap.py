@@ -11,7 +11,8 @@ from eyas.config import TrainParams
 from eyas.remap import naive_lm_head, remap_lm_head
 from eyas.tracking import Tracker
 from eyas.train import GateError, new_drafter, step0_gate, train_drafter
-from eyas.ttt import PackedLoader, evaluate, head_rows_for
+from eyas.ttt import PackedLoader, head_rows_for
+from eyas.unroll import TTTUnroll, evaluate
 from eyas.vocab import VocabMapping, build_mapping, count_tokens
 
 
@@ -87,7 +88,7 @@ def test_fine_tuning_failure_reproduced_and_fixed(two_mappings):
     loader = PackedLoader(val, 96, 0, shuffle=False)
 
     def loss0(d):
-        return evaluate(d, loader, head_rows_for(head["lm_head"], d), 2, 0.8, "cpu")
+        return evaluate(TTTUnroll(d, head_rows_for(head["lm_head"], d), 2, 0.8), loader, "cpu")
 
     def under_b(rows):
         d = new_drafter(train.manifest, map_b, head["embed_tokens"], seed=0)

@@ -41,11 +41,11 @@ TRAIN = {"ttt_length": 2, "step_decay": 0.8, "batch_tokens": 48, "epochs": 2, "w
 DRIVER = """
 import os, time
 import eyas.train as t
-real = t.ttt_forward
+real = t.Trainer.train_step
 def slow(*a, **k):
     time.sleep(float(os.environ.get("EYAS_TEST_STEP_SLEEP", "0")))
     return real(*a, **k)
-t.ttt_forward = slow
+t.Trainer.train_step = slow
 # TODO: drop once stages/common.py imports plots
 import eyas.plots, stages.common; stages.common.__dict__.setdefault("plots", eyas.plots)
 from stages.train_scratch import main
@@ -71,8 +71,7 @@ def workspace(tmp_path_factory) -> Path:
 
 
 def _env(**extra) -> dict:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "EYAS_TRACKING": "off", "OMP_NUM_THREADS": "1",
-           "EYAS_COMPILE": "0", **extra}
+    env = {**os.environ, "PYTHONPATH": str(REPO), "EYAS_TRACKING": "off", "OMP_NUM_THREADS": "1", **extra}
     return env
 
 

@@ -6,7 +6,7 @@ not powers of two."""
 import pytest
 import torch
 
-from eyas.drafter import merge_diagonal
+from eyas.attention import merge_diagonal
 from eyas.head_loss import soft_cross_entropy_grad
 
 pytestmark = [pytest.mark.gpu,

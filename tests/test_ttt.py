@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from eyas.drafter import DrafterConfig, Eagle3Drafter, KVCache
-from eyas.ttt import Batch, shift_left, ttt_forward
+from eyas.ttt import Batch, shift_left
+from eyas.unroll import ttt_forward
 
 V, H = 64, 32
 
@@ -185,13 +186,14 @@ def _dense_ttt_attention(q, ks, vs, doc):
     return o, s0.logsumexp(-1), p[..., :T] @ v0 / p[..., :T].sum(-1, keepdim=True)
 
 
-def test_flex_ttt_attention_equals_dense_softmax(monkeypatch):
+def test_flex_ttt_attention_equals_dense_softmax():
     """The CUDA path's attention (flex over step-0 keys, then merge_diagonal through the
     log-sum-exp) equals one softmax over all allowed keys: forward through eager flex_attention
     on CPU (no backward there), and merge_diagonal's gradients from a dense step-0 part."""
-    from eyas.drafter import flex_ttt_attention, merge_diagonal
+    from eyas.attention import flex_ttt_attention, merge_diagonal
+    from eyas.backend import Backend
 
-    monkeypatch.setenv("EYAS_COMPILE", "0")
+    eager = Backend(compile=False)
     g = torch.Generator().manual_seed(0)
     B, nh, nkv, T, hd = 2, 4, 2, 128, 8
     q = torch.randn(B, nh, T, hd, generator=g, requires_grad=True)
@@ -202,7 +204,8 @@ def test_flex_ttt_attention_equals_dense_softmax(monkeypatch):
     ref, lse0, o0 = _dense_ttt_attention(q, ks, vs, doc)
     with torch.no_grad():
         for n in (1, 3):  # step 0 alone, and step 2 (two diagonal keys)
-            out = flex_ttt_attention(q.detach(), [(k.detach(), v.detach()) for k, v in zip(ks[:n], vs[:n])], doc)
+            out = flex_ttt_attention(q.detach(), [(k.detach(), v.detach()) for k, v in zip(ks[:n], vs[:n])], doc,
+                                     eager)
             want = _dense_ttt_attention(q, ks[:n], vs[:n], doc)[0]
             torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
     pad = [torch.zeros_like(ks[0])] * 3  # two real diagonal keys, three padding entries never seen
