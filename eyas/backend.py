@@ -2,11 +2,11 @@
 
 A :class:`Backend` is read once from ``params.yaml`` (``train.backend``, the schema field
 :attr:`eyas.config.TrainParams.backend`) by the stage that trains or evaluates, and passed down to
-everything that picks a kernel: :class:`eyas.unroll.TTTUnroll` (and through it
-:meth:`eyas.drafter.Eagle3Drafter.ttt_step`, :func:`eyas.attention.flex_ttt_attention` and
-:func:`eyas.head_loss.head_loss`) and :func:`eyas.train.train_drafter`. Nothing reads the
-environment for these choices. Code that needs one fixed choice asks for it through the object
-(:data:`DENSE`: the exact chain oracle of eyas/chain_oracle.py runs the reference attention).
+everything that picks a kernel: :func:`eyas.train.train_drafter` and :class:`eyas.unroll.TTTUnroll`
+(and through it :meth:`eyas.drafter.Eagle3Drafter.ttt_step`, :func:`eyas.attention.flex_ttt_attention`
+and :func:`eyas.head_loss.head_loss`). Nothing reads the environment for these choices. Code that
+needs one fixed choice names it: :data:`REFERENCE` is plain torch everywhere (the exact chain
+oracle of eyas/chain_oracle.py runs it, and it is what a library call that names no backend gets).
 
 On CPU every choice is the same: dense attention, eager torch, no Triton, no CUDA graphs (the
 reference definitions the CPU tests check). On CUDA:
@@ -43,20 +43,20 @@ class BackendError(ValueError):
     """A backend value is not one of the allowed ones, or a required kernel cannot run here."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Backend:
-    """The kernel choices of the TTT unroll (module docstring). Defaults are those of
-    ``params.yaml``'s ``train.backend``.
+    """The kernel choices of the TTT unroll (module docstring). No defaults here: the values
+    come from ``params.yaml``'s ``train.backend`` (or are named, as :data:`REFERENCE`).
 
     Raises:
         BackendError: ``attention`` is not one of :data:`ATTENTION`.
     """
 
-    attention: str = "auto"
-    compile: bool = True
-    compile_layers: bool = True
-    triton: bool = True
-    cuda_graphs: bool = True
+    attention: str
+    compile: bool
+    compile_layers: bool
+    triton: bool
+    cuda_graphs: bool
 
     def __post_init__(self):
         if self.attention not in ATTENTION:
@@ -114,7 +114,7 @@ class Backend:
         return compiled(name, fn, dynamic)
 
 
-DEFAULT = Backend()
-# the reference attention, whatever the device: the chain oracle's TTT unroll (eyas/chain_oracle.py)
-# runs one sequence per length, where flex attention and the compiled layers would recompile each time
-DENSE = Backend(attention="dense")
+# plain torch on every device: dense attention, nothing compiled, no Triton, no CUDA graphs. The
+# chain oracle's TTT unroll (eyas/chain_oracle.py) runs one sequence per length, where flex
+# attention and the compiled layers would recompile each time.
+REFERENCE = Backend(attention="dense", compile=False, compile_layers=False, triton=False, cuda_graphs=False)

@@ -30,7 +30,7 @@ import statistics
 
 import torch
 
-from eyas.backend import DENSE
+from eyas.backend import REFERENCE
 from eyas.drafter import Eagle3Drafter
 from eyas.speculative import (
     EagleProposer,
@@ -86,7 +86,7 @@ def _eagle_counts(model, proposer: EagleProposer, aux_ids: list[int], prompt_ids
     # every sequence length (eyas/backend.py)
     hidden = drafter.project(aux.to(proposer.dtype))
     for i in range(k):
-        hidden = drafter.ttt_step(hidden, shift_left(seq, 1 + i, 0), pos + i, docs, cache, backend=DENSE)
+        hidden = drafter.ttt_step(hidden, shift_left(seq, 1 + i, 0), pos + i, docs, cache, backend=REFERENCE)
         draft = drafter.draft_to_target(drafter.logits(hidden[0, lo:]).argmax(-1))  # predicts seq[t+2+i]
         ok &= draft == shift_left(seq, 2 + i, -1)[0, lo:]    # -1 past the end: never matched
         counts += ok

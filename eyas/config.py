@@ -127,7 +127,9 @@ class TrainParams:
     checkpoint_every: int = 0  # optimizer steps between resumable checkpoints; 0 = none
     nproc: int = 1             # processes under torchrun (eyas.launch); 0 = one per CUDA device
     strategy: str = "ddp"      # data parallelism with nproc > 1: 'ddp' (replicas) or 'fsdp' (FSDP2 shards)
-    backend: Backend = field(default_factory=Backend)  # the TTT unroll's kernels (eyas/backend.py)
+    # the TTT unroll's kernels (eyas/backend.py)
+    backend: Backend = field(default_factory=lambda: Backend(attention="auto", compile=True, compile_layers=True,
+                                                             triton=True, cuda_graphs=True))
 
 
 @dataclass

@@ -34,7 +34,7 @@ from torch import nn
 from eyas import layers as layer_ids
 from eyas import rope
 from eyas.attention import dense_ttt_attention, expand_kv, flex_ttt_attention
-from eyas.backend import DEFAULT, Backend
+from eyas.backend import REFERENCE, Backend
 
 
 @dataclass
@@ -283,7 +283,7 @@ class Eagle3Drafter(nn.Module):
 
     # --- training-time test -------------------------------------------------------------
     def ttt_step(self, hidden, input_ids, positions, doc_ids, cache: list,
-                 weights: LayerWeights | None = None, backend: Backend = DEFAULT) -> torch.Tensor:
+                 weights: LayerWeights | None = None, backend: Backend = REFERENCE) -> torch.Tensor:
         """One TTT step over packed sequences.
 
         Args:

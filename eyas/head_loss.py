@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from eyas.backend import DEFAULT, Backend
+from eyas.backend import REFERENCE, Backend
 
 
 def soft_cross_entropy(logits: torch.Tensor, teacher_logits: torch.Tensor, teacher_lse: torch.Tensor
@@ -93,7 +93,7 @@ def _scale(x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
 
 
 def head_loss(x: torch.Tensor, head_weight: torch.Tensor, teacher_logits: torch.Tensor,
-              teacher_lse: torch.Tensor, weight: torch.Tensor, backend: Backend = DEFAULT
+              teacher_lse: torch.Tensor, weight: torch.Tensor, backend: Backend = REFERENCE
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The weighted head loss of normed hidden states.
 

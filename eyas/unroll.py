@@ -30,7 +30,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from eyas.backend import DEFAULT, Backend
+from eyas.backend import REFERENCE, Backend
 from eyas.drafter import Eagle3Drafter, rms_norm
 from eyas.head_loss import head_loss
 from eyas.ttt import Batch, PackedLoader, add_counts, autocast, counts_from_stats, shift_left, summarise
@@ -72,7 +72,7 @@ def _norm_to(h: torch.Tensor, weight: torch.Tensor, eps: float, dtype: torch.dty
 
 
 def normed_head_input(drafter: Eagle3Drafter, hidden: torch.Tensor, head_weight: torch.Tensor,
-                      backend: Backend = DEFAULT) -> torch.Tensor:
+                      backend: Backend = REFERENCE) -> torch.Tensor:
     """The lm_head's input: ``drafter.norm(hidden)`` [B, T, H] in ``head_weight``'s dtype (on CUDA
     through ``backend.compiled``: one compiled graph when ``backend.compile`` is on)."""
     fn = _norm_to if hidden.device.type != "cuda" else backend.compiled("head_norm", _norm_to)
@@ -105,7 +105,7 @@ class TTTUnroll(nn.Module):
     """
 
     def __init__(self, drafter: Eagle3Drafter, head_rows: torch.Tensor, ttt_length: int, step_decay: float,
-                 backend: Backend = DEFAULT):
+                 backend: Backend = REFERENCE):
         super().__init__()
         self.drafter = drafter
         self.head_rows = head_rows
@@ -173,7 +173,7 @@ class TTTUnroll(nn.Module):
 
 
 def ttt_forward(drafter: Eagle3Drafter, batch: Batch, head_rows: torch.Tensor, ttt_length: int,
-                step_decay: float, step_norms: torch.Tensor | None = None, backend: Backend = DEFAULT
+                step_decay: float, step_norms: torch.Tensor | None = None, backend: Backend = REFERENCE
                 ) -> tuple[torch.Tensor, dict[str, float], dict]:
     """:class:`TTTUnroll`'s forward with its statistics read back to the host.
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from eyas.backend import Backend
 from eyas.drafter import DrafterConfig, Eagle3Drafter
 from eyas.graphed import GraphedTTT, pad_batch
 from eyas.ttt import Batch, autocast
@@ -14,6 +15,11 @@ from eyas.unroll import TTTUnroll, ttt_forward
 
 CFG = DrafterConfig(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
                     head_dim=16, vocab_size=100, draft_vocab_size=40, target_hidden_size=32, num_target_layers=8)
+
+
+# what the graphs capture on a GPU: flex attention (its block mask rebuilt inside the graph), compiled
+# layers, Triton kernels; on CPU every backend runs plain torch
+FAST = Backend(attention="flex", compile=True, compile_layers=True, triton=True, cuda_graphs=True)
 
 
 def batch(docs: list[list[int]], seed: int) -> Batch:
@@ -42,7 +48,7 @@ def drafter(device="cpu") -> tuple[Eagle3Drafter, torch.Tensor]:
 def loss_grads_counts(d, b, head, ttt=3):
     d.zero_grad(set_to_none=True)
     with autocast(b.input_ids.device):
-        loss, _, counts = ttt_forward(d, b, head, ttt, 0.8)
+        loss, _, counts = ttt_forward(d, b, head, ttt, 0.8, backend=FAST)
     loss.backward()
     return float(loss.detach()), [p.grad.clone() for p in d.parameters() if p.requires_grad], counts
 
@@ -70,7 +76,7 @@ def test_graph_replay_equals_eager_over_batches_with_other_documents():
     d, head = drafter("cuda")
     bs = [batch(rows, seed=s).to("cuda") for s, rows in enumerate([[[64, 40, 24]], [[24, 24, 80]]])]
     ref = [loss_grads_counts(d, b, head) for b in bs]
-    g = GraphedTTT(TTTUnroll(d, head, 3, 0.8))
+    g = GraphedTTT(TTTUnroll(d, head, 3, 0.8, FAST))
     for i in (0, 1, 0):
         loss, _, counts = g.step(bs[i])
         assert counts["tokens_0"] == ref[i][2]["tokens_0"]
@@ -87,8 +93,9 @@ def test_training_stage_with_graphs_matches_eager(tmp_path, monkeypatch):
     """train_drafter on a GPU, the default (graph replay: padded static batches, one capture)
     against ``train.backend.cuda_graphs: false`` (eager): same train losses, val metrics and weights to bf16
     precision over 6 optimizer steps."""
+    import dataclasses
+
     import eyas.graphed as graphed
-    from eyas.backend import Backend
     from eyas.config import TrainParams
     from eyas.tracking import Tracker
     from eyas.train import new_drafter, train_drafter
@@ -108,8 +115,8 @@ def test_training_stage_with_graphs_matches_eager(tmp_path, monkeypatch):
     runs = {}
     for mode in (True, False):
         d = new_drafter(train.manifest, mapping, head["embed_tokens"], seed=0)
-        tp = TrainParams(ttt_length=3, step_decay=0.8, batch_tokens=128, epochs=1, warmup_ratio=0.0,
-                         grad_clip=1.0, eval_every=100, max_steps=6, backend=Backend(cuda_graphs=mode))
+        tp = TrainParams(ttt_length=3, step_decay=0.8, batch_tokens=128, epochs=1, warmup_ratio=0.0, grad_clip=1.0,
+                         eval_every=100, max_steps=6, backend=dataclasses.replace(FAST, cuda_graphs=mode))
         r = train_drafter(d, train_store=train, val_store=val, lm_head=head["lm_head"], tp=tp, lr=1e-3, seed=0,
                           tracker=Tracker(), device=torch.device("cuda"))
         runs[mode] = ([c["loss"] for c in r.curve if c["split"] == "train"], r.final_val,

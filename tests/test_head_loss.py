@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import eyas.unroll as unroll
+from eyas.backend import Backend
 from eyas.head_loss import head_loss
 from tests.test_ttt import make_batch, make_drafter
 
@@ -37,7 +38,8 @@ def test_two_token_vocab_by_hand():
     "cpu", pytest.param("cuda", marks=[pytest.mark.gpu,
                                        pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")])])
 def test_gradients_equal_autograd_through_soft_target_cross_entropy(device):
-    # on CUDA the loss pass is the torch.compile'd graph
+    # on CUDA the loss pass is the torch.compile'd graph (the Triton kernel: tests/test_triton_ttt.py)
+    backend = Backend(attention="auto", compile=True, compile_layers=True, triton=False, cuda_graphs=False)
     g = torch.Generator().manual_seed(0)
     B, T, H, V = 2, 5, 8, 11
     x0, w0 = torch.randn(B, T, H, generator=g), torch.randn(V, H, generator=g)
@@ -47,7 +49,7 @@ def test_gradients_equal_autograd_through_soft_target_cross_entropy(device):
     x0, w0, t_logits, t_lse, weight = (t.to(device) for t in (x0, w0, t_logits, t_lse, weight))
 
     x, w = x0.clone().requires_grad_(), w0.clone().requires_grad_()
-    total, tok, _ = head_loss(x, w, t_logits, t_lse, weight)
+    total, tok, _ = head_loss(x, w, t_logits, t_lse, weight, backend)
     (2.5 * total).backward()  # a non-unit upstream gradient
 
     xr, wr = x0.double().requires_grad_(), w0.double().requires_grad_()

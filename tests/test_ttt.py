@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from eyas.backend import DEFAULT
+from eyas.backend import REFERENCE
 from eyas.drafter import DrafterConfig, Eagle3Drafter, KVCache
 from eyas.ttt import Batch, shift_left
 from eyas.unroll import ttt_forward
@@ -61,7 +61,7 @@ def _capture(drafter, monkeypatch):
     calls = []
     real = drafter.ttt_step
 
-    def spy(hidden, input_ids, positions, doc_ids, cache, weights=None, backend=DEFAULT):
+    def spy(hidden, input_ids, positions, doc_ids, cache, weights=None, backend=REFERENCE):
         out = real(hidden, input_ids, positions, doc_ids, cache, weights, backend)
         calls.append({"hidden": hidden.detach().clone(), "input_ids": input_ids.clone(),
                       "positions": positions.clone(), "doc_ids": doc_ids.clone(), "out": out.detach().clone()})
