@@ -6,8 +6,8 @@ Run once per world size (plain python = 1 GPU; torchrun = W GPUs):
     torchrun --standalone --nproc-per-node 2 benchmarks/bench_ddp.py --out ddp_w2.json
 
 Shapes and step body as bench_train.py (lm_head trainable, as eyas trains it), wrapped exactly as
-eyas.train.train_drafter does under torchrun: ``_TTTModule`` in DDP (bucketed gradient all-reduce
-overlapping backward), each step's loss normalised by the GLOBAL supervised-token count
+eyas.train.train_drafter does under torchrun: ``eyas.unroll.TTTUnroll`` in DDP (bucketed gradient
+all-reduce overlapping backward; kernels: params.yaml's ``train.backend``), each step's loss normalised by the GLOBAL supervised-token count
 (all-reduced), loss all-reduced for logging, clip, AdamW, cosine schedule.
 
 Phase 1 (scaling): every rank trains on its own 4 x 2048-token rows (8192 tokens/GPU/step):
@@ -29,9 +29,12 @@ import torch  # noqa: E402
 from benchmarks.bench_train import DOCS, config, make_batch  # noqa: E402
 from benchmarks.common import median, timed, write_result  # noqa: E402
 from eyas import distributed as du  # noqa: E402
+from eyas.config import load_params  # noqa: E402
 from eyas.drafter import Eagle3Drafter  # noqa: E402
-from eyas.train import _TTTModule  # noqa: E402
-from eyas.ttt import Batch, autocast, supervised_counts  # noqa: E402
+from eyas.ttt import Batch, autocast  # noqa: E402
+from eyas.unroll import TTTUnroll, supervised_counts  # noqa: E402
+
+BACKEND = load_params(Path(__file__).resolve().parents[1] / "params.yaml").train.backend
 
 
 def slice_rows(b: Batch, rows) -> Batch:
@@ -39,7 +42,7 @@ def slice_rows(b: Batch, rows) -> Batch:
     return Batch(**kw)
 
 
-def setup(c, dev, world):
+def setup(c, dev, world, ttt):
     torch.manual_seed(0)
     with torch.device(dev):
         d = Eagle3Drafter(c)
@@ -50,7 +53,7 @@ def setup(c, dev, world):
     d.to(dev).train()
     head_rows = (torch.randn(c.draft_vocab_size, c.target_hidden_size, generator=g) * 0.02).to(dev)
     params = [p for p in d.parameters() if p.requires_grad]
-    model = _TTTModule(d)
+    model = TTTUnroll(d, head_rows, ttt, 0.8, BACKEND)
     if world > 1:
         model = torch.nn.parallel.DistributedDataParallel(model, broadcast_buffers=False)
     opt = torch.optim.AdamW(params, lr=1e-4, betas=(0.9, 0.95), weight_decay=0.0)
@@ -59,14 +62,14 @@ def setup(c, dev, world):
     return d, model, params, opt, sched, head_rows
 
 
-def make_step(model, params, opt, sched, head_rows, world, ttt, losses):
+def make_step(model, params, opt, sched, world, ttt, losses):
     def step(batch):
         norms = None
         if world > 1:
             n_glob = du.all_reduce_sum(supervised_counts(batch, ttt))
             norms = n_glob.clamp(min=1).to(torch.float32) / world
         with autocast(batch.input_ids.device):
-            loss, _, _ = model(batch, head_rows, ttt, 0.8, norms)
+            loss, _ = model(batch, norms)
         loss_g = loss.detach() if world == 1 else du.all_reduce_sum(loss.detach()) / world
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -101,10 +104,10 @@ def main():
            "world": world, "rows": rows}
 
     if not a.skip_scaling:  # phase 1: weak scaling, 8192 tokens per GPU per step
-        d, model, params, opt, sched, head_rows = setup(c, dev, world)
+        d, model, params, opt, sched, head_rows = setup(c, dev, world, a.ttt)
         batches = [make_batch(rows, c, dev, 100 * rank + s) for s in range(2)]
         losses: list = []
-        st = make_step(model, params, opt, sched, head_rows, world, a.ttt, losses)
+        st = make_step(model, params, opt, sched, world, a.ttt, losses)
         it = [0]
 
         def one():
@@ -125,9 +128,9 @@ def main():
         torch.cuda.empty_cache() if dev.type == "cuda" else None
 
     # phase 2: the same global batch split over the ranks; losses must agree across world sizes
-    d, model, params, opt, sched, head_rows = setup(c, dev, world)
+    d, model, params, opt, sched, head_rows = setup(c, dev, world, a.ttt)
     losses = []
-    st = make_step(model, params, opt, sched, head_rows, world, a.ttt, losses)
+    st = make_step(model, params, opt, sched, world, a.ttt, losses)
     for s in range(a.equiv_steps):
         gb = make_batch(rows, c, torch.device("cpu"), 1000 + s)
         st(slice_rows(gb, list(range(rank, len(rows), world))).to(dev))

@@ -22,7 +22,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.common import write_result  # noqa: E402
 from eyas import triton_ttt  # noqa: E402
-from eyas.drafter import merge_diagonal  # noqa: E402
+from eyas.attention import merge_diagonal  # noqa: E402
 from eyas.head_loss import soft_cross_entropy_grad  # noqa: E402
 
 

@@ -4,10 +4,12 @@ Shapes as the peer benchmark (vLLM's speculators 0.9.0 trainer step; benchmarks/
 4096, 32/8 heads, head_dim 128, intermediate 14336, target vocab 128256, draft vocab 32000; packed
 documents (2048 tokens/step: 1024+640+384; 8192: 2048+1536+1024+1024+1024+768+512+256 packed into
 rows of 2048, eyas' row length); bf16 autocast, fp32 master weights, AdamW, grad clip, cosine
-schedule; the step body of eyas.train.train_drafter (ttt_forward, finite check, backward, clip,
-step, loss.item()), in two modes: ``graphs`` (forward + backward replayed as one CUDA graph,
+schedule; the step body of eyas.train.Trainer.train_step (the TTT unroll, finite check, backward,
+clip, step, loss.item()), in two modes: ``graphs`` (forward + backward replayed as one CUDA graph,
 eyas/graphed.py, what train_drafter does on one GPU) and ``eager`` (compiled parts only). Median of
---steps after --warmup (which includes compilation and graph capture).
+--steps after --warmup (which includes compilation and graph capture). The kernels are
+``params.yaml``'s ``train.backend`` (eyas/backend.py) unless --attention / --no-compile /
+--no-compile-layers / --no-triton say otherwise.
 
 Exact FLOP count (the peer's): fc 6PT once; decoder linears 6PT per TTT step; lm_head 4PT per
 step (+2PT weight grad when trainable); teacher head (draft rows of the target lm_head) 2PT once;
@@ -19,7 +21,7 @@ attention 12 * heads * head_dim * allowed (query, key) pairs.
 from __future__ import annotations
 
 import argparse
-import os
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -29,9 +31,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from benchmarks.common import PEAK_BF16_TFLOPS, median, sync, timed, write_result  # noqa: E402
-from eyas.drafter import DrafterConfig, Eagle3Drafter, use_triton  # noqa: E402
+from eyas.backend import ATTENTION, Backend  # noqa: E402
+from eyas.config import load_params  # noqa: E402
+from eyas.drafter import DrafterConfig, Eagle3Drafter  # noqa: E402
 from eyas.graphed import GraphedTTT  # noqa: E402
-from eyas.ttt import Batch, autocast, ttt_forward  # noqa: E402
+from eyas.ttt import Batch, autocast  # noqa: E402
+from eyas.unroll import TTTUnroll, ttt_forward  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
 
 DOCS = {2048: [[1024, 640, 384]],
         8192: [[2048], [1536, 512], [1024, 1024], [1024, 768, 256]]}
@@ -127,7 +134,7 @@ def profile_steps(step, n: int) -> dict:
 
 
 def bench(c, dev, tokens: int, ttt: int, freeze_lm_head: bool, warmup: int, steps: int, tiny: bool,
-          graphs: bool = False, profile: int = 0) -> dict:
+          backend: Backend, graphs: bool = False, profile: int = 0) -> dict:
     """One timed configuration; ``graphs``: forward + backward replayed as a CUDA graph
     (eyas.graphed.GraphedTTT, as train_drafter does on one GPU), else eager with compiled parts.
     ``profile`` > 0: then that many steps under torch.profiler (:func:`profile_steps`)."""
@@ -150,16 +157,16 @@ def bench(c, dev, tokens: int, ttt: int, freeze_lm_head: bool, warmup: int, step
     sched = get_cosine_schedule_with_warmup(opt, 10, 10_000)
     losses = []
     it = [0]
-    graphed = GraphedTTT(d, head_rows, ttt, 0.8) if graphs else None
+    graphed = GraphedTTT(TTTUnroll(d, head_rows, ttt, 0.8, backend)) if graphs else None
 
-    def step():  # the body of eyas.train.train_drafter's loop
+    def step():  # the body of eyas.train.Trainer.train_step
         b = batches[it[0] % 2]  # noqa: F821
         it[0] += 1
         if graphed is not None:
             loss, metrics, counts = graphed.step(b)
         else:
             with autocast(dev):
-                loss, metrics, counts = ttt_forward(d, b, head_rows, ttt, 0.8)  # noqa: F821
+                loss, metrics, counts = ttt_forward(d, b, head_rows, ttt, 0.8, backend=backend)  # noqa: F821
         if not torch.isfinite(loss):
             raise FloatingPointError("non-finite loss")
         if graphed is None:
@@ -177,8 +184,9 @@ def bench(c, dev, tokens: int, ttt: int, freeze_lm_head: bool, warmup: int, step
     fl = exact_flops(c, rows, ttt, not freeze_lm_head)
     med = median(t)
     out = {"tokens_per_step": fl["tokens"], "ttt": ttt, "lm_head": "frozen" if freeze_lm_head else "trainable",
-           "attn": os.environ.get("EYAS_ATTN", "flex") if dev.type == "cuda" else "dense",
-           "compile": os.environ.get("EYAS_COMPILE", "1"), "triton_kernels": use_triton(torch.empty(0, device=dev)),
+           "attn": "flex" if backend.flex_attention(torch.empty(0, device=dev), c.head_dim) else "dense",
+           "backend": dataclasses.asdict(backend),
+           "triton_kernels": backend.triton_kernels(torch.empty(0, device=dev)),
            "rows": rows,
            "mode": "cuda_graph" if graphs else "eager", "optimizer": "AdamW fused" if dev.type == "cuda" else "AdamW",
            "step_ms_median": med * 1e3, "step_ms_min": min(t) * 1e3, "step_ms_max": max(t) * 1e3,
@@ -202,7 +210,7 @@ def bench(c, dev, tokens: int, ttt: int, freeze_lm_head: bool, warmup: int, step
     return out
 
 
-def check_flex(c, dev, tokens: int, ttt: int) -> dict:
+def check_flex(c, dev, tokens: int, ttt: int, backend: Backend) -> dict:
     """ttt_forward loss, metrics and gradients, and three ttt_steps, with flex attention vs the
     dense reference path on the same weights and batch, under bf16 autocast and in fp32 (CUDA)."""
     torch.manual_seed(0)
@@ -219,21 +227,20 @@ def check_flex(c, dev, tokens: int, ttt: int) -> dict:
         amp = autocast(dev) if precision == "bf16" else torch.autocast(dev.type, enabled=False)
         res = {}
         for mode in ("dense", "flex"):
-            os.environ["EYAS_ATTN"] = mode
+            b_mode = dataclasses.replace(backend, attention=mode)
             for p in params:
                 p.grad = None
             with amp:
-                loss, m, _ = ttt_forward(d, b, head, ttt, 0.8)
+                loss, m, _ = ttt_forward(d, b, head, ttt, 0.8, backend=b_mode)
             loss.backward()
             grads = [p.grad.float().clone() for p in params]
             with torch.no_grad(), amp:
                 h = d.project(b.aux_hidden.to(torch.float32))
                 cache, outs = [], []
                 for k in range(3):
-                    h = d.ttt_step(h, b.input_ids, b.positions + k, b.doc_ids, cache)
+                    h = d.ttt_step(h, b.input_ids, b.positions + k, b.doc_ids, cache, backend=b_mode)
                     outs.append(h.float())
             res[mode] = (float(loss.detach()), m, outs, grads)
-        os.environ["EYAS_ATTN"] = "flex"
         gd, gf = res["dense"][3], res["flex"][3]
         out[precision] = {
             "loss_dense": res["dense"][0], "loss_flex": res["flex"][0],
@@ -247,7 +254,7 @@ def check_flex(c, dev, tokens: int, ttt: int) -> dict:
     return out
 
 
-def check_graph(c, dev, ttt: int) -> dict:
+def check_graph(c, dev, ttt: int, backend: Backend) -> dict:
     """GraphedTTT vs eager ttt_forward + backward on the same weights, over two batches of one
     shape whose documents differ (so the block mask must be rebuilt inside the graph) and back:
     loss and gradient relative differences, and the supervised counts (must be equal)."""
@@ -267,12 +274,12 @@ def check_graph(c, dev, ttt: int) -> dict:
         for p in params:
             p.grad = None
         with autocast(dev):
-            loss, _, counts = ttt_forward(d, b, head, ttt, 0.8)  # noqa: F821
+            loss, _, counts = ttt_forward(d, b, head, ttt, 0.8, backend=backend)  # noqa: F821
         loss.backward()
         return float(loss.detach()), [p.grad.float().clone() for p in params], counts
 
     ref = [eager(b) for b in bs]
-    g = GraphedTTT(d, head, ttt, 0.8)
+    g = GraphedTTT(TTTUnroll(d, head, ttt, 0.8, backend))
     out = {"loss_rel_diff": [], "grad_rel_err": [], "counts_equal": [], "captures": 0}
     for i in (0, 1, 0, 1):
         loss, _, counts = g.step(bs[i])
@@ -296,7 +303,11 @@ def main():
     ap.add_argument("--ttt", type=int, default=7)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--dense-ablation", action="store_true", help="also time EYAS_ATTN=dense at 2048")
+    ap.add_argument("--dense-ablation", action="store_true", help="also time dense attention at 2048")
+    ap.add_argument("--attention", choices=ATTENTION, help="train.backend.attention (default: params.yaml's)")
+    ap.add_argument("--no-compile", action="store_true", help="train.backend.compile: false")
+    ap.add_argument("--no-compile-layers", action="store_true", help="train.backend.compile_layers: false")
+    ap.add_argument("--no-triton", action="store_true", help="train.backend.triton: false")
     ap.add_argument("--tiny", action="store_true")
     ap.add_argument("--frozen-only", action="store_true", help="only the lm_head-frozen runs (the peer's set)")
     ap.add_argument("--modes", nargs="+", default=["eager", "graphs"], choices=["eager", "graphs"],
@@ -307,17 +318,22 @@ def main():
     a = ap.parse_args()
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     c = config(a.tiny)
+    backend = load_params(REPO / "params.yaml").train.backend
+    backend = dataclasses.replace(backend, attention=a.attention or backend.attention,
+                                  compile=backend.compile and not a.no_compile,
+                                  compile_layers=backend.compile_layers and not a.no_compile_layers,
+                                  triton=backend.triton and not a.no_triton)
     doc = {"what": "eyas TTT training step, Llama-3.1-8B-shaped drafter, synthetic packed batches, 1 GPU",
            "peak_bf16_tflops_assumed": PEAK_BF16_TFLOPS, "runs": [], "errors": []}
     if dev.type == "cuda" and not a.skip_checks:
         try:
-            doc["flex_check"] = check_flex(c, dev, 2048, 3)
+            doc["flex_check"] = check_flex(c, dev, 2048, 3, backend)
         except Exception as e:  # noqa: BLE001
             import traceback
             traceback.print_exc()
             doc["errors"].append(f"flex_check: {e!r}")
         try:
-            doc["graph_check"] = check_graph(c, dev, a.ttt)
+            doc["graph_check"] = check_graph(c, dev, a.ttt, backend)
         except Exception as e:  # noqa: BLE001
             import traceback
             traceback.print_exc()
@@ -328,20 +344,19 @@ def main():
                 if mode == "graphs" and dev.type != "cuda":
                     continue
                 try:
-                    doc["runs"].append(bench(c, dev, T, a.ttt, freeze, a.warmup, a.steps, a.tiny, mode == "graphs",
-                                             a.profile))
+                    doc["runs"].append(bench(c, dev, T, a.ttt, freeze, a.warmup, a.steps, a.tiny, backend,
+                                             mode == "graphs", a.profile))
                 except Exception as e:  # noqa: BLE001
                     import traceback
                     traceback.print_exc()
                     doc["errors"].append(f"T={T} freeze={freeze} mode={mode}: {e!r}")
                 write_result(a.out, doc)
     if a.dense_ablation and dev.type == "cuda":
-        os.environ["EYAS_ATTN"] = "dense"
         try:
-            doc["runs"].append(bench(c, dev, 2048, a.ttt, True, 3, 10, a.tiny))
+            doc["runs"].append(bench(c, dev, 2048, a.ttt, True, 3, 10, a.tiny,
+                                     dataclasses.replace(backend, attention="dense")))
         except Exception as e:  # noqa: BLE001
             doc["errors"].append(f"dense ablation: {e!r}")
-        os.environ["EYAS_ATTN"] = "flex"
     write_result(a.out, doc)
 
 

@@ -34,7 +34,7 @@ peer-train and check run in the peer's venv, ``--peer-python``, which also holds
   run at the same time as ``peer-train`` (two processes, one thread each): on a shared machine both
   then see the same contention.
 - ``eval`` (main env): the peer's final checkpoint loaded with ``eyas.export.load_drafter``
-  (speculators layout detected and converted), val acc_0..3 with ``eyas.ttt.evaluate`` (the
+  (speculators layout detected and converted), val acc_0..3 with ``eyas.unroll.evaluate`` (the
   definition of metrics/train_scratch.json ``val``; models/scratch is re-evaluated the same way as a
   check that the path reproduces the committed figures) and acceptance length at k =
   ``eval.num_draft_tokens`` with ``eyas.speculative.evaluate_prompts`` on the prompts of
@@ -368,7 +368,7 @@ def eyas_time(args, steps: int) -> dict:
 # ----------------------------------------------------------------------------- eval
 
 def evaluate_drafters(args, ckpt: str, partial=None) -> dict:
-    """Val metrics (eyas.ttt.evaluate) of the peer checkpoint, of eyas' drafter from ``eyas-time``
+    """Val metrics (eyas.unroll.evaluate) of the peer checkpoint, of eyas' drafter from ``eyas-time``
     (``--work``/eyas_drafter, when present) and, as a check of this path, of the committed
     models/scratch; acceptance length of the first two on stages/eval_accept_len.py's prompts.
 
@@ -384,7 +384,8 @@ def evaluate_drafters(args, ckpt: str, partial=None) -> dict:
     from eyas.files import load_safetensors
     from eyas.speculative import evaluate_prompts, greedy_generate
     from eyas.target import load_target
-    from eyas.ttt import PackedLoader, evaluate, head_rows_for
+    from eyas.ttt import PackedLoader, head_rows_for
+    from eyas.unroll import TTTUnroll, evaluate
 
     p = _params()
     feats = Path(args.features)
@@ -399,8 +400,9 @@ def evaluate_drafters(args, ckpt: str, partial=None) -> dict:
     for name, d in drafters.items():
         d.set_embedding(head["embed_tokens"])
         loader = PackedLoader(val, p.train.batch_tokens, p.seed, shuffle=False)
-        out[f"val_{name}"] = evaluate(d, loader, head_rows_for(head["lm_head"], d), p.train.ttt_length,
-                                      p.train.step_decay, torch.device("cpu"))
+        unroll = TTTUnroll(d, head_rows_for(head["lm_head"], d), p.train.ttt_length, p.train.step_decay,
+                           p.train.backend)
+        out[f"val_{name}"] = evaluate(unroll, loader, torch.device("cpu"))
     peer = drafters["peer"]
     out["peer_aux_layers"] = peer.config.resolved_aux_layers()
     if out["peer_aux_layers"] != val.manifest["aux_layers"]:

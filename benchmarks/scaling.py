@@ -8,7 +8,7 @@ On the embedded default's existing features (``data/features/{train,val}``, ``mo
 stores samples sorted by length, so they are found by their token ids), for each N in ``--sizes``. Every size runs ``train.epochs`` epochs, so training tokens grow with N.
 
 Each drafter is then measured two ways:
-- val acc_0..3 / loss_0..3: ``eyas.ttt.evaluate`` on the full val split, the definition of
+- val acc_0..3 / loss_0..3: ``eyas.unroll.evaluate`` on the full val split, the definition of
   ``metrics/train_*.json`` ``val``;
 - acceptance length at k = ``eval.num_draft_tokens`` on the eval prompts (params ``eval``: chat
   prompts from ``data/conversations/test.jsonl`` and HumanEval), pooled over verify steps like
@@ -58,7 +58,8 @@ from eyas.features import FeatureStore, ShardWriter, check_compatible, head_path
 from eyas.files import load_safetensors, read_json, sha256_file, write_json  # noqa: E402
 from eyas.tracking import Tracker  # noqa: E402
 from eyas.train import new_drafter, step0_gate, train_drafter  # noqa: E402
-from eyas.ttt import PackedLoader, evaluate, head_rows_for  # noqa: E402
+from eyas.ttt import PackedLoader, head_rows_for  # noqa: E402
+from eyas.unroll import TTTUnroll, evaluate  # noqa: E402
 from eyas.vocab import load_mapping  # noqa: E402
 
 ARMS = ("scratch", "finetune")
@@ -201,14 +202,15 @@ def committed_record(arm: str, root: Path) -> dict:
 
 
 def val_metrics(drafter, root: Path, p, head: dict) -> dict:
-    """``eyas.ttt.evaluate`` of a loaded drafter on the full val split (as train_drafter's final
+    """``eyas.unroll.evaluate`` of a loaded drafter on the full val split (as train_drafter's final
     evaluation: PackedLoader(val, batch_tokens, seed, shuffle=False), CPU fp32)."""
     val = FeatureStore.open(root / "data/features/val")
     drafter.set_embedding(head["embed_tokens"])
     loader = PackedLoader(val, p.train.batch_tokens, p.seed, shuffle=False)
     with torch.no_grad():
-        return evaluate(drafter, loader, head_rows_for(head["lm_head"], drafter), p.train.ttt_length,
-                        p.train.step_decay, CPU)
+        unroll = TTTUnroll(drafter, head_rows_for(head["lm_head"], drafter), p.train.ttt_length,
+                           p.train.step_decay, p.train.backend)
+        return evaluate(unroll, loader, CPU)
 
 
 def eval_prompts(root: Path, p, tokenizer) -> dict[str, list[list[int]]]:
