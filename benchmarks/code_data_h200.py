@@ -18,8 +18,9 @@ import torch
 from eyas import layers
 from eyas.config import load_params
 from eyas.data import read_jsonl
-from eyas.export import load_drafter, save_drafter
 from eyas.features import FeatureStore
+from eyas.formats.eagle import save_drafter
+from eyas.formats.load import load_drafter
 from eyas.speculative import NgramProposer, evaluate_prompts, greedy_generate
 from eyas.target import load_target
 from eyas.train import new_drafter, train_drafter

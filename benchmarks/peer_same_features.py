@@ -33,7 +33,7 @@ peer-train and check run in the peer's venv, ``--peer-python``, which also holds
   saved to ``--work``/eyas_drafter so ``eval`` scores it beside the peer at the same budget. It may
   run at the same time as ``peer-train`` (two processes, one thread each): on a shared machine both
   then see the same contention.
-- ``eval`` (main env): the peer's final checkpoint loaded with ``eyas.export.load_drafter``
+- ``eval`` (main env): the peer's final checkpoint loaded with ``eyas.formats.load.load_drafter``
   (speculators layout detected and converted), val acc_0..3 with ``eyas.unroll.evaluate`` (the
   definition of metrics/train_scratch.json ``val``; models/scratch is re-evaluated the same way as a
   check that the path reproduces the committed figures) and acceptance length at k =
@@ -285,9 +285,9 @@ def check_same_function(args, ckpt: str, sample: int = 0) -> dict:
     from speculators.models.eagle3.data import shift_batch
     from speculators.train.data import ArrowDataset, CollateFn
 
-    from eyas.export import load_drafter
     from eyas.features import FeatureStore, head_path
     from eyas.files import load_safetensors
+    from eyas.formats.load import load_drafter
     from eyas.ttt import shift_left
 
     torch.set_num_threads(1)
@@ -338,9 +338,9 @@ def eyas_time(args, steps: int) -> dict:
     import torch
 
     torch.set_num_threads(1)
-    from eyas.export import save_drafter
     from eyas.features import FeatureStore, head_path
     from eyas.files import load_safetensors
+    from eyas.formats.eagle import save_drafter
     from eyas.tracking import Tracker
     from eyas.train import new_drafter, train_drafter
     from eyas.ttt import PackedLoader
@@ -379,9 +379,9 @@ def evaluate_drafters(args, ckpt: str, partial=None) -> dict:
 
     torch.set_num_threads(1)
     from eyas.data import chat_prompts, humaneval_prompts, read_jsonl, render_prompt
-    from eyas.export import load_drafter
     from eyas.features import FeatureStore, head_path
     from eyas.files import load_safetensors
+    from eyas.formats.load import load_drafter
     from eyas.speculative import evaluate_prompts, greedy_generate
     from eyas.target import load_target
     from eyas.ttt import PackedLoader, head_rows_for

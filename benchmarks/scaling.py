@@ -53,9 +53,10 @@ import torch  # noqa: E402
 
 from eyas import checkpoint  # noqa: E402
 from eyas.config import load_params  # noqa: E402
-from eyas.export import load_drafter, save_drafter  # noqa: E402
 from eyas.features import FeatureStore, ShardWriter, check_compatible, head_path  # noqa: E402
 from eyas.files import load_safetensors, read_json, sha256_file, write_json  # noqa: E402
+from eyas.formats.eagle import save_drafter  # noqa: E402
+from eyas.formats.load import load_drafter  # noqa: E402
 from eyas.tracking import Tracker  # noqa: E402
 from eyas.train import new_drafter, step0_gate, train_drafter  # noqa: E402
 from eyas.ttt import PackedLoader, head_rows_for  # noqa: E402

@@ -17,6 +17,7 @@ import math
 import torch
 
 from eyas.backend import Backend
+from eyas.compiling import compiled
 
 
 def expand_kv(t: torch.Tensor, rep: int) -> torch.Tensor:
@@ -112,7 +113,7 @@ def flex_ttt_attention(q: torch.Tensor, cache: list, doc_ids: torch.Tensor, back
     from torch.nn.attention.flex_attention import AuxRequest, flex_attention
 
     k0, v0 = cache[0]
-    o0, aux = backend.compiled("flex", flex_attention, dynamic=None)(
+    o0, aux = compiled(backend, "flex", flex_attention, dynamic=None)(
         q, k0.to(q.dtype), v0.to(q.dtype), block_mask=doc_causal_block_mask(doc_ids, backend),
         enable_gqa=q.shape[1] != k0.shape[1], return_aux=AuxRequest(lse=True))
     n = len(cache) - 1
@@ -130,6 +131,6 @@ def flex_ttt_attention(q: torch.Tensor, cache: list, doc_ids: torch.Tensor, back
     valid = torch.arange(kd.shape[3], device=q.device) < n
     for t in (kd, vd, valid):
         torch._dynamo.maybe_mark_dynamic(t, t.dim() - 2 if t.dim() > 1 else 0)
-    return backend.compiled("merge", merge_diagonal)(q, o0, aux.lse, kd, vd, valid)
+    return compiled(backend, "merge", merge_diagonal)(q, o0, aux.lse, kd, vd, valid)
 
 

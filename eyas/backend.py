@@ -16,7 +16,7 @@ reference definitions the CPU tests check). On CUDA:
   it) and the dense reference otherwise; ``flex`` requires it (:class:`BackendError` where it
   cannot run); ``dense`` always runs the reference.
 - ``compile``: torch.compile the hot pieces (layer halves, flex attention, the diagonal merge,
-  head norm and loss; one compiled function per piece, :mod:`eyas.compiling`). ``false`` runs
+  head norm and loss; one compiled function per piece: :func:`eyas.compiling.compiled`). ``false`` runs
   plain eager torch everywhere: no Triton kernels and no CUDA graphs either, whatever their flags
   say (the debugging mode).
 - ``compile_layers``: with ``compile``, also compile the decoder layer's two halves around
@@ -35,8 +35,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 ATTENTION = ("auto", "flex", "dense")
-# the decoder layer's halves around attention (eyas.drafter.Eagle3Drafter.ttt_step): compile_layers
-LAYER_PIECES = ("pre", "post")
 
 
 class BackendError(ValueError):
@@ -102,16 +100,6 @@ class Backend:
         ``compile`` and ``cuda_graphs`` on."""
         kind = device if isinstance(device, str) else device.type
         return kind.split(":")[0] == "cuda" and world == 1 and self.compile and self.cuda_graphs
-
-    def compiled(self, name: str, fn, dynamic: bool | None = False):
-        """``fn`` through torch.compile (:func:`eyas.compiling.compiled`: one compiled function per
-        ``name``), or ``fn`` itself when ``compile`` is off, or for the layer halves
-        (:data:`LAYER_PIECES`) when ``compile_layers`` is off. Callers use it on CUDA only."""
-        if not self.compile or (name in LAYER_PIECES and not self.compile_layers):
-            return fn
-        from eyas.compiling import compiled
-
-        return compiled(name, fn, dynamic)
 
 
 # plain torch on every device: dense attention, nothing compiled, no Triton, no CUDA graphs. The

@@ -35,6 +35,8 @@ from eyas import layers as layer_ids
 from eyas import rope
 from eyas.attention import dense_ttt_attention, expand_kv, flex_ttt_attention
 from eyas.backend import REFERENCE, Backend
+from eyas.compiling import compiled
+from eyas.formats import hf_config
 
 
 @dataclass
@@ -74,14 +76,13 @@ class DrafterConfig:
         """A drafter shaped like one layer of ``target_config`` (a transformers PretrainedConfig,
         or a namespace of the feature manifest's ``target_config``)."""
         tc = target_config
-        head_dim = getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads
         theta, scaling = rope.normalise(tc, source="target config")
         return cls(
             hidden_size=tc.hidden_size,
             intermediate_size=tc.intermediate_size,
             num_attention_heads=tc.num_attention_heads,
-            num_key_value_heads=getattr(tc, "num_key_value_heads", tc.num_attention_heads),
-            head_dim=head_dim,
+            num_key_value_heads=hf_config.num_key_value_heads(tc),
+            head_dim=hf_config.head_dim(tc),
             vocab_size=tc.vocab_size,
             draft_vocab_size=draft_vocab_size,
             target_hidden_size=tc.hidden_size,
@@ -309,9 +310,9 @@ class Eagle3Drafter(nn.Module):
             # CUDA: the layer around attention (norms, GEMMs, RoPE, SiLU*up, residuals) runs
             # through two torch.compile'd graphs shared by every TTT step; attention is
             # flex_ttt_attention (its block mask is built once per batch)
-            q, k, v = backend.compiled("pre", layer_pre)(w, c, embeds, hidden, cos, sin)
+            q, k, v = compiled(backend, "pre", layer_pre)(w, c, embeds, hidden, cos, sin)
             cache.append((k, v))
-            return backend.compiled("post", layer_post)(w, c, hidden, flex_ttt_attention(q, cache, doc_ids, backend))
+            return compiled(backend, "post", layer_post)(w, c, hidden, flex_ttt_attention(q, cache, doc_ids, backend))
         q, k, v = layer_pre(w, c, embeds, hidden, cos, sin)
         cache.append((k, v))
         return layer_post(w, c, hidden, dense_ttt_attention(q, cache, doc_ids))

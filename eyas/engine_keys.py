@@ -1,8 +1,8 @@
 """Every config key SGLang or vLLM reads for an EAGLE-3 (Llama) drafter, where each reads it, and
 what eyas does with it: the one table every load path checks a checkpoint through.
 
-Load paths that go through :func:`check_config`: :func:`eyas.export.config_from_hf` (eyas / EAGLE
-/ SpecForge layout and, via :func:`eyas.speculators_format.config_to_eagle`, the speculators
+Load paths that go through :func:`check_config`: :func:`eyas.formats.eagle.config_from_hf` (eyas / EAGLE
+/ SpecForge layout and, via :func:`eyas.formats.speculators.config_to_eagle`, the speculators
 layout), hence ``load_drafter`` (train-finetune's warm start, the remap source, eval) and
 ``eyas inspect`` (which reports every refusal, with or without the target's layer count).
 
@@ -143,7 +143,7 @@ def honoured_by(key: str) -> str:
 
 
 def refusals(cfg: dict) -> list[str]:
-    """Every key of ``cfg`` (a flat EAGLE-layout config dict, as :func:`eyas.export.config_from_hf`
+    """Every key of ``cfg`` (a flat EAGLE-layout config dict, as :func:`eyas.formats.eagle.config_from_hf`
     reads it) whose value changes an engine's math away from what eyas implements.
 
     Returns:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 
 from eyas.backend import REFERENCE, Backend
+from eyas.compiling import compiled
 
 
 def soft_cross_entropy(logits: torch.Tensor, teacher_logits: torch.Tensor, teacher_lse: torch.Tensor
@@ -79,7 +80,7 @@ class HeadLoss(torch.autograd.Function):
     def backward(ctx, g, _loss, _argmax):
         x, head_weight, grad = ctx.saved_tensors
         gx = gw = None
-        scale = _scale if grad.device.type != "cuda" else ctx.backend.compiled("scale", _scale)
+        scale = _scale if grad.device.type != "cuda" else compiled(ctx.backend, "scale", _scale)
         if ctx.needs_input_grad[0]:
             gx = scale(torch.matmul(grad, head_weight), g)
         if ctx.needs_input_grad[1]:
@@ -117,7 +118,7 @@ def head_loss(x: torch.Tensor, head_weight: torch.Tensor, teacher_logits: torch.
 
 def _loss_fn(x: torch.Tensor, with_grad: bool, backend: Backend):
     """The loss pass for ``x``'s device: the Triton kernel on CUDA when ``backend`` allows, else the
-    torch definition, through ``backend.compiled`` on CUDA."""
+    torch definition, through :func:`eyas.compiling.compiled` on CUDA."""
     if backend.triton_kernels(x):
         from eyas import triton_ttt
 
@@ -125,4 +126,4 @@ def _loss_fn(x: torch.Tensor, with_grad: bool, backend: Backend):
             return triton_ttt.soft_cross_entropy_grad
         return lambda z, t, lse: triton_ttt.soft_cross_entropy_grad(z, t, lse, None)[:2]
     fn = soft_cross_entropy_grad if with_grad else soft_cross_entropy
-    return fn if x.device.type != "cuda" else backend.compiled(fn.__name__, fn)
+    return fn if x.device.type != "cuda" else compiled(backend, fn.__name__, fn)

@@ -28,8 +28,9 @@ from safetensors import safe_open
 
 from eyas import layers, rope
 from eyas.engine_keys import ENGINE_KEYS, refusals
-from eyas.export import SERVED_KEYS, ExportError, check_served_tensors, config_from_hf, detect_layout
 from eyas.files import read_json
+from eyas.formats.eagle import SERVED_KEYS, ExportError, check_served_tensors, config_from_hf
+from eyas.formats.load import detect_layout
 from eyas.vocab import VocabError, VocabMapping, compare_mappings, load_mapping, validate_mapping
 
 # what SGLang's LlamaForCausalLMEagle3 has a parameter for (t2d is accepted and ignored)
@@ -84,7 +85,7 @@ def inspect_checkpoint(path: str | Path, vocab_dir: str | Path | None = None,
     warnings: list[str] = []
 
     if layout == "speculators":
-        from eyas.speculators_format import SpeculatorsFormatError, config_to_eagle, to_eyas_name
+        from eyas.formats.speculators import SpeculatorsFormatError, config_to_eagle, to_eyas_name
         try:
             cfg = config_to_eagle(raw_cfg, str(path / "config.json"))
         except SpeculatorsFormatError as e:
@@ -454,7 +455,7 @@ def _speculators(raw_cfg, cfg, layout, t, L, warnings) -> dict:
         changes.append("aux layer ids: the converter's default [2, L//2, L-3] of the verifier")
     if "embed_tokens.weight" not in t:
         changes.append("no embed_tokens.weight: the converted file has none either, which speculators 0.9.0 "
-                       "loads with an uninitialised embedding; eyas.speculators_format.write_speculators writes "
+                       "loads with an uninitialised embedding; eyas.formats.speculators.write_speculators writes "
                        "the embedding instead")
     out["convert_command"] = cmd
     out["convert_changes"] = changes

@@ -33,6 +33,8 @@ import math
 
 import torch
 
+from eyas.formats.hf_config import get, rope_theta
+
 SUPPORTED_TYPES = ("default", "linear", "llama3")
 _REQUIRED = {"linear": ("factor",),
              "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
@@ -40,10 +42,6 @@ _REQUIRED = {"linear": ("factor",),
 
 class RopeError(ValueError):
     """RoPE settings eyas cannot honour (an unimplemented ``rope_type`` or missing fields)."""
-
-
-def _get(cfg, key):
-    return cfg.get(key) if isinstance(cfg, dict) else getattr(cfg, key, None)
 
 
 def normalise(cfg, source: str = "config") -> tuple[float, dict | None]:
@@ -54,21 +52,19 @@ def normalise(cfg, source: str = "config") -> tuple[float, dict | None]:
             manifest's ``target_config``) or a transformers config object.
         source: named in errors.
     Returns:
-        ``(theta, scaling)``: theta float (``rope_parameters.rope_theta``, else ``rope_theta``,
-        else 10000.0, transformers' LlamaConfig default); scaling ``None`` for plain RoPE, else a
-        dict with ``rope_type`` and that type's fields (``rope_theta`` removed, ``type`` renamed
-        ``rope_type``).
+        ``(theta, scaling)``: theta float (:func:`eyas.formats.hf_config.rope_theta`); scaling
+        ``None`` for plain RoPE, else a dict with ``rope_type`` and that type's fields
+        (``rope_theta`` removed, ``type`` renamed ``rope_type``).
     Raises:
         RopeError: an unsupported ``rope_type``, or a supported one without its fields.
     """
-    params = _get(cfg, "rope_parameters")
-    scaling = _get(cfg, "rope_scaling")
+    params = get(cfg, "rope_parameters")
+    scaling = get(cfg, "rope_scaling")
     if isinstance(params, dict) and params and isinstance(next(iter(params.values())), dict):
         # per-layer-type parameters (Gemma-3 style {"full_attention": {...}, ...}): not a Llama layer
         raise RopeError(f"{source}: per-layer-type rope_parameters {sorted(params)}; eyas implements one "
                         f"RoPE for the drafter's Llama layer")
-    theta = (params or {}).get("rope_theta") or _get(cfg, "rope_theta") or (scaling or {}).get("rope_theta") \
-        or 10000.0
+    theta = rope_theta(cfg)
     raw = dict(scaling) if scaling else dict(params or {})
     raw.pop("rope_theta", None)
     if "type" in raw and "rope_type" not in raw:

@@ -78,19 +78,19 @@ def summarise_config(c) -> dict:
     count, vocab, ``rms_norm_eps``, ``rope_theta``, ``max_position_embeddings`` and, for a scaled
     RoPE only, ``rope_scaling`` (eyas/rope.py's normal form; an unimplemented type as found)."""
     from eyas import rope
+    from eyas.formats import hf_config
 
     try:
         theta, scaling = rope.normalise(c, source="target config")
     except rope.RopeError:
-        theta = float((getattr(c, "rope_parameters", None) or {}).get("rope_theta")
-                      or getattr(c, "rope_theta", None) or 10000.0)
-        scaling = dict(getattr(c, "rope_scaling", None) or getattr(c, "rope_parameters", None) or {})
+        theta = hf_config.rope_theta(c)
+        scaling = dict(hf_config.get(c, "rope_scaling") or hf_config.get(c, "rope_parameters") or {})
     out = {
         "hidden_size": c.hidden_size,
         "intermediate_size": c.intermediate_size,
         "num_attention_heads": c.num_attention_heads,
-        "num_key_value_heads": getattr(c, "num_key_value_heads", c.num_attention_heads),
-        "head_dim": getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads,
+        "num_key_value_heads": hf_config.num_key_value_heads(c),
+        "head_dim": hf_config.head_dim(c),
         "num_hidden_layers": c.num_hidden_layers,
         "vocab_size": c.vocab_size,
         "rms_norm_eps": float(c.rms_norm_eps),

@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from eyas.backend import REFERENCE, Backend
+from eyas.compiling import compiled
 from eyas.drafter import Eagle3Drafter, rms_norm
 from eyas.head_loss import head_loss
 from eyas.ttt import Batch, PackedLoader, add_counts, autocast, counts_from_stats, shift_left, summarise
@@ -74,8 +75,8 @@ def _norm_to(h: torch.Tensor, weight: torch.Tensor, eps: float, dtype: torch.dty
 def normed_head_input(drafter: Eagle3Drafter, hidden: torch.Tensor, head_weight: torch.Tensor,
                       backend: Backend = REFERENCE) -> torch.Tensor:
     """The lm_head's input: ``drafter.norm(hidden)`` [B, T, H] in ``head_weight``'s dtype (on CUDA
-    through ``backend.compiled``: one compiled graph when ``backend.compile`` is on)."""
-    fn = _norm_to if hidden.device.type != "cuda" else backend.compiled("head_norm", _norm_to)
+    through :func:`eyas.compiling.compiled`: one compiled graph when ``backend.compile`` is on)."""
+    fn = _norm_to if hidden.device.type != "cuda" else compiled(backend, "head_norm", _norm_to)
     return fn(hidden, drafter.norm.weight, drafter.config.rms_norm_eps, head_weight.dtype)
 
 

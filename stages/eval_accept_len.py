@@ -28,8 +28,8 @@ from eyas.acceptance import evaluate_benchmark
 from eyas.config import load_params
 from eyas.data import chat_prompts, humaneval_prompts, read_jsonl
 from eyas.distill import fit_prompt
-from eyas.export import load_drafter
 from eyas.files import write_json
+from eyas.formats.load import load_drafter
 from eyas.plots import accept_len_figure
 from eyas.provenance import check
 from eyas.target import load_target

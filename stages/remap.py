@@ -15,9 +15,10 @@ from pathlib import Path
 
 from eyas.config import load_params
 from eyas.drafter import Eagle3Drafter
-from eyas.export import load_drafter, save_drafter
 from eyas.features import FeatureStore, check_compatible
 from eyas.files import write_json
+from eyas.formats.eagle import save_drafter
+from eyas.formats.load import load_drafter
 from eyas.provenance import FILE as FINGERPRINT
 from eyas.provenance import check, record
 from eyas.remap import adopt_target_positions, naive_lm_head, remap_lm_head

@@ -12,8 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from eyas.config import load_params
-from eyas.export import load_drafter
 from eyas.features import FeatureStore, check_compatible
+from eyas.formats.load import load_drafter
 from eyas.provenance import check, record
 from eyas.target import pick_device
 from eyas.tracking import start_stage_run

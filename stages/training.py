@@ -8,8 +8,8 @@ from pathlib import Path
 from eyas import checkpoint, plots
 from eyas.distributed import is_main
 from eyas.drafter import Eagle3Drafter
-from eyas.export import save_drafter
 from eyas.files import write_json, write_tsv
+from eyas.formats.eagle import save_drafter
 from eyas.provenance import FILE as FINGERPRINT
 from eyas.train import TrainResult
 from stages.common import METRICS, PLOTS, VOCAB_REPORTS, checkpoint_dir

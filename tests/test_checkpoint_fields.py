@@ -12,11 +12,12 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from eyas import engine_keys, eval_checks, rope
 from eyas.cli import main
 from eyas.drafter import DrafterConfig, Eagle3Drafter, rope_cos_sin
-from eyas.export import ExportError, load_drafter, save_drafter
 from eyas.files import load_safetensors, save_safetensors
+from eyas.formats.eagle import ExportError, save_drafter
+from eyas.formats.load import load_drafter
+from eyas.formats.speculators import UnsafeExportError, write_speculators
 from eyas.inspector import inspect_checkpoint, target_summary
 from eyas.remap import adopt_target_positions
-from eyas.speculators_format import UnsafeExportError, write_speculators
 from eyas.target import summarise_config
 from eyas.verifier import EMBEDDED_UPSTREAM, verifier_identity
 

@@ -19,8 +19,8 @@ from eyas import distributed as D
 from eyas import launch
 from eyas.config import TrainParams
 from eyas.drafter import DrafterConfig, Eagle3Drafter
-from eyas.export import save_drafter
 from eyas.features import FeatureStore, ShardWriter
+from eyas.formats.eagle import save_drafter
 from eyas.tracking import Tracker
 from eyas.train import train_drafter
 

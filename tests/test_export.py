@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from eyas.drafter import DrafterConfig, Eagle3Drafter
-from eyas.export import SERVED_KEYS, ExportError, check_served_tensors, load_drafter, save_drafter
+from eyas.formats.eagle import SERVED_KEYS, ExportError, check_served_tensors, save_drafter
+from eyas.formats.load import load_drafter
 
 V, VD = 128, 16
 

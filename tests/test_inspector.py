@@ -11,10 +11,11 @@ import torch
 
 from eyas.cli import main
 from eyas.drafter import DrafterConfig, Eagle3Drafter
-from eyas.export import ExportError, load_drafter, save_drafter
 from eyas.files import load_safetensors, save_safetensors
+from eyas.formats.eagle import ExportError, save_drafter
+from eyas.formats.load import load_drafter
+from eyas.formats.speculators import SpeculatorsFormatError, read_speculators, write_speculators
 from eyas.inspector import inspect_checkpoint, render
-from eyas.speculators_format import SpeculatorsFormatError, read_speculators, write_speculators
 from eyas.vocab import VocabMapping, save_mapping
 
 V, VD, H = 16, 4, 8
@@ -282,7 +283,7 @@ def test_cli_module_entry_runs(tmp_path):
 def test_hardcoded_llama_defaults_match_transformers():
     import transformers
 
-    from eyas.speculators_format import LLAMA_DEFAULTS
+    from eyas.formats.speculators import LLAMA_DEFAULTS
     c = transformers.LlamaConfig()
     rope = (getattr(c, "rope_parameters", None) or {}).get("rope_theta") or getattr(c, "rope_theta", None)
     for k, v in LLAMA_DEFAULTS.items():

@@ -9,8 +9,9 @@ import transformers
 
 from eyas import layers
 from eyas.drafter import DrafterConfig, Eagle3Drafter
-from eyas.export import ExportError, load_drafter, save_drafter, to_hf_config
 from eyas.features import LAYER_CONVENTION, FeatureError, check_compatible
+from eyas.formats.eagle import ExportError, save_drafter, to_hf_config
+from eyas.formats.load import load_drafter
 from eyas.target import Target
 
 

@@ -20,7 +20,7 @@ import torch
 from safetensors.torch import load_file
 
 from eyas.drafter import DrafterConfig, Eagle3Drafter, KVCache
-from eyas.export import save_drafter
+from eyas.formats.eagle import save_drafter
 
 V, VD, H, TH = 96, 12, 32, 48
 

@@ -148,7 +148,7 @@ def test_extract_empty_after_filtering(char_target, tmp_path):
 
 
 def test_missing_drafter_dir_is_named(tmp_path):
-    from eyas.export import load_drafter
+    from eyas.formats.load import load_drafter
 
     with pytest.raises(FileNotFoundError, match=re.escape(f"drafter '{tmp_path / 'nope'}': no such directory")):
         load_drafter(tmp_path / "nope")

@@ -21,7 +21,7 @@ import torch
 speculators = pytest.importorskip("speculators")
 
 from eyas.drafter import DrafterConfig, Eagle3Drafter  # noqa: E402
-from eyas.speculators_format import write_speculators  # noqa: E402
+from eyas.formats.speculators import write_speculators  # noqa: E402
 from eyas.ttt import shift_left  # noqa: E402
 from eyas.verifier import verifier_identity  # noqa: E402
 

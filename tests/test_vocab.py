@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from eyas.drafter import DrafterConfig, Eagle3Drafter
-from eyas.export import ExportError, check_served_tensors
+from eyas.formats.eagle import ExportError, check_served_tensors
 from eyas.vocab import (
     VocabError,
     VocabMapping,

@@ -1,4 +1,4 @@
-"""The speculators (vLLM) drafter layout: read it into eyas names, write it for tests and export.
+"""The speculators (vLLM) drafter layout: read it into eyas names, write it for export.
 
 Layout (``vllm-project/speculators: src/speculators/models/eagle3/config.py``,
 ``.../eagle3/core.py``, ``src/speculators/convert/eagle/eagle3_converter.py``):
@@ -26,7 +26,10 @@ from pathlib import Path
 
 import torch
 
+from eyas import layers
 from eyas.files import atomic_dir, load_safetensors, read_json, save_safetensors, write_json
+from eyas.formats import hf_config
+from eyas.formats.eagle import llama_layer_fields
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +61,7 @@ def to_speculators_name(name: str) -> str:
 
 def config_to_eagle(cfg: dict, source: str = "config.json") -> dict:
     """A speculators ``config.json`` dict -> the flat ``LlamaForCausalLMEagle3``-style dict that
-    :func:`eyas.export.config_from_hf` reads.
+    :func:`eyas.formats.eagle.config_from_hf` reads.
 
     The speculators flags (``norm_before_residual`` etc.) are carried over verbatim so the loader
     can refuse unsupported variants; a missing ``norm_before_residual`` is recorded under
@@ -118,10 +121,9 @@ def _llama_defaults(tlc: dict) -> dict:
     """The values transformers' LlamaConfig gives the layer config (as speculators builds it):
     LLAMA_DEFAULTS, ``num_key_value_heads`` = heads, ``head_dim`` = hidden // heads."""
     out = {k: tlc.get(k, v) for k, v in LLAMA_DEFAULTS.items()}
-    out["num_key_value_heads"] = tlc.get("num_key_value_heads") or out["num_attention_heads"]
-    out["head_dim"] = tlc.get("head_dim") or out["hidden_size"] // out["num_attention_heads"]
-    rope = tlc.get("rope_parameters") or {}
-    out["rope_theta"] = rope.get("rope_theta") or tlc.get("rope_theta") or LLAMA_DEFAULTS["rope_theta"]
+    out["num_key_value_heads"] = hf_config.num_key_value_heads(out | tlc)
+    out["head_dim"] = hf_config.head_dim(out | tlc)
+    out["rope_theta"] = hf_config.rope_theta(tlc)  # LLAMA_DEFAULTS' 10000.0 when absent
     return out
 
 
@@ -162,9 +164,6 @@ def speculators_config(drafter, verifier: dict | None = None) -> dict:
             ``verifier.name_or_path: null``, which speculators 0.9.0 cannot load (its
             ``from_pretrained`` calls ``AutoConfig.from_pretrained(None)``); ``eyas inspect`` says so.
     """
-    from eyas import layers
-    from eyas.export import llama_layer_fields
-
     c = drafter.config
     ident = verifier or {"verifier": {"name_or_path": None, "architectures": []}, "eyas": None}
     record = {"num_target_layers": c.num_target_layers, "format_version": 1}
@@ -217,7 +216,7 @@ def write_speculators(drafter, path: str | Path, include_embedding: bool = True,
         raise UnsafeExportError(
             f"{path}: a speculators-layout export without embed_tokens.weight loads in speculators 0.9.0 with an "
             f"uninitialised embedding (models/eagle3/core.py ignores it as missing); keep the embedding, or "
-            f"export the eagle layout (eyas.export.save_drafter) for SGLang/vLLM, which take the target's")
+            f"export the eagle layout (eyas.formats.eagle.save_drafter) for SGLang/vLLM, which take the target's")
     tensors = {to_speculators_name(k): v.detach().cpu() for k, v in drafter.state_dict_for_export().items()}
     tensors["embed_tokens.weight"] = drafter.embed_tokens.weight.detach().cpu()
     if verifier is None:

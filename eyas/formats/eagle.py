@@ -1,4 +1,4 @@
-"""Save and load drafters in the checkpoint format SGLang and vLLM load.
+"""The eagle layout: the drafter checkpoint format SGLang and vLLM load (written by eyas, EAGLE, SpecForge).
 
 Written format (as ``sgl-project/SpecForge: specforge/modeling/draft/llama3_eagle.py`` writes it and
 ``configs/llama3-8B-eagle3.json`` shows it; SGLang ``python/sglang/srt/models/llama_eagle3.py`` and
@@ -21,7 +21,8 @@ import torch
 
 from eyas import layers, rope
 from eyas.drafter import DrafterConfig, Eagle3Drafter
-from eyas.files import atomic_dir, load_safetensors, read_json, save_safetensors, write_json
+from eyas.files import atomic_dir, load_safetensors, save_safetensors, write_json
+from eyas.formats import hf_config
 from eyas.vocab import validate_mapping
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
@@ -185,8 +186,8 @@ def config_from_hf(cfg: dict, num_target_layers: int | None, source: str) -> Dra
             hidden_size=H,
             intermediate_size=cfg["intermediate_size"],
             num_attention_heads=cfg["num_attention_heads"],
-            num_key_value_heads=cfg.get("num_key_value_heads", cfg["num_attention_heads"]),
-            head_dim=cfg.get("head_dim") or H // cfg["num_attention_heads"],
+            num_key_value_heads=hf_config.num_key_value_heads(cfg),
+            head_dim=hf_config.head_dim(cfg),
             vocab_size=cfg["vocab_size"],
             draft_vocab_size=cfg.get("draft_vocab_size") or cfg["vocab_size"],
             target_hidden_size=cfg.get("target_hidden_size") or H,
@@ -225,50 +226,3 @@ def check_supported_variant(cfg: dict, source: str) -> None:
     if bad:
         raise ExportError(f"{source}: config key(s) eyas does not implement, which change the drafter's "
                           f"function in the engines that honour them: " + "; ".join(bad))
-
-
-def detect_layout(cfg: dict, tensor_names) -> str:
-    """``"speculators"`` (``Eagle3Speculator``, ``layers.0.*``) or ``"eagle"`` (eyas / EAGLE /
-    SpecForge: ``LlamaForCausalLMEagle3``, ``midlayer.*``). The config's ``architectures`` decides;
-    without one, the tensor names do."""
-    archs = cfg.get("architectures") or []
-    if "Eagle3Speculator" in archs or cfg.get("speculators_model_type"):
-        return "speculators"
-    names = list(tensor_names)
-    if not archs and any(n.startswith("layers.0.") for n in names) and \
-            not any(n.startswith("midlayer.") for n in names):
-        return "speculators"
-    return "eagle"
-
-
-def load_drafter(path: str | Path, num_target_layers: int | None = None) -> Eagle3Drafter:
-    """Load a drafter from a directory: the eyas / EAGLE / SpecForge layout (``midlayer.*``,
-    ``LlamaForCausalLMEagle3``) or the speculators layout (``layers.0.*``, ``Eagle3Speculator``;
-    converted by :func:`eyas.speculators_format.read_speculators`).
-
-    The embedding is NOT loaded (set it from the target with ``set_embedding``); an
-    ``embed_tokens.weight`` in the file is ignored, and so are speculators' ``verifier_*`` copies
-    of the target's head.
-
-    Raises:
-        FileNotFoundError: no config.json / model.safetensors.
-        ExportError: wrong keys, shapes or vocab mapping; an unsupported variant
-            (``norm_before_residual: true`` ...).
-    """
-    path = Path(path)
-    if not path.is_dir():
-        raise FileNotFoundError(f"drafter {str(path)!r}: no such directory (expected a local drafter dir "
-                                f"with config.json and model.safetensors)")
-    cfg = read_json(path / "config.json")
-    tensors = load_safetensors(path / "model.safetensors")
-    if detect_layout(cfg, tensors) == "speculators":
-        from eyas.speculators_format import read_speculators
-        cfg, tensors = read_speculators(path)
-    c = config_from_hf(cfg, num_target_layers, str(path / "config.json"))
-    tensors = {k.removeprefix("model."): v for k, v in tensors.items()
-               if "embed_tokens" not in k and not k.startswith("verifier_")}
-    check_served_tensors(tensors, c, source=str(path / "model.safetensors"))
-    drafter = Eagle3Drafter(c)
-    missing, unexpected = drafter.load_state_dict(tensors, strict=False)
-    assert not unexpected and set(missing) == {"embed_tokens.weight"}, (missing, unexpected)
-    return drafter
