@@ -69,12 +69,14 @@ PARAM_ROWS = {  # section: (key to change, new value, the stages that read it)
     "stand_in": ("stand_in.epochs", 1, {"stand-in-drafter"}),
     "remap": ("remap.min_shared_fraction", 0.2, {"remap"}),
     "train": ("train.ttt_length", 2, {"stand-in-drafter", "remap", "train-scratch", "train-finetune"}),
+    "train.backend": ("train.backend.attention", "dense", {"stand-in-drafter", "remap", "train-scratch",
+                                                          "train-finetune"}),
     "train_scratch": ("train_scratch.lr", 2.0e-3, {"train-scratch"}),
     "train_finetune": ("train_finetune.gate_margin", 0.1, {"train-finetune"}),
     "eval": ("eval.chat_prompts", 1, EVALS),
 }
 TARGET_ROWS = {"tokenizer": "tokenizer.json", "chat_template": "chat_template.jinja", "config": "config.json"}
-CODE_ROWS = sorted(str(p.relative_to(ROOT)) for d in ("eyas", "stages") for p in (ROOT / d).glob("*.py")
+CODE_ROWS = sorted(str(p.relative_to(ROOT)) for d in ("eyas", "stages") for p in (ROOT / d).rglob("*.py")
                    if p.name != "__init__.py")
 
 
