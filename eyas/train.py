@@ -1,8 +1,11 @@
 """The TTT training loop: AdamW, cosine schedule with warmup, grad clipping, val evaluation.
 
-Used by train-scratch, train-finetune and the stand-in drafter stage. The loss and metrics are in
-eyas/ttt.py; logging goes through a :class:`eyas.tracking.Tracker` (a no-op one when logging is
-off), so the loop has no logging branches.
+Used by train-scratch, train-finetune and the stand-in drafter stage. :func:`train_drafter` is a
+short loop over the named pieces of a :class:`Trainer` (setup, resume, step, log, checkpoint,
+finish); the computation is :class:`eyas.unroll.TTTUnroll` (loss and alignment) and the metrics
+are eyas/ttt.py's; the kernels are ``tp.backend`` (eyas/backend.py). Logging goes through a
+:class:`eyas.tracking.Tracker` (a no-op one when logging is off), so the loop has no logging
+branches.
 """
 
 from __future__ import annotations
