@@ -192,9 +192,8 @@ def test_flex_ttt_attention_equals_dense_softmax():
     log-sum-exp) equals one softmax over all allowed keys: forward through eager flex_attention
     on CPU (no backward there), and merge_diagonal's gradients from a dense step-0 part."""
     from eyas.attention import flex_ttt_attention, merge_diagonal
-    from eyas.backend import Backend
 
-    eager = Backend(compile=False)
+    eager = REFERENCE  # nothing compiled: eager flex_attention on CPU
     g = torch.Generator().manual_seed(0)
     B, nh, nkv, T, hd = 2, 4, 2, 128, 8
     q = torch.randn(B, nh, T, hd, generator=g, requires_grad=True)
