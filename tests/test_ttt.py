@@ -217,3 +217,22 @@ def test_flex_ttt_attention_equals_dense_softmax():
     want = torch.autograd.grad((ref * w).sum(), [q, *ks, *vs])
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_unroll_module_holds_only_the_drafter_weights():
+    """TTTUnroll's parameters and state are the drafter's under a ``drafter.`` prefix (what DDP
+    and FSDP wrap and eyas/distributed.py strips); the teacher rows are neither; its forward is
+    the computation ttt_forward reads back."""
+    from eyas.ttt import counts_from_stats
+    from eyas.unroll import TTTUnroll
+
+    d, batch = make_drafter(), make_batch()
+    head = torch.randn(V, H, generator=torch.Generator().manual_seed(4))
+    u = TTTUnroll(d, head, ttt_length=3, step_decay=0.8)
+    assert [n for n, _ in u.named_parameters()] == [f"drafter.{n}" for n, _ in d.named_parameters()]
+    assert list(u.state_dict()) == [f"drafter.{k}" for k in d.state_dict()]
+    loss, stats = u(batch)
+    assert stats.shape == (3, 6) and stats.dtype == torch.float64 and loss.requires_grad
+    total, _, counts = ttt_forward(d, batch, head, ttt_length=3, step_decay=0.8)
+    assert torch.equal(loss, total) and counts_from_stats(stats) == counts
+    assert counts["tokens_0"] == float(stats[0, 0]) > 0
