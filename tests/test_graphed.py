@@ -4,6 +4,8 @@ differ (the block mask is rebuilt inside the graph)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -87,7 +89,7 @@ def test_training_stage_with_graphs_matches_eager(tmp_path, monkeypatch):
     against EYAS_CUDA_GRAPHS=0 (eager): same train losses, val metrics and weights to bf16
     precision over 6 optimizer steps."""
     import eyas.graphed as graphed
-    from eyas.config import TrainParams
+    from eyas.config import default_params
     from eyas.tracking import Tracker
     from eyas.train import new_drafter, train_drafter
     from eyas.vocab import build_mapping, count_tokens
@@ -107,8 +109,8 @@ def test_training_stage_with_graphs_matches_eager(tmp_path, monkeypatch):
     for mode in ("1", "0"):
         monkeypatch.setenv("EYAS_CUDA_GRAPHS", mode)
         d = new_drafter(train.manifest, mapping, head["embed_tokens"], seed=0)
-        tp = TrainParams(ttt_length=3, step_decay=0.8, batch_tokens=128, epochs=1, warmup_ratio=0.0,
-                         grad_clip=1.0, eval_every=100, max_steps=6)
+        tp = dataclasses.replace(default_params().train, ttt_length=3, step_decay=0.8, batch_tokens=128, epochs=1,
+                                 warmup_ratio=0.0, grad_clip=1.0, eval_every=100, max_steps=6)
         r = train_drafter(d, train_store=train, val_store=val, lm_head=head["lm_head"], tp=tp, lr=1e-3, seed=0,
                           tracker=Tracker(), device=torch.device("cuda"))
         runs[mode] = ([c["loss"] for c in r.curve if c["split"] == "train"], r.final_val,
