@@ -15,7 +15,7 @@ Plus local disk's fsync'd write rate and bytes/token. ``--dtype float8_e4m3fn`` 
 run with fp8 aux states, quantised on the GPU before the copy (eyas.features.quantize_capture, as
 stages/extract.py does): ``e2e_fp8``.
 
-    python benchmarks/bench_extract.py --out bench_extract.json
+    python benchmarks/bench_extract.py --batches 96 --fp8 --out extract.json
 """
 
 from __future__ import annotations
@@ -123,7 +123,7 @@ def main():
     ap.add_argument("--dir", default=None, help="where shards go (default: a temp dir on local disk)")
     ap.add_argument("--tiny", action="store_true")
     ap.add_argument("--fp8", action="store_true", help="also the e2e run with fp8 aux states (e2e_fp8)")
-    ap.add_argument("--out", default="bench_extract.json")
+    ap.add_argument("--out", default="extract.json")
     a = ap.parse_args()
     target, cfg = build(a.tiny)
     dev = target.device

@@ -13,7 +13,7 @@ Exact FLOP count (the peer's): fc 6PT once; decoder linears 6PT per TTT step; lm
 step (+2PT weight grad when trainable); teacher head (draft rows of the target lm_head) 2PT once;
 attention 12 * heads * head_dim * allowed (query, key) pairs.
 
-    python benchmarks/bench_train.py --tokens 2048 8192 --ttt 7 --out bench_train.json
+    python benchmarks/bench_train.py --tokens 2048 --ttt 7 --frozen-only --modes graphs --out train_2048.json
 """
 
 from __future__ import annotations
@@ -303,7 +303,7 @@ def main():
                     help="graphs: CUDA-graph replay (train_drafter's default on one GPU); eager: compiled parts only")
     ap.add_argument("--skip-checks", action="store_true", help="skip the flex-vs-dense and graph-vs-eager checks")
     ap.add_argument("--profile", type=int, default=0, help="then profile this many steps (kernel time by kind)")
-    ap.add_argument("--out", default="bench_train.json")
+    ap.add_argument("--out", default="train.json")
     a = ap.parse_args()
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     c = config(a.tiny)
