@@ -21,7 +21,6 @@ set -uo pipefail
 export PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR=/tmp/inductor_cache
 OUT=${OUT:-/tmp/out}; export OUT; mkdir -p "$OUT"
 LOG=$OUT/log.txt
-DOCS_8192=2048,1536,1024,1024,1024,768,512,256  # the peer's packed documents at 8192 tokens (bench_train.py's)
 
 step() {  # step LIMIT_S CMD...: run CMD under its own time limit
   local lim=$1; shift
@@ -52,8 +51,8 @@ case "$recipe" in
   train)
     T=${1:?usage: device.sh train 2048|8192}
     case "$T" in
-      2048) checks=(); peer_docs=(); peer_s=240 ;;
-      8192) checks=(--skip-checks); peer_docs=(--doc-lens "$DOCS_8192"); peer_s=270 ;;
+      2048) checks=(); peer_s=240 ;;
+      8192) checks=(--skip-checks); peer_s=270 ;;
       *) echo "train: tokens per step must be 2048 or 8192, got $T" >&2; exit 2 ;;
     esac
     step 150 python3 benchmarks/bench_train.py --tokens "$T" --ttt 7 --warmup 4 --steps 12 --frozen-only \
@@ -61,7 +60,7 @@ case "$recipe" in
     # the peer compiles for 70-150 s before its first timed step: it gets the longer limit
     if peer_wheels; then
       PYTHONPATH=/tmp/site step "$peer_s" python3 benchmarks/peer_speculators.py --ttt-steps 7 --seq-len "$T" \
-        "${peer_docs[@]}" --out "peer_$T.json"
+        --out "peer_$T.json"
     fi ;;
   extract)
     step 150 python3 benchmarks/bench_extract.py --batches 96 --fp8 --out extract.json ;;
