@@ -85,9 +85,9 @@ def exact_flops(c: DrafterConfig, rows, ttt: int, lm_head_trainable: bool) -> di
             "exact_peer_convention_lm_frozen": sum(parts.values()) - (ttt * 2 * p_head * T if lm_head_trainable else 0)}
 
 
-# first match wins (round 5's result files were made with "copy/fill" before "triton fused", so
-# there Inductor kernels whose names hold "copy"/"cat", e.g. the loss, count as copy/fill; in round
-# 6's first two calls eyas' own Triton kernels (eyas/triton_ttt.py) counted as "other")
+# first match wins: "triton fused" before "copy/fill", so Inductor kernels whose names hold
+# "copy"/"cat" (e.g. the loss) are not counted as copies (results made before that order, in git
+# history only, counted them as copy/fill)
 KERNEL_KINDS = (("gemm", ("gemm", "nvjet", "cutlass", "xmma", "sm90_", "cublas")),
                 ("attention", ("flex", "attention", "triton_tem", "_merge_")),
                 ("head loss", ("_head_ce_kernel",)),
