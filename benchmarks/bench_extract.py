@@ -1,7 +1,7 @@
 """Extraction throughput vs a bare forward of an 8B-shaped Llama (random bf16 weights, sdpa).
 
 Rows (tokens/s, median over timed batches of B x T tokens):
-  bare      model.model(input_ids) (the decoder stack only: the anchor's "bare forward");
+  bare      model.model(input_ids) (the decoder stack only: the floor extraction is compared with);
   capture   eyas.target.Target.capture (aux + final hidden states + full-vocab argmax: adds the
             lm_head, ~7.5% of the FLOPs of an 8B forward);
   e2e_sync  capture + per-sample synchronous .cpu() + synchronous shard writes (the old extract);
