@@ -55,6 +55,9 @@ _Yaml12Bools.add_implicit_resolver("tag:yaml.org,2002:bool",
                                    re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
 
 
+# The schema: types only. A new param goes into params.yaml (with its value and a comment) and here
+# WITHOUT a default (tests/test_config.py fails on a default here or a key missing there).
+
 @dataclass(kw_only=True)
 class TargetParams:
     path: str
