@@ -100,9 +100,9 @@ def build(vdir: Path, cfg: dict, ttt: int, draft_vocab: int, attn_impl: str):
         ttt_steps=ttt, target_layer_ids=None, draft_attn_impl=attn_impl, trust_remote_code=False)
 
 
-def batches(docs: list[int], cfg: dict, n: int) -> list[dict]:
+def batches(docs: list[int], cfg: dict, n: int, pin: bool) -> list[dict]:
     """``n`` packed batches of the documents ``docs`` (lengths after the eagle3 shift), as its
-    dataloader yields them."""
+    dataloader yields them (in pinned memory with ``pin``, as its loader's ``pin_memory``)."""
     from speculators.models.eagle3.data import shift_batch
     from speculators.train.data import CollateFn
 
@@ -118,7 +118,7 @@ def batches(docs: list[int], cfg: dict, n: int) -> list[dict]:
                              "loss_mask": torch.ones(d + 1, dtype=torch.long),
                              "lengths": torch.tensor([d + 1]), "position_ids": torch.arange(d + 1)}
                             for d in docs]))
-    return out
+    return [{k: v.pin_memory() if pin and isinstance(v, torch.Tensor) else v for k, v in b.items()} for b in out]
 
 
 def main():
@@ -161,7 +161,7 @@ def main():
                        optimizer="adamw", weight_decay=0.01)
     opts = build_optimizers(model, tc)
     scheds = [get_linear_schedule_with_warmup(o, num_warmup_steps=10, num_training_steps=10_000) for o in opts]
-    data = batches(docs, cfg, 2)
+    data = batches(docs, cfg, 2, pin=dev.type == "cuda")
     doc["trainable"] = sum(p.numel() for p in model.parameters() if p.requires_grad)
     doc["lm_head_trainable"] = bool(model.lm_head.weight.requires_grad)
 
