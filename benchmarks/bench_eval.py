@@ -6,7 +6,7 @@ forward over 1 token. Both at a context of --ctx tokens, batch 1, bf16, random w
 only). Speed-up at acceptance length a (tokens committed per verify, bonus included) is
 a * bare_ms / spec_ms.
 
-    python benchmarks/bench_eval.py --out bench_eval.json
+    python benchmarks/bench_eval.py --out eval_step.json
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def main():
     ap.add_argument("--ctx", type=int, default=1024)
     ap.add_argument("--k", type=int, nargs="+", default=[3, 5, 7])
     ap.add_argument("--tiny", action="store_true")
-    ap.add_argument("--out", default="bench_eval.json")
+    ap.add_argument("--out", default="eval_step.json")
     a = ap.parse_args()
     from transformers import DynamicCache
     target, cfg = build(a.tiny)

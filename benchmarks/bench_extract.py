@@ -1,7 +1,7 @@
 """Extraction throughput vs a bare forward of an 8B-shaped Llama (random bf16 weights, sdpa).
 
 Rows (tokens/s, median over timed batches of B x T tokens):
-  bare      model.model(input_ids) (the decoder stack only: the anchor's "bare forward");
+  bare      model.model(input_ids) (the decoder stack only: the floor extraction is compared with);
   capture   eyas.target.Target.capture (aux + final hidden states + full-vocab argmax: adds the
             lm_head, ~7.5% of the FLOPs of an 8B forward);
   e2e_sync  capture + per-sample synchronous .cpu() + synchronous shard writes (the old extract);
@@ -15,7 +15,7 @@ Plus local disk's fsync'd write rate and bytes/token. ``--dtype float8_e4m3fn`` 
 run with fp8 aux states, quantised on the GPU before the copy (eyas.features.quantize_capture, as
 stages/extract.py does): ``e2e_fp8``.
 
-    python benchmarks/bench_extract.py --out bench_extract.json
+    python benchmarks/bench_extract.py --batches 96 --fp8 --out extract.json
 """
 
 from __future__ import annotations
@@ -123,7 +123,7 @@ def main():
     ap.add_argument("--dir", default=None, help="where shards go (default: a temp dir on local disk)")
     ap.add_argument("--tiny", action="store_true")
     ap.add_argument("--fp8", action="store_true", help="also the e2e run with fp8 aux states (e2e_fp8)")
-    ap.add_argument("--out", default="bench_extract.json")
+    ap.add_argument("--out", default="extract.json")
     a = ap.parse_args()
     target, cfg = build(a.tiny)
     dev = target.device

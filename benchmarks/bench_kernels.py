@@ -8,7 +8,7 @@
 
 Per piece: median milliseconds over CUDA events, the bytes it must move at least and the
 resulting bandwidth, and the max abs difference from the torch definition. Usage (on a GPU):
-    python benchmarks/bench_kernels.py --out bench_kernels.json
+    python benchmarks/bench_kernels.py --out kernels.json
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ def bench_merge(n: int, B=4, nh=32, nkv=8, T=2048, hd=128) -> dict:
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default="bench_kernels.json")
+    ap.add_argument("--out", default="kernels.json")
     args = ap.parse_args()
     loss = bench_loss()
     print("head loss:", loss)

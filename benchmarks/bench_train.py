@@ -15,7 +15,7 @@ Exact FLOP count (the peer's): fc 6PT once; decoder linears 6PT per TTT step; lm
 step (+2PT weight grad when trainable); teacher head (draft rows of the target lm_head) 2PT once;
 attention 12 * heads * head_dim * allowed (query, key) pairs.
 
-    python benchmarks/bench_train.py --tokens 2048 8192 --ttt 7 --out bench_train.json
+    python benchmarks/bench_train.py --tokens 2048 --ttt 7 --frozen-only --modes graphs --out train_2048.json
 """
 
 from __future__ import annotations
@@ -92,9 +92,9 @@ def exact_flops(c: DrafterConfig, rows, ttt: int, lm_head_trainable: bool) -> di
             "exact_peer_convention_lm_frozen": sum(parts.values()) - (ttt * 2 * p_head * T if lm_head_trainable else 0)}
 
 
-# first match wins (round 5's result files were made with "copy/fill" before "triton fused", so
-# there Inductor kernels whose names hold "copy"/"cat", e.g. the loss, count as copy/fill; in round
-# 6's first two calls eyas' own Triton kernels (eyas/triton_ttt.py) counted as "other")
+# first match wins: "triton fused" before "copy/fill", so Inductor kernels whose names hold
+# "copy"/"cat" (e.g. the loss) are not counted as copies (results made before that order, in git
+# history only, counted them as copy/fill)
 KERNEL_KINDS = (("gemm", ("gemm", "nvjet", "cutlass", "xmma", "sm90_", "cublas")),
                 ("attention", ("flex", "attention", "triton_tem", "_merge_")),
                 ("head loss", ("_head_ce_kernel",)),
@@ -314,7 +314,7 @@ def main():
                     help="graphs: CUDA-graph replay (train_drafter's default on one GPU); eager: compiled parts only")
     ap.add_argument("--skip-checks", action="store_true", help="skip the flex-vs-dense and graph-vs-eager checks")
     ap.add_argument("--profile", type=int, default=0, help="then profile this many steps (kernel time by kind)")
-    ap.add_argument("--out", default="bench_train.json")
+    ap.add_argument("--out", default="train.json")
     a = ap.parse_args()
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     c = config(a.tiny)

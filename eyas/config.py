@@ -1,9 +1,12 @@
 """Typed parameters: the schema of ``params.yaml``.
 
-Every section of ``params.yaml`` is a dataclass below; defaults live here, in one visible place.
-:func:`load_params` rejects unknown keys and wrong types with the key's dotted path, before any
-compute. PyYAML reads ``5e-05`` (the form ``dvc exp run -S lr=5e-5`` writes) as a string; a float
-field accepts such a string when it parses as a float (YAML 1.2 would read it as a float).
+Every section of ``params.yaml`` is a dataclass below. The dataclasses hold types and no default
+values: the repository's ``params.yaml`` (:data:`DEFAULTS_FILE`) is the single source of default
+values, so the values DVC tracks are the values the code runs with. A params mapping or file that
+leaves keys out (a test's, a preset merged into params) takes those keys from it. :func:`load_params`
+rejects unknown keys, missing keys and wrong types with the key's dotted path, before any compute.
+PyYAML reads ``5e-05`` (the form ``dvc exp run -S lr=5e-5`` writes) as a string; a float field
+accepts such a string when it parses as a float (YAML 1.2 would read it as a float).
 
 Booleans are read as DVC reads them: DVC parses ``params.yaml`` as YAML 1.2 (ruamel.yaml), where only
 ``true``/``false`` are booleans, and ``dvc exp run -S flag=yes`` writes ``flag: yes``, which DVC
@@ -21,7 +24,7 @@ import re
 import subprocess
 import types
 import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -54,123 +57,124 @@ _Yaml12Bools.add_implicit_resolver("tag:yaml.org,2002:bool",
                                    re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
 
 
-@dataclass
+# The schema: types only. A new param goes into params.yaml (with its value and a comment) and here
+# WITHOUT a default (tests/test_config.py fails on a default here or a key missing there).
+
+@dataclass(kw_only=True)
 class TargetParams:
-    path: str = "embedded"
-    gguf_file: str | None = None
-    revision: str | None = None    # hub ids: the commit (or tag) to load; pins the target for DVC
-    trust_remote_code: bool = False
-    dtype: str = "float32"
+    path: str
+    gguf_file: str | None
+    revision: str | None  # hub ids: the commit (or tag) to load; pins the target for DVC
+    trust_remote_code: bool
+    dtype: str
 
 
-@dataclass
+@dataclass(kw_only=True)
 class DataParams:
-    source: str = "chitchat"
-    max_conversations: int = 1400
-    val: int = 60
-    test: int = 40
-    publish: int = 300
-    on_bad_line: str = "error"
-    code_prompts: int = 0          # code conversations added to train + val (eyas.code_data); 0 = off
+    source: str
+    max_conversations: int
+    val: int
+    test: int
+    publish: int
+    on_bad_line: str
+    code_prompts: int  # code conversations added to train + val (eyas.code_data); 0 = off
 
 
-@dataclass
+@dataclass(kw_only=True)
 class DistillParams:
     """Self-distillation (stage self-distill): the target regenerates assistant turns."""
-    enabled: bool = True           # false: copy the splits unchanged (the DAG stays the same)
-    turns: str = "last"            # 'last': the last assistant turn; 'all': every one (eyas.distill)
-    max_new_tokens: int = 96       # generation budget per reply (eval.max_new_tokens by default)
-    batch_size: int = 16           # prompts per generate() call (left padding, sorted by length)
-    max_prompt_tokens: int = 0     # drop earliest turns beyond this; 0 = extract.max_length - max_new_tokens
-    splits: list[str] = field(default_factory=lambda: ["train", "val", "publish"])
+    enabled: bool  # false: copy the splits unchanged (the DAG stays the same)
+    turns: str  # 'last': the last assistant turn; 'all': every one (eyas.distill)
+    max_new_tokens: int  # generation budget per reply
+    batch_size: int  # prompts per generate() call (left padding, sorted by length)
+    max_prompt_tokens: int  # drop earliest turns beyond this; 0 = extract.max_length - max_new_tokens
+    splits: list[str]
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ExtractParams:
-    max_length: int = 512
-    aux_layers: list[int] | None = None
-    dtype: str = "bfloat16"
-    batch_size: int = 4
-    shard_samples: int = 256
+    max_length: int
+    aux_layers: list[int] | None
+    dtype: str
+    batch_size: int
+    shard_samples: int
 
 
-@dataclass
+@dataclass(kw_only=True)
 class VocabParams:
-    draft_vocab_size: int = 8192
+    draft_vocab_size: int
 
 
-@dataclass
+@dataclass(kw_only=True)
 class StandInParams:
-    draft_vocab_size: int = 6144
-    order: str = "frequency"
-    lr: float = 1e-3
-    epochs: int = 2
+    draft_vocab_size: int
+    order: str
+    lr: float
+    epochs: int
 
 
-@dataclass
+@dataclass(kw_only=True)
 class RemapParams:
-    source: str = "models/stand_in"
-    min_shared_fraction: float = 0.5
+    source: str
+    min_shared_fraction: float
 
 
-@dataclass
+@dataclass(kw_only=True)
 class TrainParams:
-    ttt_length: int = 4
-    step_decay: float = 0.8
-    batch_tokens: int = 2048
-    epochs: int = 2
-    warmup_ratio: float = 0.03
-    weight_decay: float = 0.0
-    grad_clip: float = 0.5
-    eval_every: int = 100
-    max_steps: int = 0
-    checkpoint_every: int = 0  # optimizer steps between resumable checkpoints; 0 = none
-    nproc: int = 1             # processes under torchrun (eyas.launch); 0 = one per CUDA device
-    strategy: str = "ddp"      # data parallelism with nproc > 1: 'ddp' (replicas) or 'fsdp' (FSDP2 shards)
-    # the TTT unroll's kernels (eyas/backend.py)
-    backend: Backend = field(default_factory=lambda: Backend(attention="auto", compile=True, compile_layers=True,
-                                                             triton=True, cuda_graphs=True))
+    ttt_length: int
+    step_decay: float
+    batch_tokens: int
+    epochs: int
+    warmup_ratio: float
+    weight_decay: float
+    grad_clip: float
+    eval_every: int
+    max_steps: int
+    checkpoint_every: int  # optimizer steps between resumable checkpoints; 0 = none
+    nproc: int  # processes under torchrun (eyas.launch); 0 = one per CUDA device
+    strategy: str  # data parallelism with nproc > 1: 'ddp' (replicas) or 'fsdp' (FSDP2 shards)
+    backend: Backend  # the TTT unroll's kernels (eyas/backend.py)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class TrainScratchParams:
-    lr: float = 1e-3
+    lr: float
 
 
-@dataclass
+@dataclass(kw_only=True)
 class TrainFinetuneParams:
-    gate_margin: float = 0.5
-    gate_min_acc: float = 0.05
-    gate_override: bool = False
+    gate_margin: float
+    gate_min_acc: float
+    gate_override: bool
 
 
-@dataclass
+@dataclass(kw_only=True)
 class EvalParams:
-    num_draft_tokens: int = 4
-    max_new_tokens: int = 128
-    chat_prompts: int = 20
-    humaneval_prompts: int = 20
-    timing_repeats: int = 1        # timed greedy + speculative runs per prompt (eyas.speculative.evaluate_prompts)
-    max_prompt_tokens: int = 0     # chat: earliest turns of a longer prompt dropped (eyas.distill.fit_prompt); 0 = none
-    timed_prompts: int = 0         # prompts per benchmark decoded for real (timed, lossless check); 0 = all
-    batch_size: int = 64           # prompts per batched greedy call for the untimed prompts' reference
+    num_draft_tokens: int
+    max_new_tokens: int
+    chat_prompts: int
+    humaneval_prompts: int
+    timing_repeats: int  # timed greedy + speculative runs per prompt (eyas.speculative.evaluate_prompts)
+    max_prompt_tokens: int  # chat: earliest turns of a longer prompt dropped (eyas.distill.fit_prompt); 0 = none
+    timed_prompts: int  # prompts per benchmark decoded for real (timed, lossless check); 0 = all
+    batch_size: int  # prompts per batched greedy call for the untimed prompts' reference
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Params:
-    lr: float = 3e-4
-    seed: int = 0
-    target: TargetParams = field(default_factory=TargetParams)
-    data: DataParams = field(default_factory=DataParams)
-    distill: DistillParams = field(default_factory=DistillParams)
-    extract: ExtractParams = field(default_factory=ExtractParams)
-    vocab: VocabParams = field(default_factory=VocabParams)
-    stand_in: StandInParams = field(default_factory=StandInParams)
-    remap: RemapParams = field(default_factory=RemapParams)
-    train: TrainParams = field(default_factory=TrainParams)
-    train_scratch: TrainScratchParams = field(default_factory=TrainScratchParams)
-    train_finetune: TrainFinetuneParams = field(default_factory=TrainFinetuneParams)
-    eval: EvalParams = field(default_factory=EvalParams)
+    lr: float
+    seed: int
+    target: TargetParams
+    data: DataParams
+    distill: DistillParams
+    extract: ExtractParams
+    vocab: VocabParams
+    stand_in: StandInParams
+    remap: RemapParams
+    train: TrainParams
+    train_scratch: TrainScratchParams
+    train_finetune: TrainFinetuneParams
+    eval: EvalParams
 
 
 def _coerce(value: Any, tp: Any, path: str, source: str) -> Any:
@@ -219,12 +223,16 @@ def _coerce(value: Any, tp: Any, path: str, source: str) -> Any:
 
 def _build(cls: type, raw: dict, prefix: str, source: str) -> Any:
     hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(raw) - names)
+    names = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(raw) - set(names))
     if unknown:
         keys = [f"{prefix + '.' if prefix else ''}{k}" for k in unknown]
         where = ", ".join(f"'{k}'" for k in keys)
         raise UnknownKeyError(f"{source}: unknown key {where} (allowed: {', '.join(sorted(names))})", keys)
+    missing = [f"{prefix + '.' if prefix else ''}{k}" for k in names if k not in raw]
+    if missing:
+        raise ParamsError(f"{source}: missing key {', '.join(repr(k) for k in missing)} (every key of the "
+                          f"schema must be set; {DEFAULTS_FILE.name} beside the eyas package has them all)")
     kwargs = {
         k: _coerce(v, hints[k], f"{prefix + '.' if prefix else ''}{k}", source)
         for k, v in raw.items()
@@ -235,17 +243,61 @@ def _build(cls: type, raw: dict, prefix: str, source: str) -> Any:
         raise ParamsError(f"{source}: '{prefix}': {e}") from None
 
 
+DEFAULTS_FILE = Path(__file__).resolve().parents[1] / "params.yaml"
+"""The repository's ``params.yaml``: the single source of default values (read on every call, so an
+edit or a ``dvc exp run -S`` is seen at once)."""
+
+
+def _read_yaml(path: Path) -> dict:
+    try:
+        raw = yaml.load(path.read_text(), Loader=_Yaml12Bools)
+    except FileNotFoundError:
+        raise ParamsError(f"{path}: no such params file") from None
+    except yaml.YAMLError as e:
+        raise ParamsError(f"{path}: not valid YAML: {e}") from None
+    if raw is not None and not isinstance(raw, dict):
+        raise ParamsError(f"{path}: the top level must be a mapping")
+    return raw or {}
+
+
+def with_defaults(raw: dict | None) -> dict:
+    """``raw`` (a possibly partial params mapping) with every key it leaves out taken from
+    :data:`DEFAULTS_FILE`, section by section; ``raw`` is not changed. A section that ``raw`` sets to
+    something other than a mapping is kept as is (the schema then names it).
+
+    Raises:
+        ParamsError: :data:`DEFAULTS_FILE` is missing or is not a YAML mapping (naming the file).
+    """
+    def merge(base: Any, over: Any) -> Any:
+        if not (isinstance(base, dict) and isinstance(over, dict)):
+            return over
+        return {**base, **{k: merge(base.get(k), v) for k, v in over.items()}}
+    return merge(_read_yaml(DEFAULTS_FILE), raw or {})
+
+
 def parse_params(raw: dict | None, source: str = "params.yaml") -> Params:
-    """Validate a raw params mapping against the schema.
+    """Validate a raw params mapping against the schema, its missing keys taken from
+    :data:`DEFAULTS_FILE` (:func:`with_defaults`); ``parse_params({})`` is the defaults.
 
     Raises:
         ParamsError: on an unknown key, a wrong type or a value out of range (e.g. an empty
             ``distill.splits``); the message names ``source`` and the key's dotted path (e.g.
-            ``params.yaml: 'train.lr' must be a number``).
+            ``params.yaml: 'train.lr' must be a number``); on a key that neither ``raw`` nor
+            :data:`DEFAULTS_FILE` sets (``missing key``).
     """
-    params = _build(Params, raw or {}, "", source)
+    params = _build(Params, with_defaults(raw), "", source)
     _check_ranges(params, source)
     return params
+
+
+def default_params() -> Params:
+    """The params of :data:`DEFAULTS_FILE` alone, validated (tests and scripts start from these and
+    change fields with ``dataclasses.replace``).
+
+    Raises:
+        ParamsError: :data:`DEFAULTS_FILE` is missing, incomplete or invalid.
+    """
+    return parse_params({}, str(DEFAULTS_FILE))
 
 
 _FLOAT_DTYPES = ("float32", "bfloat16", "float16")
@@ -319,20 +371,13 @@ def _check_ranges(params: "Params", source: str) -> None:
 
 
 def load_params(path: str | Path = "params.yaml") -> Params:
-    """Read and validate ``params.yaml``.
+    """Read and validate ``params.yaml`` (keys it leaves out come from :data:`DEFAULTS_FILE`).
 
     Raises:
         ParamsError: the file is missing, is not YAML, or fails :func:`parse_params`.
     """
     path = Path(path)
-    try:
-        raw = yaml.load(path.read_text(), Loader=_Yaml12Bools)
-    except FileNotFoundError:
-        raise ParamsError(f"{path}: no such params file") from None
-    except yaml.YAMLError as e:
-        raise ParamsError(f"{path}: not valid YAML: {e}") from None
-    if raw is not None and not isinstance(raw, dict):
-        raise ParamsError(f"{path}: the top level must be a mapping")
+    raw = _read_yaml(path)
     try:
         return parse_params(raw, str(path))
     except UnknownKeyError as e:

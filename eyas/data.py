@@ -16,10 +16,13 @@ Sources (:func:`load_conversations`):
 Code conversations (``data.code_prompts``) come from :mod:`eyas.code_data` and are added to train
 and val after the split (stage prepare-data).
 
-The loss mask (:func:`render_with_loss_mask`) follows the EAGLE-3 / SpecForge convention: only
-tokens the target writes as the assistant are supervised, i.e. the assistant content plus the
-end-of-turn token the chat template emits right after it (``<|im_end|>`` for ChatML,
-``<|eot_id|>`` for Llama-3, ``</s>`` for Mistral), so that the drafter also learns to stop.
+The loss mask (:func:`render_with_loss_mask`) follows the EAGLE-3 training data convention
+(``sgl-project/SpecForge: specforge/data/preprocessing.py`` ``preprocess_conversations``;
+``vllm-project/speculators: src/speculators/data_generation/preprocessing.py``
+``_create_loss_mask_from_offsets``): only tokens the target writes as the assistant are
+supervised, i.e. the assistant content plus the end-of-turn token the chat template emits right
+after it (``<|im_end|>`` for ChatML, ``<|eot_id|>`` for Llama-3, ``</s>`` for Mistral), so that
+the drafter also learns to stop.
 """
 
 from __future__ import annotations

@@ -161,7 +161,7 @@ def target_identity(tp) -> dict:
     - a hub id: ``target.revision`` (a commit sha pins it; ``None`` is unpinned, and a change on
       the hub then reruns nothing: :func:`identify_inputs` warns).
     """
-    out: dict[str, Any] = {"path": tp.path, "gguf_file": tp.gguf_file, "revision": getattr(tp, "revision", None)}
+    out: dict[str, Any] = {"path": tp.path, "gguf_file": tp.gguf_file, "revision": tp.revision}
     files: dict[str, str] = {}
     if tp.path == "embedded":
         d = _embedded_dir()

@@ -478,9 +478,11 @@ def evaluate_prompts(target, drafter, prompts: list[list[int]], *, num_draft_tok
             (:func:`speculative_generate` ``return_features``), in prompt order.
         greedy_out: a list to extend with the greedy reference outputs, in prompt order.
     Returns: the metrics dict; ``accept_len`` pools every verify step (sum committed / sum
-        steps, the SpecForge/SGLang benchmark convention); ``per_position_accept_rate[i]``
-        is the fraction of verify steps whose draft token i+1 was accepted (vLLM's per-position
-        rate); ``accepted_histogram[j]`` counts steps with exactly j accepted (gpt-fast);
+        steps, as SGLang's ``update_spec_metrics`` accumulates it: module docstring);
+        ``per_position_accept_rate[i]`` is the fraction of verify steps whose draft token i+1 was
+        accepted (vLLM's per-position rate, ``vllm/v1/spec_decode/metrics.py``);
+        ``accepted_histogram[j]`` counts steps with exactly j accepted (``pytorch-labs/gpt-fast:
+        generate.py`` ``accept_counts``);
         ``lossless`` is True iff every speculative output equals the greedy one; the timing keys
         above; ``greedy_seconds`` / ``speculative_seconds``: totals over all timed runs (None
         without timing).

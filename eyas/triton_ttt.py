@@ -4,7 +4,7 @@ Both have plain-torch definitions that stay the reference (and the CPU path):
 :func:`eyas.head_loss.soft_cross_entropy_grad` and :func:`eyas.drafter.merge_diagonal`. Under
 torch.compile, Inductor turns each into several passes over its data (the head loss: ~1.2 ms per
 TTT step at 8192 tokens x 32000 draft ids for ~1.5 GB of traffic; the diagonal merge: five
-kernels per step, fwd+bwd), profiled in benchmarks/README.md (round 6). The kernels here read
+kernels per step, fwd+bwd; benchmarks/results/kernels.json, benchmarks/README.md). The kernels here read
 each input once per pass they need and keep every intermediate in registers.
 
 Importing this module needs Triton (shipped with CUDA builds of torch); nothing imports it on CPU.

@@ -162,7 +162,7 @@ def test_too_many_or_negative_names_the_key():
         code_conversations(-1, 0)
     with pytest.raises(ParamsError, match=r"'data.code_prompts' must be >= 0 \(0 = off\), got -3"):
         parse_params({"data": {"code_prompts": -3}})
-    assert parse_params({}).data.code_prompts == 0
+    assert parse_params({"data": {"code_prompts": 0}}).data.code_prompts == 0  # 0 = off
 
 
 def test_add_to_splits_train_and_val_only():

@@ -1,9 +1,24 @@
-"""The params schema: unknown keys and wrong types fail with the key's path; '5e-05' is a float."""
+"""The params schema: unknown keys and wrong types fail with the key's path; '5e-05' is a float;
+params.yaml is the one source of default values."""
+
+import dataclasses
+import typing
+from pathlib import Path
 
 import pytest
 import yaml
 
-from eyas.config import ParamsError, flatten, load_params, params_hash, parse_params
+from eyas import config
+from eyas.config import (
+    DEFAULTS_FILE,
+    Params,
+    ParamsError,
+    default_params,
+    flatten,
+    load_params,
+    params_hash,
+    parse_params,
+)
 
 
 def test_repo_params_yaml_is_valid():
@@ -64,3 +79,70 @@ def test_flatten_and_hash():
     assert flat["train.ttt_length"] == p.train.ttt_length
     assert params_hash(p) == params_hash(parse_params({"lr": 1e-4, "extract": {"aux_layers": [1, 2, 3]}}))
     assert params_hash(p) != params_hash(parse_params({"lr": 2e-4}))
+
+
+# ------------------------------------------------------------ params.yaml: the one source of defaults
+
+def _schema_keys(cls: type, prefix: str = "") -> dict[str, dataclasses.Field]:
+    """Every leaf field of the schema under its dotted key."""
+    out = {}
+    for f in dataclasses.fields(cls):
+        tp = typing.get_type_hints(cls)[f.name]
+        if dataclasses.is_dataclass(tp):
+            out[f"{prefix}{f.name}"] = f
+            out.update(_schema_keys(tp, f"{prefix}{f.name}."))
+        else:
+            out[f"{prefix}{f.name}"] = f
+    return out
+
+
+def _yaml_keys(node: dict, prefix: str = "") -> set[str]:
+    out = set()
+    for k, v in node.items():
+        out.add(f"{prefix}{k}")
+        if isinstance(v, dict):
+            out |= _yaml_keys(v, f"{prefix}{k}.")
+    return out
+
+
+def test_no_default_value_outside_params_yaml():
+    """A default in a dataclass would be a second source that can drift from params.yaml (about 15
+    did before); every field must take its value from params.yaml."""
+    with_default = [k for k, f in _schema_keys(Params).items()
+                    if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING]
+    assert with_default == [], f"eyas/config.py gives these fields defaults (params.yaml holds them): {with_default}"
+
+
+def test_repo_params_yaml_sets_every_schema_key_and_no_other():
+    assert DEFAULTS_FILE == Path(__file__).resolve().parents[1] / "params.yaml"
+    raw = yaml.safe_load(DEFAULTS_FILE.read_text())  # read without eyas.config
+    assert _yaml_keys(raw) == set(_schema_keys(Params))
+    flat = flatten(default_params())  # the defaults are exactly the file's values
+    assert flat == flatten(raw)
+    assert flat["train.epochs"] == raw["train"]["epochs"] and flat["eval.chat_prompts"] == raw["eval"]["chat_prompts"]
+
+
+def test_a_partial_file_takes_the_rest_from_params_yaml(tmp_path):
+    f = tmp_path / "params.yaml"
+    f.write_text("train:\n  epochs: 1\neval:\n  chat_prompts: 3\n")
+    p, d = load_params(f), default_params()
+    assert p.train.epochs == 1 and p.eval.chat_prompts == 3
+    assert dataclasses.replace(p.train, epochs=d.train.epochs) == d.train
+    assert dataclasses.replace(p.eval, chat_prompts=d.eval.chat_prompts) == d.eval
+    assert p.data == d.data and p.lr == d.lr
+
+
+def test_a_key_missing_from_params_yaml_is_named(tmp_path, monkeypatch):
+    raw = yaml.safe_load(DEFAULTS_FILE.read_text())
+    del raw["train"]["nproc"], raw["seed"]
+    defaults = tmp_path / "params.yaml"
+    defaults.write_text(yaml.safe_dump(raw))
+    monkeypatch.setattr(config, "DEFAULTS_FILE", defaults)
+    with pytest.raises(ParamsError, match=r"^params.yaml: missing key 'seed'"):
+        parse_params({}, "params.yaml")
+    with pytest.raises(ParamsError, match=r"missing key 'train.nproc'"):
+        parse_params({"seed": 1}, "params.yaml")
+    assert parse_params({"seed": 1, "train": {"nproc": 2}}).train.nproc == 2
+    monkeypatch.setattr(config, "DEFAULTS_FILE", tmp_path / "gone.yaml")
+    with pytest.raises(ParamsError, match="gone.yaml: no such params file"):
+        default_params()

@@ -4,6 +4,7 @@ one-process format), plus the helpers of eyas/distributed.py and eyas/launch.py.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -17,7 +18,7 @@ from safetensors.torch import load_file
 
 from eyas import distributed as D
 from eyas import launch
-from eyas.config import TrainParams
+from eyas.config import default_params
 from eyas.drafter import DrafterConfig, Eagle3Drafter
 from eyas.features import FeatureStore, ShardWriter
 from eyas.formats.eagle import save_drafter
@@ -68,8 +69,9 @@ def run_training(root, batch_tokens: int, strategy: str = "ddp", export_to=None,
     train = FeatureStore.open(os.path.join(root, "train"))
     val = FeatureStore.open(os.path.join(root, "val"))
     lm_head = torch.randn(V, H, generator=torch.Generator().manual_seed(2))
-    tp = TrainParams(ttt_length=3, step_decay=0.8, batch_tokens=batch_tokens, epochs=1,
-                     warmup_ratio=0.0, grad_clip=0.5, eval_every=2, max_steps=3, strategy=strategy)
+    tp = dataclasses.replace(default_params().train, ttt_length=3, step_decay=0.8, batch_tokens=batch_tokens,
+                             epochs=1, warmup_ratio=0.0, grad_clip=0.5, eval_every=2, max_steps=3,
+                             checkpoint_every=0, strategy=strategy)
     d = make_drafter()
     tracker = StepRecorder()
     r = train_drafter(d, train_store=train, val_store=val, lm_head=lm_head, tp=tp, lr=3e-3, seed=0,

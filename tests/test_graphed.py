@@ -4,6 +4,8 @@ differ (the block mask is rebuilt inside the graph)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -93,10 +95,8 @@ def test_training_stage_with_graphs_matches_eager(tmp_path, monkeypatch):
     """train_drafter on a GPU, the default (graph replay: padded static batches, one capture)
     against ``train.backend.cuda_graphs: false`` (eager): same train losses, val metrics and weights to bf16
     precision over 6 optimizer steps."""
-    import dataclasses
-
     import eyas.graphed as graphed
-    from eyas.config import TrainParams
+    from eyas.config import default_params
     from eyas.tracking import Tracker
     from eyas.train import new_drafter, train_drafter
     from eyas.vocab import build_mapping, count_tokens
@@ -115,8 +115,9 @@ def test_training_stage_with_graphs_matches_eager(tmp_path, monkeypatch):
     runs = {}
     for mode in (True, False):
         d = new_drafter(train.manifest, mapping, head["embed_tokens"], seed=0)
-        tp = TrainParams(ttt_length=3, step_decay=0.8, batch_tokens=128, epochs=1, warmup_ratio=0.0, grad_clip=1.0,
-                         eval_every=100, max_steps=6, backend=dataclasses.replace(FAST, cuda_graphs=mode))
+        tp = dataclasses.replace(default_params().train, ttt_length=3, step_decay=0.8, batch_tokens=128, epochs=1,
+                                 warmup_ratio=0.0, grad_clip=1.0, eval_every=100, max_steps=6,
+                                 backend=dataclasses.replace(FAST, cuda_graphs=mode))
         r = train_drafter(d, train_store=train, val_store=val, lm_head=head["lm_head"], tp=tp, lr=1e-3, seed=0,
                           tracker=Tracker(), device=torch.device("cuda"))
         runs[mode] = ([c["loss"] for c in r.curve if c["split"] == "train"], r.final_val,

@@ -7,7 +7,7 @@ import pytest
 import torch
 from tiny import tiny_target, write_features
 
-from eyas.config import TrainParams
+from eyas.config import default_params
 from eyas.remap import naive_lm_head, remap_lm_head
 from eyas.tracking import Tracker
 from eyas.train import GateError, new_drafter, step0_gate, train_drafter
@@ -75,7 +75,8 @@ def two_mappings(tmp_path_factory):
 
 def test_fine_tuning_failure_reproduced_and_fixed(two_mappings):
     target, train, val, map_a, map_b, head = two_mappings
-    tp = TrainParams(ttt_length=2, batch_tokens=96, epochs=4, eval_every=1000, warmup_ratio=0.0)
+    tp = dataclasses.replace(default_params().train, ttt_length=2, batch_tokens=96, epochs=4, eval_every=1000,
+                             warmup_ratio=0.0, checkpoint_every=0)
     src = new_drafter(train.manifest, map_a, head["embed_tokens"], seed=0)
     train_drafter(src, train_store=train, val_store=val, lm_head=head["lm_head"], tp=tp, lr=1e-2,
                   seed=0, tracker=Tracker(), device=torch.device("cpu"))
@@ -117,7 +118,8 @@ def test_fine_tuning_failure_reproduced_and_fixed(two_mappings):
 
 def test_train_drafter_loss_decreases(two_mappings):
     _, train, val, map_a, _, head = two_mappings
-    tp = TrainParams(ttt_length=2, batch_tokens=96, epochs=2, eval_every=1000)
+    tp = dataclasses.replace(default_params().train, ttt_length=2, batch_tokens=96, epochs=2, eval_every=1000,
+                             checkpoint_every=0)
     d = new_drafter(train.manifest, map_a, head["embed_tokens"], seed=0)
     r = train_drafter(d, train_store=train, val_store=val, lm_head=head["lm_head"],
                       tp=dataclasses.replace(tp), lr=1e-2, seed=0, tracker=Tracker(),

@@ -8,6 +8,7 @@ The ShardWriter resumes from its last complete shard with identical shards and m
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -25,7 +26,7 @@ from tiny import tiny_target, write_features
 from transformers import get_cosine_schedule_with_warmup
 
 from eyas import checkpoint as ckpt
-from eyas.config import TrainParams
+from eyas.config import default_params
 from eyas.features import PROGRESS, FeatureStore, ShardWriter
 from eyas.files import save_safetensors
 from eyas.tracking import Tracker
@@ -167,7 +168,7 @@ def _train(stores, ckdir, crash_at=None, **kw):
     ids, mask = train.token_stats()
     mapping, _ = build_mapping(count_tokens(ids, mask, train.manifest["vocab_size"]), 64)
     drafter = new_drafter(train.manifest, mapping, head["embed_tokens"], 0)
-    tp = TrainParams(**{**TRAIN, "epochs": 1, **kw})
+    tp = dataclasses.replace(default_params().train, **{**TRAIN, "epochs": 1, **kw})
     res = train_drafter(drafter, train_store=train, val_store=val, lm_head=head["lm_head"], tp=tp, lr=3e-3,
                         seed=0, tracker=_CrashAt(crash_at), device=torch.device("cpu"), checkpoint_dir=ckdir)
     return res, drafter

@@ -220,7 +220,7 @@ def test_trust_remote_code_off_unless_asked(tmp_path, monkeypatch):
     import transformers
     from tiny import tiny_target
 
-    from eyas.config import Params
+    from eyas.config import default_params
     from eyas.target import load_target
 
     calls = []
@@ -235,7 +235,7 @@ def test_trust_remote_code_off_unless_asked(tmp_path, monkeypatch):
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained",
                         fake("tokenizer", SimpleNamespace(chat_template="{{ x }}")))
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", fake("model", model))
-    assert Params().target.trust_remote_code is False
+    assert default_params().target.trust_remote_code is False
     load_target(str(tmp_path), device=torch.device("cpu"))
     assert [(k, kw["trust_remote_code"]) for k, kw in calls] == [("tokenizer", False), ("model", False)]
     calls.clear()

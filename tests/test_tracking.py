@@ -18,7 +18,7 @@ from mlflow import MlflowClient  # noqa: E402
 
 from eyas import files as eyas_files  # noqa: E402
 from eyas import tracking  # noqa: E402
-from eyas.config import Params, flatten, params_hash  # noqa: E402
+from eyas.config import default_params, flatten, params_hash  # noqa: E402
 
 DVC_VARS = ("DVC_ROOT", "DVC_STAGE", "DVC_EXP_NAME", "DVC_EXP_BASELINE_REV")
 
@@ -85,7 +85,7 @@ def test_queued_run_lands_in_root_store(bare_repo, monkeypatch):
     monkeypatch.setenv("DVC_STAGE", "train-scratch")
 
     tracking.ensure_store(tracking.tracking_uri())
-    with tracking.start_stage_run("train-scratch", Params()) as t:
+    with tracking.start_stage_run("train-scratch", default_params()) as t:
         t.log_metrics({"train/loss_0": 1.5}, step=0)
         t.log_dict({"a": 1}, "report")
         art = tmp / "note.txt"
@@ -116,7 +116,7 @@ def test_queued_run_lands_in_root_store(bare_repo, monkeypatch):
 
     parent = client.get_run(run.data.tags["mlflow.parentRunId"])
     assert parent.info.run_name == "queued-exp"
-    assert parent.data.tags["eyas.pipeline_key"] == f"queued-exp:{'a' * 40}:{params_hash(Params())}"
+    assert parent.data.tags["eyas.pipeline_key"] == f"queued-exp:{'a' * 40}:{params_hash(default_params())}"
     assert parent.info.status == "FINISHED"
 
 
@@ -124,7 +124,7 @@ def test_stages_share_parent_and_exp_name_splits(repo, monkeypatch):
     monkeypatch.setenv("DVC_ROOT", str(repo))
     monkeypatch.setenv("DVC_EXP_BASELINE_REV", "b" * 40)
     monkeypatch.setenv("DVC_EXP_NAME", "exp-one")
-    params = Params()
+    params = default_params()
     with tracking.start_stage_run("extract", params) as a:
         pass
     with tracking.start_stage_run("build-vocab", params) as b:
@@ -149,12 +149,12 @@ def test_stages_share_parent_and_exp_name_splits(repo, monkeypatch):
     assert len(parents) == 3
     p = client.get_run(a.parent_run_id)
     assert p.data.tags["dvc.exp_name"] == "exp-one"
-    assert p.data.tags["eyas.params_hash"] == params_hash(Params())
+    assert p.data.tags["eyas.params_hash"] == params_hash(default_params())
 
 
 def test_workspace_parent_name_without_exp(repo, monkeypatch):
     monkeypatch.setenv("DVC_EXP_BASELINE_REV", "c" * 40)
-    with tracking.start_stage_run("extract", Params()) as t:
+    with tracking.start_stage_run("extract", default_params()) as t:
         pass
     p = _client(repo).get_run(t.parent_run_id)
     assert p.info.run_name == "workspace-ccccccc"
@@ -162,7 +162,7 @@ def test_workspace_parent_name_without_exp(repo, monkeypatch):
 
 
 def test_params_flat_and_secrets_masked(repo, monkeypatch):
-    params = Params()
+    params = default_params()
     stage_params = {"hub": {"hf_token": "hf_abc"}, "API_KEY": "k", "db_password": "p", "n": 3}
     with tracking.start_stage_run("remap", params, stage_params) as t:
         pass
@@ -186,7 +186,7 @@ def test_params_flat_and_secrets_masked(repo, monkeypatch):
 
 
 def test_metric_curves(repo):
-    with tracking.start_stage_run("train-scratch", Params()) as t:
+    with tracking.start_stage_run("train-scratch", default_params()) as t:
         for step in range(1500):  # > one batch of 1000: flushes mid-run and on close
             t.log_metrics({"train/loss_0": 1.0 / (step + 1), "train/acc_0": step / 1500}, step=step)
     client = _client(repo)
@@ -198,7 +198,7 @@ def test_metric_curves(repo):
 
 def test_failure_marks_run_failed(repo):
     with pytest.raises(RuntimeError, match="boom"):
-        with tracking.start_stage_run("extract", Params()) as t:
+        with tracking.start_stage_run("extract", default_params()) as t:
             t.log_metrics({"x": 1.0}, step=1)
             raise RuntimeError("boom")
     run = _client(repo).get_run(t.run_id)
@@ -209,14 +209,14 @@ def test_failure_marks_run_failed(repo):
 def test_nonzero_rank_and_off_are_noop(bare_repo, monkeypatch):
     repo = bare_repo
     monkeypatch.setenv("RANK", "1")
-    t = tracking.start_stage_run("extract", Params())
+    t = tracking.start_stage_run("extract", default_params())
     assert type(t) is tracking.Tracker and t.run_id is None
     with t:
         t.log_metrics({"a": 1.0}, step=0)
         t.log_params({"a": 1})
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("EYAS_TRACKING", "off")
-    assert type(tracking.start_stage_run("extract", Params())) is tracking.NoOpTracker
+    assert type(tracking.start_stage_run("extract", default_params())) is tracking.NoOpTracker
     assert not (repo / "mlflow.db").exists()
 
 
@@ -228,7 +228,7 @@ def test_log_figure_and_tags(repo):
 
     fig, ax = plt.subplots()
     ax.plot([0, 1], [1, 0])
-    with tracking.start_stage_run("eval-accept-len", Params()) as t:
+    with tracking.start_stage_run("eval-accept-len", default_params()) as t:
         t.log_figure(fig, "hist")
         t.set_tags({"target": "smollm2", "hf_token": "x"})
     plt.close(fig)
@@ -269,10 +269,10 @@ def _worker(root: str, name: str, q) -> None:
         os.environ["DVC_EXP_BASELINE_REV"] = "d" * 40
         os.environ.pop("MLFLOW_TRACKING_URI", None)
         from eyas import tracking as tr
-        from eyas.config import Params as P
+        from eyas.config import default_params
 
         tr.ensure_store(tr.tracking_uri())
-        with tr.start_stage_run("train-scratch", P()) as t:
+        with tr.start_stage_run("train-scratch", default_params()) as t:
             for step in range(50):
                 t.log_metrics({"train/loss_0": float(step)}, step=step)
         q.put((name, t.run_id, None))

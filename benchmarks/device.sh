@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# One benchmark recipe per device call on a lent GPU machine: run from the repository root; the
+# machine has no package registry and returns what is written under $OUT (results JSON + log.txt).
+#
+#   bash benchmarks/device.sh RECIPE [ARG]
+#
+#   gpu-tests         the `gpu`-marked tests (python3 -m pytest -m gpu); 2 GPUs for the NCCL ones
+#   kernels           Triton kernels' GPU tests, then bench_kernels.py            -> kernels.json
+#   train 2048|8192   eyas' TTT step, then the peer's, in the SAME call             -> train_<T>.json, peer_<T>.json
+#   extract           bench_extract.py, bf16 and fp8 aux states, 96 batches         -> extract.json
+#   eval              bench_eval.py (chain step vs decode), profile_eval_gpu.py     -> eval_step.json, eval_profile.json
+#   ddp               (2 GPUs) DDP weak scaling and multi-GPU extraction            -> ddp_w{1,2}.json, extract_{w1,w2,split}.json
+#   profile STEP ...  the GPU profile of presets/h200.yaml (benchmarks/h200_profile.sh: park, setup, run)
+#
+# Carried files (the device `run` tool's `carry`; git-ignored, made on the workstation):
+#   .whl/   train only: the peer's wheels, installed with --no-deps into /tmp/site (benchmarks/README.md,
+#           "The peer", says how to make it); without it the peer is skipped and says so.
+# Each piece has its own time limit, so one hang does not cost the rest of the call; the full output
+# goes to $OUT/log.txt and the result lines to stdout.
+set -uo pipefail
+export PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR=/tmp/inductor_cache
+OUT=${OUT:-/tmp/out}; export OUT; mkdir -p "$OUT"
+LOG=$OUT/log.txt
+
+step() {  # step LIMIT_S CMD...: run CMD under its own time limit
+  local lim=$1; shift
+  echo "=== [$(date +%T)] $*" | tee -a "$LOG"
+  timeout "$lim" "$@" 2>&1 | grep -v "Warning\|warn(\|^$" | tee -a "$LOG" \
+    | grep "^eyas\|^peer\|^head loss\|^merge\|vs dense\|vs eager\|bare\|e2e\|Error\|passed\|failed\|skipped\|tok/s" \
+    | cut -c1-400
+}
+
+peer_wheels() {  # install the carried peer wheels; fails (and says why) when they are absent
+  if ! ls .whl/*.whl >/dev/null 2>&1; then
+    echo "peer skipped: no .whl/*.whl carried (benchmarks/README.md, 'The peer')" | tee -a "$LOG"; return 1
+  fi
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    .whl/*.whl >>"$LOG" 2>&1
+  PYTHONPATH=/tmp/site python3 -c "import speculators.train.trainer" >>"$LOG" 2>&1 \
+    || { echo "peer skipped: speculators does not import with the carried wheels (see $LOG)" | tee -a "$LOG"; return 1; }
+}
+
+nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv >>"$LOG" 2>&1
+recipe=${1:-}; shift || true
+case "$recipe" in
+  gpu-tests)
+    step 540 python3 -m pytest -q -p no:cacheprovider --tb=short -W ignore -m gpu tests ;;
+  kernels)
+    step 150 python3 -m pytest -q -x -p no:cacheprovider --tb=short -W ignore tests/test_triton_ttt.py tests/test_head_loss.py
+    step 100 python3 benchmarks/bench_kernels.py --out kernels.json ;;
+  train)
+    T=${1:?usage: device.sh train 2048|8192}
+    case "$T" in
+      2048) checks=(); peer_s=240 ;;
+      8192) checks=(--skip-checks); peer_s=270 ;;
+      *) echo "train: tokens per step must be 2048 or 8192, got $T" >&2; exit 2 ;;
+    esac
+    step 150 python3 benchmarks/bench_train.py --tokens "$T" --ttt 7 --warmup 4 --steps 12 --frozen-only \
+      --modes graphs --profile 3 "${checks[@]}" --out "train_$T.json"
+    # the peer compiles for 70-150 s before its first timed step: it gets the longer limit
+    if peer_wheels; then
+      PYTHONPATH=/tmp/site step "$peer_s" python3 benchmarks/peer_speculators.py --ttt-steps 7 --seq-len "$T" \
+        --out "peer_$T.json"
+    fi ;;
+  extract)
+    step 150 python3 benchmarks/bench_extract.py --batches 96 --fp8 --out extract.json ;;
+  eval)
+    step 120 python3 benchmarks/bench_eval.py --out eval_step.json
+    step 240 python3 benchmarks/profile_eval_gpu.py ;;
+  ddp)
+    step 90 python3 benchmarks/bench_ddp.py --out ddp_w1.json
+    step 100 python3 -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/bench_ddp.py --out ddp_w2.json
+    step 55 python3 benchmarks/bench_extract_multi.py --mode data --out extract_w1.json
+    step 65 python3 -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/bench_extract_multi.py \
+      --mode data --out extract_w2.json
+    step 45 python3 benchmarks/bench_extract_multi.py --mode split --out extract_split.json ;;
+  profile)
+    exec bash benchmarks/h200_profile.sh "$@" ;;
+  *)
+    sed -n '2,/^set -uo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+esac
+echo "=== [$(date +%T)] done" | tee -a "$LOG"
