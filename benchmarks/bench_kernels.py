@@ -71,7 +71,7 @@ def bench_merge(n: int, B=4, nh=32, nkv=8, T=2048, hd=128) -> dict:
     kd, vd = r(n, B, nkv, T, hd), r(n, B, nkv, T, hd)
     do = torch.randn(B, nh, T, hd, device="cuda", dtype=torch.bfloat16)
     inputs = (q, o0, lse0, kd, vd)
-    W = max(n, 2)  # the compiled torch path pads n = 1 to 2 and stacks on dim 3 (drafter.flex_ttt_attention)
+    W = max(n, 2)  # the compiled torch path pads n = 1 to 2 and stacks on dim 3 (eyas.attention.flex_ttt_attention)
 
     def pad(t):
         t = t.permute(1, 2, 3, 0, 4)

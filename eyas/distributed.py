@@ -11,6 +11,9 @@ GLOBAL number of supervised tokens (so W ranks compute exactly the gradient one 
 on the union of their batches), DDP all-reduces (averages) the gradients, and only rank 0 logs
 and writes files.
 
+The module DDP or FSDP wraps is :class:`eyas.unroll.TTTUnroll` (its ``forward`` is the TTT loss;
+its parameters are the drafter's under the ``drafter.`` prefix).
+
 ``train.strategy: fsdp`` (:func:`wrap_data_parallel`) replaces DDP with PyTorch's FSDP2
 (``torch.distributed.fsdp.fully_shard``): the trainable parameters (``fc``, the decoder layer, the
 norm and ``lm_head``), their gradients and the AdamW state are sharded over the ranks (dim 0), so

@@ -1,7 +1,7 @@
 """Triton kernels for the two memory-bound pieces of a TTT unroll on CUDA.
 
 Both have plain-torch definitions that stay the reference (and the CPU path):
-:func:`eyas.head_loss.soft_cross_entropy_grad` and :func:`eyas.drafter.merge_diagonal`. Under
+:func:`eyas.head_loss.soft_cross_entropy_grad` and :func:`eyas.attention.merge_diagonal`. Under
 torch.compile, Inductor turns each into several passes over its data (the head loss: ~1.2 ms per
 TTT step at 8192 tokens x 32000 draft ids for ~1.5 GB of traffic; the diagonal merge: five
 kernels per step, fwd+bwd; benchmarks/results/kernels.json, benchmarks/README.md). The kernels here read
@@ -219,7 +219,7 @@ def _merge_launch(kernel, q, o0, o, kd, *tensors):
 
 
 class DiagonalMerge(torch.autograd.Function):
-    """Triton forward/backward of :func:`eyas.drafter.merge_diagonal`, with kd and vd stacked on
+    """Triton forward/backward of :func:`eyas.attention.merge_diagonal`, with kd and vd stacked on
     their FIRST dim, [n, B, nkv, T, hd], and without ``valid`` (all n entries are real). q and o0
     are read in place when their layout is dense (e.g. a transposed view; else copied); the output
     is [B, nh, T, hd] laid out as [B, T, nh, hd] (a transposed view), the layout o_proj reads, so
