@@ -22,8 +22,8 @@ from eyas.config import TrainParams
 from eyas.drafter import Eagle3Drafter
 from eyas.features import FeatureStore
 from eyas.graphed import GraphedTTT, cuda_graphs_enabled, pad_batch
+from eyas.online import loader_for
 from eyas.ttt import (
-    PackedLoader,
     add_counts,
     autocast,
     evaluate,
@@ -143,7 +143,7 @@ class TrainResult:
 def train_drafter(drafter: Eagle3Drafter, *, train_store: FeatureStore, val_store: FeatureStore,
                   lm_head: torch.Tensor, tp: TrainParams, lr: float, seed: int, tracker,
                   device: torch.device, gate: Callable[[dict], None] | None = None,
-                  checkpoint_dir=None, checkpoint_every: int | None = None) -> TrainResult:
+                  checkpoint_dir=None, checkpoint_every: int | None = None, capture=None) -> TrainResult:
     """Train ``drafter`` in place with TTT.
 
     Args:
@@ -158,6 +158,8 @@ def train_drafter(drafter: Eagle3Drafter, *, train_store: FeatureStore, val_stor
             with it) replayed, so a resumed MLflow run holds the whole curve.
         checkpoint_every: optimizer steps between checkpoints (default ``tp.checkpoint_every``;
             0 = none).
+        capture: for token stores (``train.mode: online``): computes each batch's hidden states
+            (eyas/online.py ``capture_for``); None for feature stores.
     Raises:
         NonFiniteLossError: at the first non-finite loss, naming the step, samples and the last
             good checkpoint.
@@ -167,8 +169,9 @@ def train_drafter(drafter: Eagle3Drafter, *, train_store: FeatureStore, val_stor
     rank, world, device = dist_utils.init_distributed(device)
     drafter.to(device).train()
     head_rows = head_rows_for(lm_head, drafter).to(device)
-    train_loader = PackedLoader(train_store, tp.batch_tokens, seed)
-    val_loader = PackedLoader(val_store, tp.batch_tokens, seed, shuffle=False)
+    # offline: PackedLoader over the feature shards; online: the same plan, hidden states captured
+    train_loader = loader_for(train_store, tp.batch_tokens, seed, capture=capture)
+    val_loader = loader_for(val_store, tp.batch_tokens, seed, shuffle=False, capture=capture)
     model = None  # the training module once wrapped; under FSDP evaluation gathers its shards
 
     def ev() -> dict:
