@@ -80,7 +80,7 @@ def round_to_storage(aux: torch.Tensor, final: torch.Tensor, n_aux: int, storage
         FeatureError: an unknown storage dtype.
     """
     dtype = getattr(torch, storage_dtype, None)
-    if not isinstance(dtype, torch.dtype):
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise FeatureError(f"token store: unknown storage_dtype {storage_dtype!r}")
     if dtype == FP8:
         q, scale = quantize_fp8(aux, n_aux)
