@@ -26,9 +26,9 @@ get their batches from :class:`OnlineLoader` instead of :class:`eyas.ttt.PackedL
 
 Where the target runs: in the training process, on its device (a rank's GPU under torchrun, so
 DDP/FSDP ranks each run their own target copy on their own batches). The capture of batch i+1
-runs in a background thread while the drafter trains on batch i (``ahead`` batches in flight), so
-on one GPU the target's kernels queue behind the drafter's and the host-side work overlaps, and
-with the target on another GPU (``TargetCapture(..., device)``) the two overlap fully. In-process
+is launched before the drafter's step on batch i (:class:`OnlineLoader`, ``ahead``): CUDA runs it
+asynchronously, so with the target on another GPU the two overlap fully (benchmarks/
+bench_online.py measures both placements). In-process
 was chosen because it needs no server, no transport and no second launcher, keeps a single seed
 and data position for resume, and an 8B target (16 GB bf16) fits beside a drafter on one H200.
 A separate capture process (SpecForge's layout, needed when the target spans many GPUs, as a 1T
@@ -39,9 +39,7 @@ MoE does: docs/scale.md) slots in as another *capture*: any callable taking a li
 
 from __future__ import annotations
 
-import queue
-import threading
-import time
+from collections import deque
 from typing import Iterator, Protocol
 
 import torch
@@ -131,8 +129,6 @@ class TargetCapture:
                 n = len(samples[s]["input_ids"])
                 out[s] = {"aux_hidden": aux[j, :n], "final_hidden": final[j, :n],
                           "target_argmax": cap["target_argmax"][j, :n]}
-        if dev.type == "cuda":  # the batch is complete before another thread or device reads it
-            torch.cuda.current_stream(dev).synchronize()
         return out
 
 
@@ -142,9 +138,12 @@ class OnlineLoader(PackedLoader):
     ``rows_per_batch``; :meth:`batches` yields the same :class:`eyas.ttt.Batch` fields (hidden
     states on the capture's device, tokens on the CPU; ``Batch.to`` moves them).
 
-    Timing, for benchmarks (seconds, summed over every :meth:`batches` call): ``capture_seconds``
-    in the capture (target forwards included), ``wait_seconds`` that the consumer waited for a batch
-    (capture not hidden behind training), ``batches_captured``.
+    Lookahead (``ahead`` batches): the capture of batch i+1 is launched before batch i is handed
+    to the trainer. On CUDA the target's kernels run asynchronously, so with the target on another
+    GPU they run while the drafter trains on batch i (PyTorch orders the cross-device copy in
+    ``Batch.to`` after them); on the drafter's GPU they queue ahead of its step, and the host-side
+    launch work overlaps the GPU's. One thread launches everything: no second thread can disturb
+    the training step's CUDA graph capture (eyas/graphed.py).
     """
 
     def __init__(self, store: FeatureStore, batch_tokens: int, seed: int, shuffle: bool = True, *,
@@ -152,7 +151,7 @@ class OnlineLoader(PackedLoader):
         """Args:
             store: a token store (``contents`` :data:`eyas.features.TOKENS`).
             capture: computes the hidden states of a batch's samples.
-            ahead: batches captured ahead in a background thread (0: in the caller's thread).
+            ahead: batches captured before the one handed out (0: on demand).
         Raises:
             FeatureError: ``store`` holds hidden states already (use PackedLoader).
         """
@@ -161,31 +160,22 @@ class OnlineLoader(PackedLoader):
                                f"computes hidden states for token stores only (train.mode: online)")
         super().__init__(store, batch_tokens, seed, shuffle)
         self.capture, self.ahead = capture, ahead
-        self.capture_seconds = self.wait_seconds = 0.0
-        self.batches_captured = 0
 
-    def _captured(self, plans: list) -> Iterator:
-        loaded: dict[int, dict] = {}
-        for plan_rows in plans:
-            samples = []
-            for refs in plan_rows:
-                for si, i in refs:
-                    if si not in loaded:
-                        if len(loaded) >= 2:  # batches are shard-contiguous but may straddle a border
-                            loaded.pop(next(iter(loaded)))
-                        path = self.store.root / self.store.manifest["shards"][si]["file"]
-                        with safe_open(str(path), framework="pt") as f:
-                            loaded[si] = {k: f.get_tensor(k) for k in TOKEN_KEYS + ("offsets",)}
-                    t = loaded[si]
-                    a, b = int(t["offsets"][i]), int(t["offsets"][i + 1])
-                    samples.append({k: t[k][a:b] for k in TOKEN_KEYS})
-            t0 = time.perf_counter()
-            feats = self.capture(samples)
-            self.capture_seconds += time.perf_counter() - t0
-            self.batches_captured += 1
-            it = iter(s | f for s, f in zip(samples, feats))
-            rows = [[next(it) for _ in refs] for refs in plan_rows]
-            yield pack(rows, [r for refs in plan_rows for r in refs])
+    def _samples(self, plan_rows: list, loaded: dict[int, dict]) -> list[dict[str, torch.Tensor]]:
+        """The token tensors of one planned batch's samples, in plan order (two shards cached)."""
+        samples = []
+        for refs in plan_rows:
+            for si, i in refs:
+                if si not in loaded:
+                    if len(loaded) >= 2:  # batches are shard-contiguous but may straddle a border
+                        loaded.pop(next(iter(loaded)))
+                    path = self.store.root / self.store.manifest["shards"][si]["file"]
+                    with safe_open(str(path), framework="pt") as f:
+                        loaded[si] = {k: f.get_tensor(k) for k in TOKEN_KEYS + ("offsets",)}
+                t = loaded[si]
+                a, b = int(t["offsets"][i]), int(t["offsets"][i + 1])
+                samples.append({k: t[k][a:b] for k in TOKEN_KEYS})
+        return samples
 
     def batches(self, epoch: int, start: int = 0, rank: int = 0, world: int = 1,
                 even: bool = True) -> Iterator:
@@ -194,52 +184,22 @@ class OnlineLoader(PackedLoader):
         plans = self.plan(epoch)
         if world > 1:
             plans = plans[rank::world][: len(plans) // world] if even else plans[rank::world]
-        gen = self._captured(plans[start:])
-        if self.ahead <= 0:
-            for batch in gen:
-                yield batch
-            return
-        yield from self._prefetched(gen)
+        loaded: dict[int, dict] = {}
+        pending: deque = deque()
+        for plan_rows in plans[start:]:
+            samples = self._samples(plan_rows, loaded)
+            pending.append((plan_rows, samples, self.capture(samples)))
+            if len(pending) > self.ahead:
+                yield _packed(*pending.popleft())
+        while pending:
+            yield _packed(*pending.popleft())
 
-    def _prefetched(self, gen: Iterator) -> Iterator:
-        """``gen``'s items computed ``ahead`` at a time in a background thread; its errors are
-        re-raised here; closing this generator stops the thread."""
-        q: queue.Queue = queue.Queue(maxsize=self.ahead)
-        stop, done = threading.Event(), object()
 
-        def put(item) -> bool:
-            while not stop.is_set():
-                try:
-                    q.put(item, timeout=0.05)
-                    return True
-                except queue.Full:
-                    continue
-            return False
-
-        def work() -> None:
-            try:
-                for item in gen:
-                    if not put(item):
-                        return
-                put(done)
-            except BaseException as e:  # noqa: BLE001 - re-raised in the consumer
-                put(e)
-
-        thread = threading.Thread(target=work, daemon=True, name="eyas-online-capture")
-        thread.start()
-        try:
-            while True:
-                t0 = time.perf_counter()
-                item = q.get()
-                self.wait_seconds += time.perf_counter() - t0
-                if item is done:
-                    return
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-        finally:
-            stop.set()
-            thread.join()
+def _packed(plan_rows: list, samples: list[dict], feats: list[dict]):
+    """:func:`eyas.ttt.pack` of one batch: its token samples joined with their captured features."""
+    it = iter(s | f for s, f in zip(samples, feats, strict=True))
+    rows = [[next(it) for _ in refs] for refs in plan_rows]
+    return pack(rows, [r for refs in plan_rows for r in refs])
 
 
 def loader_for(store: FeatureStore, batch_tokens: int, seed: int, shuffle: bool = True,
