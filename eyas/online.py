@@ -94,15 +94,17 @@ class TargetCapture:
     target's activations stay bounded by a training batch's size.
     """
 
-    def __init__(self, target, aux_layers: list[int], storage_dtype: str, max_tokens: int):
+    def __init__(self, target, aux_layers: list[int], storage_dtype: str, max_tokens: int, ahead: int = 1):
         """Args:
             target: a loaded :class:`eyas.target.Target` (on the device it should run on).
             aux_layers: HF ``hidden_states`` indices (the manifest's ``aux_layers``).
             storage_dtype: the manifest's ``storage_dtype`` (:func:`round_to_storage`).
             max_tokens: padded tokens per target forward (``train.batch_tokens`` in the stages).
+            ahead: batches :class:`OnlineLoader` captures before the one it hands out (0: on
+                demand); results do not depend on it.
         """
         self.target, self.aux_layers, self.storage_dtype = target, list(aux_layers), storage_dtype
-        self.max_tokens = max_tokens
+        self.max_tokens, self.ahead = max_tokens, ahead
 
     def __call__(self, samples: list[dict[str, torch.Tensor]]) -> list[dict[str, torch.Tensor]]:
         dev = self.target.device
@@ -147,11 +149,12 @@ class OnlineLoader(PackedLoader):
     """
 
     def __init__(self, store: FeatureStore, batch_tokens: int, seed: int, shuffle: bool = True, *,
-                 capture: Capture, ahead: int = 1):
+                 capture: Capture, ahead: int | None = None):
         """Args:
             store: a token store (``contents`` :data:`eyas.features.TOKENS`).
             capture: computes the hidden states of a batch's samples.
-            ahead: batches captured before the one handed out (0: on demand).
+            ahead: batches captured before the one handed out (0: on demand); default the
+                capture's ``ahead`` attribute, else 1.
         Raises:
             FeatureError: ``store`` holds hidden states already (use PackedLoader).
         """
@@ -159,7 +162,8 @@ class OnlineLoader(PackedLoader):
             raise FeatureError(f"{store.root}: holds {store.contents}, not a token store; OnlineLoader "
                                f"computes hidden states for token stores only (train.mode: online)")
         super().__init__(store, batch_tokens, seed, shuffle)
-        self.capture, self.ahead = capture, ahead
+        self.capture = capture
+        self.ahead = getattr(capture, "ahead", 1) if ahead is None else ahead
 
     def _samples(self, plan_rows: list, loaded: dict[int, dict]) -> list[dict[str, torch.Tensor]]:
         """The token tensors of one planned batch's samples, in plan order (two shards cached)."""
