@@ -14,9 +14,15 @@ from __future__ import annotations
 
 import functools
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
+import yaml
+from safetensors import safe_open
 from tiny import LAYERS, VOCAB, manifest_fields, tiny_target
 
 from eyas import layers
@@ -235,3 +241,55 @@ def test_round_to_storage_is_what_the_store_reads_back():
     assert torch.allclose(aux.float(), x, rtol=2 ** -3, atol=rows.abs().amax().item() * 2 ** -9)
     with pytest.raises(FeatureError, match="unknown storage_dtype"):
         round_to_storage(x, f, 3, "int4")
+
+
+# ------------------------------------------------------------------- the real stages, online
+
+
+@pytest.mark.slow
+def test_stages_online_with_the_embedded_target(tmp_path):
+    """extract -> build-vocab -> train-scratch as `dvc repro` runs them, with train.mode: online and
+    the embedded target: a token store (no hidden states on disk), a vocab from its counts, a
+    servable drafter; then params back to offline: the token store is refused, naming extract."""
+    repo = Path(__file__).resolve().parents[1]
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    params["extract"].update(max_length=64, batch_size=4, shard_samples=8)
+    params["distill"]["max_new_tokens"] = 16
+    params["vocab"]["draft_vocab_size"] = 256
+    params["train"].update(mode="online", ttt_length=2, batch_tokens=256, epochs=1, eval_every=1000,
+                           checkpoint_every=0)
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    g = torch.Generator().manual_seed(0)
+    (tmp_path / "data/distilled").mkdir(parents=True)
+    for split, n in (("train", 24), ("val", 4), ("publish", 4)):
+        rows = []
+        for i in range(n):
+            prompt, reply = (torch.randint(0, 49152, (int(k),), generator=g).tolist()
+                             for k in torch.randint(8, 32, (2,), generator=g))
+            rows.append(json.dumps({"id": f"{split}-{i}", "prompt_ids": prompt, "reply_ids": reply,
+                                    "finish_reason": "length"}))
+        (tmp_path / f"data/distilled/{split}.jsonl").write_text("\n".join(rows) + "\n")
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "DVC_"))},
+           "PYTHONPATH": str(repo), "EYAS_TRACKING": "off", "OMP_NUM_THREADS": "1"}
+
+    def stage(name: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", f"stages.{name}"], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=900)
+
+    for name in ("extract", "build_vocab", "train_scratch"):
+        r = stage(name)
+        assert r.returncode == 0, f"{name}: {r.stdout[-2000:]}{r.stderr[-3000:]}"
+    m = json.loads((tmp_path / "data/features/train/manifest.json").read_text())
+    assert m["contents"] == TOKENS and m["storage_dtype"] == "bfloat16" and m["aux_layers"] == [2, 15, 27]
+    with safe_open(str(tmp_path / "data/features/train" / m["shards"][0]["file"]), framework="pt") as f:
+        assert set(f.keys()) == {"input_ids", "loss_mask", "offsets"}
+    ext = json.loads((tmp_path / "metrics/extract.json").read_text())
+    assert ext["bytes_per_token"] == 5 and ext["bytes"] == ext["estimated_bytes"]
+    tr = json.loads((tmp_path / "metrics/train_scratch.json").read_text())
+    assert tr["steps"] > 0 and 0.0 <= tr["val"]["acc_0"] <= 1.0
+    assert (tmp_path / "models/scratch/model.safetensors").is_file()
+
+    params["train"]["mode"] = "offline"
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    r = stage("train_scratch")
+    assert r.returncode != 0 and "train.mode = 'online'" in r.stderr and "dvc repro extract" in r.stderr
