@@ -3,7 +3,7 @@ batch while the drafter trains; nothing per-token but the token ids reaches the 
 
 Why: the feature store costs ``(n_aux + 1) * H * 2`` bytes per token in bf16 (eyas/features.py):
 32 KiB for an 8B target, about 56 KiB for a 1T MoE target with H = 7168, so 100K conversations of
-2K tokens are ~11 TB. SpecForge (``sgl-project/SpecForge``: its online mode runs the target beside
+2K tokens are ~12 TB. SpecForge (``sgl-project/SpecForge``: its online mode runs the target beside
 the drafter) and speculators (``vllm-project/speculators``: online, offline or hybrid data) train
 online for this reason.
 
@@ -24,13 +24,14 @@ get their batches from :class:`OnlineLoader` instead of :class:`eyas.ttt.PackedL
   :func:`eyas.ttt.pack`. The drafter therefore sees the features an offline run would read, up to
   the target's own run-to-run numerics (its batches are grouped differently).
 
-Where the target runs: in the training process, on its device (a rank's GPU under torchrun, so
-DDP/FSDP ranks each run their own target copy on their own batches). The capture of batch i+1
-is launched before the drafter's step on batch i (:class:`OnlineLoader`, ``ahead``): CUDA runs it
-asynchronously, so with the target on another GPU the two overlap fully (benchmarks/
-bench_online.py measures both placements). In-process
-was chosen because it needs no server, no transport and no second launcher, keeps a single seed
-and data position for resume, and an 8B target (16 GB bf16) fits beside a drafter on one H200.
+Where the target runs: in the training process. The stages load it on the training device (a
+rank's GPU under torchrun, so DDP/FSDP ranks each run their own target copy on their own
+batches); :class:`TargetCapture` takes any loaded target, so a caller may place it on another GPU
+of the host. The capture of batch i+1 is launched before the drafter's step on batch i
+(:class:`OnlineLoader`, ``ahead``): CUDA runs it asynchronously, so with the target on another GPU
+the two can overlap (benchmarks/bench_online.py measures both placements). In-process was chosen
+because it needs no server, no transport and no second launcher, keeps a single seed and data
+position for resume, and an 8B target (16 GB bf16) fits beside a drafter on one H200.
 A separate capture process (SpecForge's layout, needed when the target spans many GPUs, as a 1T
 MoE does: docs/scale.md) slots in as another *capture*: any callable taking a list of samples
 (``{"input_ids": [T], "loss_mask": [T]}``) and returning their features in the same order
@@ -49,7 +50,6 @@ from eyas.features import FEATURES, FP8, TOKENS, FeatureError, FeatureStore, deq
 from eyas.ttt import PackedLoader, pack
 
 TOKEN_KEYS = ("input_ids", "loss_mask")
-FEATURE_KEYS = ("aux_hidden", "final_hidden", "target_argmax")
 
 
 class Capture(Protocol):
