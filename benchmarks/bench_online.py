@@ -46,7 +46,7 @@ import torch  # noqa: E402
 
 from benchmarks.common import env, sync, write_result  # noqa: E402
 from eyas import layers  # noqa: E402
-from eyas.config import TrainParams, parse_params  # noqa: E402
+from eyas.config import parse_params  # noqa: E402
 from eyas.features import FeatureStore  # noqa: E402
 from eyas.online import OnlineLoader, TargetCapture  # noqa: E402
 from eyas.target import Target, summarise_config  # noqa: E402
@@ -157,8 +157,8 @@ def main() -> None:
     head = target.head_weights()
     ids, mask = stores["offline"][0].token_stats()
     mapping, _ = build_mapping(count_tokens(ids, mask, cfg.vocab_size), 200 if a.tiny else 32000)
-    tp = TrainParams(ttt_length=a.ttt, batch_tokens=bt, epochs=1, warmup_ratio=0.03, eval_every=10 ** 9,
-                     max_steps=0, checkpoint_every=0)
+    tp = parse_params({"train": {"ttt_length": a.ttt, "batch_tokens": bt, "epochs": 1, "warmup_ratio": 0.03,
+                                 "eval_every": 10 ** 9, "max_steps": 0, "checkpoint_every": 0}}).train
 
     def run(name: str, store_mode: str, capture) -> dict:
         drafter = new_drafter(stores[store_mode][0].manifest, mapping, head["embed_tokens"], 0,
@@ -172,7 +172,7 @@ def main() -> None:
         r["tokens_per_s"] = r["tokens_per_step"] / (r["step_ms_median"] / 1e3)
         r["steps"], r["loop_s"] = res.steps, round(res.seconds, 1)
         r["final_val_acc_0"] = res.final_val.get("acc_0")
-        print(f"{name}: {r}", flush=True)
+        print(f"{name}: {r['tokens_per_s']:.0f} tok/s, step {r['step_ms_median']:.1f} ms; {r}", flush=True)
         return r
 
     doc["offline"] = run("offline", "offline", None)

@@ -10,6 +10,7 @@
 #   extract           bench_extract.py, bf16 and fp8 aux states, 96 batches         -> extract.json
 #   eval              bench_eval.py (chain step vs decode), profile_eval_gpu.py     -> eval_step.json, eval_profile.json
 #   ddp               (2 GPUs) DDP weak scaling and multi-GPU extraction            -> ddp_w{1,2}.json, extract_{w1,w2,split}.json
+#   online            bench_online.py: train.mode online vs extract + train (2 GPUs: + target on cuda:1) -> online_h200.json
 #   profile STEP ...  the GPU profile of presets/h200.yaml (benchmarks/h200_profile.sh: park, setup, run)
 #
 # Carried files (the device `run` tool's `carry`; git-ignored, made on the workstation):
@@ -74,6 +75,8 @@ case "$recipe" in
     step 65 python3 -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/bench_extract_multi.py \
       --mode data --out extract_w2.json
     step 45 python3 benchmarks/bench_extract_multi.py --mode split --out extract_split.json ;;
+  online)
+    step 560 python3 benchmarks/bench_online.py --out online_h200.json ;;
   profile)
     exec bash benchmarks/h200_profile.sh "$@" ;;
   *)

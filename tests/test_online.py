@@ -26,7 +26,7 @@ from safetensors import safe_open
 from tiny import LAYERS, VOCAB, manifest_fields, tiny_target
 
 from eyas import layers
-from eyas.config import TrainParams, parse_params
+from eyas.config import parse_params
 from eyas.features import TOKENS, FeatureError, FeatureStore
 from eyas.online import OnlineLoader, TargetCapture, capture_for, loader_for, round_to_storage
 from eyas.tracking import Tracker
@@ -109,8 +109,9 @@ def _train(train, val, capture, seed=0, ckdir=None, tracker=None, **kw):
     mapping, _ = build_mapping(count_tokens(ids, mask, train.manifest["vocab_size"]), 64)
     drafter = new_drafter(train.manifest, mapping, head["embed_tokens"], 0, lm_head=head["lm_head"])
     res = train_drafter(drafter, train_store=train, val_store=val, lm_head=head["lm_head"],
-                        tp=TrainParams(**{**TRAIN, **kw}), lr=3e-3, seed=seed, tracker=tracker or Tracker(),
-                        device=torch.device("cpu"), checkpoint_dir=ckdir, capture=capture)
+                        tp=parse_params({"train": {**TRAIN, **kw}}).train, lr=3e-3, seed=seed,
+                        tracker=tracker or Tracker(), device=torch.device("cpu"), checkpoint_dir=ckdir,
+                        capture=capture)
     return res, drafter
 
 
