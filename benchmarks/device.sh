@@ -10,6 +10,7 @@
 #   extract           bench_extract.py, bf16 and fp8 aux states, 96 batches         -> extract.json
 #   eval              bench_eval.py (chain step vs decode), profile_eval_gpu.py     -> eval_step.json, eval_profile.json
 #   ddp               (2 GPUs) DDP weak scaling and multi-GPU extraction            -> ddp_w{1,2}.json, extract_{w1,w2,split}.json
+#   online            bench_online.py: train.mode online vs extract + train (2 GPUs: + target on cuda:1) -> online_h200.json
 #   profile STEP ...  the GPU profile of presets/h200.yaml (benchmarks/h200_profile.sh: park, setup, run)
 #
 # Carried files (the device `run` tool's `carry`; git-ignored, made on the workstation):
@@ -44,7 +45,7 @@ nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv >>"$LOG" 2>&1
 recipe=${1:-}; shift || true
 case "$recipe" in
   gpu-tests)
-    step 540 python3 -m pytest -q -p no:cacheprovider --tb=short -W ignore -m gpu tests ;;
+    step 540 python3 -m pytest -q -p no:cacheprovider --tb=short -W ignore -m gpu $(grep -l "mark.gpu" tests/test_*.py) ;;  # the files with gpu tests: the device has no mlflow/dvc to collect the rest
   kernels)
     step 150 python3 -m pytest -q -x -p no:cacheprovider --tb=short -W ignore tests/test_triton_ttt.py tests/test_head_loss.py
     step 100 python3 benchmarks/bench_kernels.py --out kernels.json ;;
@@ -74,6 +75,8 @@ case "$recipe" in
     step 65 python3 -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/bench_extract_multi.py \
       --mode data --out extract_w2.json
     step 45 python3 benchmarks/bench_extract_multi.py --mode split --out extract_split.json ;;
+  online)
+    step 560 python3 benchmarks/bench_online.py --out online_h200.json ;;
   profile)
     exec bash benchmarks/h200_profile.sh "$@" ;;
   *)

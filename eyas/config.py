@@ -133,6 +133,8 @@ class TrainParams:
     checkpoint_every: int  # optimizer steps between resumable checkpoints; 0 = none
     nproc: int  # processes under torchrun (eyas.launch); 0 = one per CUDA device
     strategy: str  # data parallelism with nproc > 1: 'ddp' (replicas) or 'fsdp' (FSDP2 shards)
+    mode: str  # 'offline': hidden states from extract's shards; 'online': the target computes them
+    #            batch by batch, extract stores tokens only (eyas/online.py)
     backend: Backend  # the TTT unroll's kernels (eyas/backend.py)
 
 
@@ -344,6 +346,9 @@ _RANGES = [
     ("train.eval_every", lambda v: v >= 1, ">= 1"),
     ("train.strategy", lambda v: v in ("ddp", "fsdp"),
      "'ddp' or 'fsdp' (eyas/distributed.py: DDP replicates the drafter, FSDP2 shards it)"),
+    ("train.mode", lambda v: v in ("offline", "online"),
+     "'offline' (extract stores the aux hidden states) or 'online' (extract stores tokens only; the train "
+     "stages run the target batch by batch: eyas/online.py)"),
     ("train.max_steps", lambda v: v >= 0, ">= 0 (0 = epochs decide)"),
     ("train.checkpoint_every", lambda v: v >= 0, ">= 0 (0 = no checkpoints)"),
     ("train.nproc", lambda v: v >= 0, ">= 0 (0 = one per CUDA device)"),

@@ -22,6 +22,11 @@ states carry a few massive activations (SmolLM2-135M, aux layers 2/15/27: |h| up
 would flush most values to zero, a per-row scale confines an outlier's cost to its own row.
 Readers (:func:`read_tensors`) dequantise to bfloat16 transparently. Bytes per token then =
 n_aux * (H + 4) + 2 * H + 9.
+
+A token store (``train.mode: online``, manifest ``"contents": "tokens"``) has the same layout
+with ``input_ids``, ``loss_mask`` and ``offsets`` only (:data:`TOKEN_BYTES` = 5 bytes per token):
+the train stages compute the hidden states from the target batch by batch (eyas/online.py), in
+the storage dtype the manifest names, so they equal what a feature store would hold.
 """
 
 from __future__ import annotations
@@ -53,6 +58,8 @@ FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max (OCP FP8 spec: E4M3, no infinities)
 SCALE_SUFFIX = "_scale"  # fp8 storage: "aux_hidden_scale" holds the per-token, per-layer scales
 DISK_HEADROOM = 0.10  # check_disk_space wants this fraction more free than the estimate
+TOKEN_BYTES = 4 + 1  # a token store's bytes per token: int32 input_ids, uint8 loss_mask
+FEATURES, TOKENS = "features", "tokens"  # manifest "contents": hidden states stored, or tokens only
 
 
 def bytes_per_token(num_aux: int, hidden_size: int, dtype: torch.dtype) -> int:
@@ -66,17 +73,19 @@ def bytes_per_token(num_aux: int, hidden_size: int, dtype: torch.dtype) -> int:
 
 
 def estimate_split_bytes(lengths: list[int], shard_samples: int, num_aux: int, hidden_size: int,
-                         dtype: torch.dtype) -> int:
+                         dtype: torch.dtype, contents: str = FEATURES) -> int:
     """Bytes of tensor data one split's shards will hold (safetensors headers, a few hundred bytes
     per shard, are left to the headroom of :func:`check_disk_space`).
 
     ``sum(lengths) * bytes_per_token(num_aux, hidden_size, dtype) + 8 * (S + n_shards)``: the
     per-token tensors plus each shard's int64 ``offsets`` [samples + 1], with S = len(lengths)
-    samples of ``lengths[s]`` tokens and n_shards = ceil(S / shard_samples).
+    samples of ``lengths[s]`` tokens and n_shards = ceil(S / shard_samples); a token store
+    (``contents`` :data:`TOKENS`) holds :data:`TOKEN_BYTES` per token instead.
     Equals :attr:`ShardWriter.bytes_written` for the same samples.
     """
     n_shards = math.ceil(len(lengths) / shard_samples)
-    return sum(lengths) * bytes_per_token(num_aux, hidden_size, dtype) + 8 * (len(lengths) + n_shards)
+    per_token = TOKEN_BYTES if contents == TOKENS else bytes_per_token(num_aux, hidden_size, dtype)
+    return sum(lengths) * per_token + 8 * (len(lengths) + n_shards)
 
 
 def _existing(path: Path) -> Path:
@@ -286,6 +295,16 @@ class ShardWriter:
         if len(self.buf) >= self.shard_samples:
             self._flush()
 
+    def add_tokens(self, input_ids: torch.Tensor, loss_mask: torch.Tensor) -> None:
+        """One sample of a token store (``train.mode: online``): input_ids and loss_mask [T], stored
+        as int32 / uint8; no hidden states. Do not mix with :meth:`add` in one writer."""
+        self.buf.append({"input_ids": input_ids.to(torch.int32).cpu(), "loss_mask": loss_mask.to(torch.uint8).cpu()})
+        self.num_samples += 1
+        self.num_tokens += int(input_ids.numel())
+        self.supervised_tokens += int(loss_mask.sum())
+        if len(self.buf) >= self.shard_samples:
+            self._flush()
+
     def _write(self, buf: list[dict], name: str) -> None:
         # each sample's tensors go straight from their (pinned) host memory to the file: no
         # torch.cat of the shard and no in-memory serialisation (same bytes as save_safetensors)
@@ -460,6 +479,12 @@ class FeatureStore:
     @property
     def aux_layers(self) -> list[int]:
         return self.manifest["aux_layers"]
+
+    @property
+    def contents(self) -> str:
+        """:data:`FEATURES` (hidden states stored) or :data:`TOKENS` (a token store: input_ids and
+        loss_mask only, for ``train.mode: online``); manifests from before token stores hold features."""
+        return self.manifest.get("contents", FEATURES)
 
     def iter_shards(self, keys: tuple[str, ...] | None = None) -> Iterator[dict[str, torch.Tensor]]:
         """Yield one shard's tensors at a time (memory bounded by a shard)."""

@@ -50,12 +50,13 @@ HASH_CACHE = Path(".eyas/hash_cache.json")  # sha256 by (path, size, mtime_ns): 
 
 # the params each fingerprinting stage reads: dvc.yaml's `params` of that stage (a test keeps them equal)
 STAGE_PARAMS: dict[str, list[str]] = {
-    "extract": ["target", "extract", "data.on_bad_line"],
+    "extract": ["target", "extract", "data.on_bad_line", "train.mode"],
     "build-vocab": ["vocab"],
-    "stand-in-drafter": ["seed", "train", "stand_in"],
-    "remap": ["seed", "remap", "train.ttt_length", "train.step_decay", "train.batch_tokens", "train.backend"],
-    "train-scratch": ["seed", "train", "train_scratch"],
-    "train-finetune": ["lr", "seed", "train", "train_finetune"],
+    "stand-in-drafter": ["seed", "train", "stand_in", "target"],
+    "remap": ["seed", "remap", "train.ttt_length", "train.step_decay", "train.batch_tokens", "train.mode",
+              "train.backend", "target"],
+    "train-scratch": ["seed", "train", "train_scratch", "target"],
+    "train-finetune": ["lr", "seed", "train", "train_finetune", "target"],
 }
 # params that change how a stage runs but not what it computes: not compared (the backend picks
 # kernels for the same math: eyas/backend.py)

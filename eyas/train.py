@@ -25,7 +25,8 @@ from eyas.config import TrainParams
 from eyas.drafter import Eagle3Drafter
 from eyas.features import FeatureStore
 from eyas.graphed import GraphedTTT, pad_batch
-from eyas.ttt import Batch, PackedLoader, add_counts, autocast, counts_from_stats, head_rows_for, summarise
+from eyas.online import loader_for
+from eyas.ttt import Batch, add_counts, autocast, counts_from_stats, head_rows_for, summarise
 from eyas.unroll import TTTUnroll, evaluate, supervised_counts
 
 log = logging.getLogger(__name__)
@@ -318,7 +319,7 @@ class Trainer:
 def train_drafter(drafter: Eagle3Drafter, *, train_store: FeatureStore, val_store: FeatureStore,
                   lm_head: torch.Tensor, tp: TrainParams, lr: float, seed: int, tracker,
                   device: torch.device, gate: Callable[[dict], None] | None = None,
-                  checkpoint_dir=None, checkpoint_every: int | None = None) -> TrainResult:
+                  checkpoint_dir=None, checkpoint_every: int | None = None, capture=None) -> TrainResult:
     """Train ``drafter`` in place with TTT.
 
     Args:
@@ -334,6 +335,8 @@ def train_drafter(drafter: Eagle3Drafter, *, train_store: FeatureStore, val_stor
             with it) replayed, so a resumed MLflow run holds the whole curve.
         checkpoint_every: optimizer steps between checkpoints (default ``tp.checkpoint_every``;
             0 = none).
+        capture: for token stores (``train.mode: online``): computes each batch's hidden states
+            (eyas/online.py ``capture_for``); None for feature stores.
     Raises:
         NonFiniteLossError: at the first non-finite loss, naming the step, samples and the last
             good checkpoint.
@@ -341,8 +344,9 @@ def train_drafter(drafter: Eagle3Drafter, *, train_store: FeatureStore, val_stor
     torch.manual_seed(seed)
     # under torchrun: one process group, this rank's device, DDP; otherwise all of this is a no-op
     rank, world, device = dist_utils.init_distributed(device)
-    train_loader = PackedLoader(train_store, tp.batch_tokens, seed)
-    val_loader = PackedLoader(val_store, tp.batch_tokens, seed, shuffle=False)
+    # offline: PackedLoader over the feature shards; online: the same plan, hidden states captured
+    train_loader = loader_for(train_store, tp.batch_tokens, seed, capture=capture)
+    val_loader = loader_for(val_store, tp.batch_tokens, seed, shuffle=False, capture=capture)
     t = Trainer(drafter, lm_head=lm_head, tp=tp, lr=lr, tracker=tracker, device=device, rank=rank, world=world,
                 val_loader=val_loader)
     every = tp.checkpoint_every if checkpoint_every is None else checkpoint_every

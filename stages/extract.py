@@ -1,11 +1,15 @@
 """DVC stage `extract`: run the target over each split and store EAGLE-3 features.
 
-Reads params `target`, `extract`, `data.on_bad_line`; reads `data/distilled/{train,val,publish}.jsonl`
+Reads params `target`, `extract`, `data.on_bad_line`, `train.mode`; reads `data/distilled/{train,val,publish}.jsonl`
 (self-distill: regenerated rows are taken as the token ids the target generated); writes
 `data/features/<split>/` (sharded safetensors + manifest.json), `data/features/target_head.safetensors`
 (the target's embedding and lm_head) and `metrics/extract.json`.
 Before the target's weights load it renders every split with the tokenizer and refuses to start
 when the shards would not fit the free disk (features.check_disk_space: exact token counts, +10%).
+With `train.mode: online` it writes a token store instead (input_ids, loss_mask, offsets: 5 bytes
+per token, manifest `"contents": "tokens"`): the target's weights load only for its embedding and
+lm_head, build-vocab counts tokens as before, and the train stages compute the hidden states batch
+by batch (eyas/online.py). The DAG and every output path stay the same.
 Run from the repository root: `python -m stages.extract`.
 """
 
@@ -101,6 +105,8 @@ def extract_split(target, rendered: list[dict], truncated: int, empty: int, refu
                       "aux": aux_ids}, [(r["input_ids"], r["loss_mask"]) for r in rendered]],
         sort_keys=True, default=str).encode()).hexdigest()
     dtype = getattr(torch, e.dtype)
+    if p.train.mode == "online":
+        return store_tokens(rendered, truncated, empty, refused, out_dir, p, dtype, resume_key, provenance)
     fp8 = dtype == features.FP8
     # fp8: aux states are quantised on the device (per-token scales) before the host copy; the
     # final hidden state is stored in bf16
@@ -148,6 +154,21 @@ def extract_split(target, rendered: list[dict], truncated: int, empty: int, refu
     return manifest, writer.bytes_written
 
 
+def store_tokens(rendered: list[dict], truncated: int, empty: int, refused: list[str], out_dir: Path, p,
+                 dtype: torch.dtype, resume_key: str, provenance: dict) -> tuple[dict, int]:
+    """``train.mode: online``: store one split's token ids and loss masks only (no target forward)
+    -> (manifest with ``"contents": "tokens"``, bytes of tensor data). ``storage_dtype`` in the
+    manifest is the dtype the train stages round the target's hidden states to, as extract would
+    have stored them (eyas/online.py)."""
+    writer = features.ShardWriter(out_dir, p.extract.shard_samples, dtype, resume_key=resume_key)
+    for r in rendered[writer.resumed_samples:]:
+        writer.add_tokens(torch.tensor(r["input_ids"]), torch.tensor(r["loss_mask"]))
+    manifest = writer.finish(contents=features.TOKENS, truncated_samples=truncated,
+                             dropped_no_supervised_tokens=empty, skipped_template=len(refused),
+                             skipped_template_ids=refused, max_length=p.extract.max_length, **provenance)
+    return manifest, writer.bytes_written
+
+
 def publish(work: Path, dest: Path) -> None:
     """Move a finished split (manifest written) from the work dir to its DVC out."""
     if dest.exists():
@@ -167,13 +188,14 @@ def main() -> None:
                                                    revision=p.target.revision)
         aux_ids = layers.resolve(p.extract.aux_layers, cfg.num_hidden_layers)
         dtype = getattr(torch, p.extract.dtype)
+        contents = features.TOKENS if p.train.mode == "online" else features.FEATURES
         renders, estimate = {}, {}
         for split in SPLITS:
             renders[split] = render_split(tokenizer, read_jsonl(DISTILLED / f"{split}.jsonl"), WORK / split,
                                           p.extract.max_length, p.data.on_bad_line)
             estimate[split] = features.estimate_split_bytes([len(r["input_ids"]) for r in renders[split][0]],
                                                             p.extract.shard_samples, len(aux_ids), cfg.hidden_size,
-                                                            dtype)
+                                                            dtype, contents)
         head_bytes = 2 * cfg.vocab_size * cfg.hidden_size * 4  # embed_tokens + lm_head, float32
         disk = features.check_disk_space(FEATURES, sum(estimate.values()) + head_bytes, WORK, max(estimate.values()))
         print(f"extract: {sum(estimate.values())} bytes of features (+{head_bytes} target head) expected; "
@@ -213,8 +235,9 @@ def main() -> None:
                                 "estimated_bytes": estimate[split], "bytes": nbytes,
                                 "seconds": round(dt, 1), "tokens_per_second": round(m["num_tokens"] / dt, 1)}
             print(f"extract {split}: {per_split[split]}")
-        bpt = features.bytes_per_token(len(aux_ids), cfg.hidden_size, dtype)
-        metrics = {"splits": per_split, "bytes_per_token": bpt, "aux_layers": aux_ids,
+        bpt = features.TOKEN_BYTES if contents == features.TOKENS else \
+            features.bytes_per_token(len(aux_ids), cfg.hidden_size, dtype)
+        metrics = {"splits": per_split, "contents": contents, "bytes_per_token": bpt, "aux_layers": aux_ids,
                    "storage_dtype": p.extract.dtype, "target_load_seconds": round(load_s, 1),
                    "total_tokens": sum(s["tokens"] for s in per_split.values()),
                    # shard tensor bytes: estimated from the rendered token counts before the target

@@ -1,7 +1,8 @@
 """DVC stage `remap`: move a pretrained drafter's lm_head onto the new vocab mapping.
 
-Reads params `seed`, `remap`, `train` (TTT settings for the step-0 check); reads the drafter at
-`remap.source`, `models/vocab/`, `data/features/`; writes `models/remapped/` and
+Reads params `seed`, `remap`, `train` (TTT settings for the step-0 check; train.mode: online runs the
+target here, eyas/online.py), `target`; reads the drafter at `remap.source`, `models/vocab/`,
+`data/features/`, `data/inputs/target.json`; writes `models/remapped/` and
 `metrics/remap.json` (compatibility report and step-0 val loss/acc: the source under its own
 mapping, the naive load that keeps rows in place, and the remapped drafter; `positions_from_target`:
 the source's context length / RoPE fields replaced by the target's, eyas.remap.adopt_target_positions).
@@ -19,12 +20,13 @@ from eyas.features import FeatureStore, check_compatible
 from eyas.files import write_json
 from eyas.formats.eagle import save_drafter
 from eyas.formats.load import load_drafter
+from eyas.online import capture_for, loader_for
 from eyas.provenance import FILE as FINGERPRINT
 from eyas.provenance import check, record
 from eyas.remap import adopt_target_positions, naive_lm_head, remap_lm_head
 from eyas.target import pick_device
 from eyas.tracking import start_stage_run
-from eyas.ttt import PackedLoader, head_rows_for
+from eyas.ttt import head_rows_for
 from eyas.unroll import TTTUnroll, evaluate
 from eyas.vocab import VocabMapping, load_mapping
 from stages.common import FEATURES, METRICS, VOCAB, target_head
@@ -76,7 +78,7 @@ def main() -> None:
         naive = with_vocab(src, new_map, naive_lm_head(src.lm_head.weight.data, new_map.draft_vocab_size))
 
         dev = pick_device()
-        loader = PackedLoader(val, p.train.batch_tokens, p.seed, shuffle=False)
+        loader = loader_for(val, p.train.batch_tokens, p.seed, shuffle=False, capture=capture_for(p, val, dev))
         step0 = {}
         for name, d in (("source_own_mapping", src), ("naive_rows_in_place", naive), ("remapped", remapped)):
             d.to(dev)

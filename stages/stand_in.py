@@ -2,7 +2,8 @@
 
 It is trained on a disjoint data slice (`publish`) with its own, differently sized vocab whose
 draft ids are ordered by frequency, as some published drafters are, so `remap` has real work to do.
-Reads params `seed`, `train`, `stand_in`; reads `data/features/{publish,val}/`; writes
+Reads params `seed`, `train`, `stand_in`, `target` (train.mode: online: the target runs here,
+eyas/online.py); reads `data/features/{publish,val}/`, `data/inputs/target.json`; writes
 `models/stand_in/` (servable checkpoint) and `metrics/stand_in.json`.
 Run: `python -m stages.stand_in`.
 """
@@ -14,6 +15,7 @@ from pathlib import Path
 
 from eyas.config import load_params
 from eyas.features import FeatureStore
+from eyas.online import capture_for
 from eyas.provenance import check, record
 from eyas.target import pick_device
 from eyas.tracking import start_stage_run
@@ -40,7 +42,7 @@ def main() -> None:
         tp = dataclasses.replace(p.train, epochs=s.epochs)
         result = train_drafter(drafter, train_store=pub, val_store=val, lm_head=head["lm_head"], tp=tp,
                                lr=s.lr, seed=p.seed + 1, tracker=tracker, device=pick_device(),
-                               checkpoint_dir=checkpoint_dir("stand-in"))
+                               checkpoint_dir=checkpoint_dir("stand-in"), capture=capture_for(p, pub))
         finish_training("stand-in", drafter, result, Path("models/stand_in"), tracker,
                         extra={"vocab": info}, fingerprint=fp)
 

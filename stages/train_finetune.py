@@ -1,7 +1,8 @@
 """DVC stage `train-finetune`: TTT fine-tuning of the remapped pretrained drafter.
 
 Reads params `lr` (top level, so `dvc exp run -S lr=5e-5` reruns only this stage and its eval),
-`seed`, `train`, `train_finetune`; reads `data/features/`, `models/remapped/`; writes
+`seed`, `train`, `train_finetune`, `target` (train.mode: online: the target runs here, eyas/online.py);
+reads `data/features/`, `models/remapped/`, `data/inputs/target.json`; writes
 `models/finetune/`, `metrics/train_finetune.json`, `plots/train_finetune/`. Before the first update
 a step-0 gate stops a run whose val loss is at chance (eyas.train.step0_gate).
 Run: `python -m stages.train_finetune`.
@@ -14,6 +15,7 @@ from pathlib import Path
 from eyas.config import load_params
 from eyas.features import FeatureStore, check_compatible
 from eyas.formats.load import load_drafter
+from eyas.online import capture_for
 from eyas.provenance import check, record
 from eyas.target import pick_device
 from eyas.tracking import start_stage_run
@@ -40,7 +42,8 @@ def main() -> None:
         gate = step0_gate(c.draft_vocab_size, f.gate_margin, f.gate_min_acc, f.gate_override, tracker)
         result = train_drafter(drafter, train_store=train, val_store=val, lm_head=head["lm_head"],
                                tp=p.train, lr=p.lr, seed=p.seed, tracker=tracker, device=pick_device(),
-                               gate=gate, checkpoint_dir=checkpoint_dir("train-finetune"))
+                               gate=gate, checkpoint_dir=checkpoint_dir("train-finetune"),
+                               capture=capture_for(p, train))
         m = finish_training("train-finetune", drafter, result, Path("models/finetune"), tracker,
                             fingerprint=fp)
         print(f"train-finetune: val {m.get('val')}")

@@ -1,6 +1,7 @@
 """DVC stage `train-scratch`: TTT-train an EAGLE-3 drafter from random initialisation.
 
-Reads params `seed`, `train`, `train_scratch`; reads `data/features/`, `models/vocab/`; writes
+Reads params `seed`, `train`, `train_scratch`, `target` (train.mode: online: the target runs here,
+eyas/online.py); reads `data/features/`, `models/vocab/`, `data/inputs/target.json`; writes
 `models/scratch/` (servable checkpoint), `metrics/train_scratch.json`, `plots/train_scratch/`.
 Run: `python -m stages.train_scratch`.
 """
@@ -11,6 +12,7 @@ from pathlib import Path
 
 from eyas.config import load_params
 from eyas.features import FeatureStore
+from eyas.online import capture_for
 from eyas.provenance import check, record
 from eyas.target import pick_device
 from eyas.tracking import start_stage_run
@@ -34,7 +36,8 @@ def main() -> None:
                               lm_head=head["lm_head"])
         result = train_drafter(drafter, train_store=train, val_store=val, lm_head=head["lm_head"],
                                tp=p.train, lr=p.train_scratch.lr, seed=p.seed, tracker=tracker,
-                               device=pick_device(), checkpoint_dir=checkpoint_dir("train-scratch"))
+                               device=pick_device(), checkpoint_dir=checkpoint_dir("train-scratch"),
+                               capture=capture_for(p, train))
         m = finish_training("train-scratch", drafter, result, Path("models/scratch"), tracker,
                             fingerprint=fp)
         print(f"train-scratch: val {m.get('val')}")

@@ -27,7 +27,8 @@ ROOT = Path(__file__).resolve().parents[1]
 DVC_YAML = yaml.safe_load((ROOT / "dvc.yaml").read_text())
 DERIVED = stage_deps.derived_deps(ROOT, DVC_YAML)
 EVALS = {"eval-accept-len@scratch", "eval-accept-len@finetune"}
-TARGET_READERS = {"self-distill", "extract"} | EVALS
+# train.mode: online runs the target in the training stages (eyas/online.py)
+TARGET_READERS = {"self-distill", "extract", "stand-in-drafter", "remap", "train-scratch", "train-finetune"} | EVALS
 
 
 def test_dvc_yaml_code_deps_are_the_imports():
