@@ -200,6 +200,24 @@ def load_tokenizer_and_config(path: str = "embedded", gguf_file: str | None = No
     return tokenizer, AutoConfig.from_pretrained(path, **kw)
 
 
+def load_generation_config(path: str = "embedded", gguf_file: str | None = None,
+                           trust_remote_code: bool = False, revision: str | None = None):
+    """The target's ``GenerationConfig`` without its weights, as ``from_pretrained`` sets
+    ``model.generation_config``: ``generation_config.json`` when the target has one, else derived
+    from the model config (transformers ``GenerationConfig.from_model_config``; a GGUF's
+    metadata). For :func:`stop_token_ids` where the weights live elsewhere (an inference server).
+    Raises TargetError as :func:`load_target`."""
+    from transformers import AutoConfig, GenerationConfig
+
+    path, gguf_file, kw = _resolve(path, gguf_file, trust_remote_code, revision)
+    if not gguf_file:
+        try:
+            return GenerationConfig.from_pretrained(path, **{k: v for k, v in kw.items() if k == "revision"})
+        except OSError:  # no generation_config.json: transformers derives it from the config
+            pass
+    return GenerationConfig.from_model_config(AutoConfig.from_pretrained(path, **kw))
+
+
 def load_target(path: str = "embedded", gguf_file: str | None = None, dtype: str = "float32",
                 trust_remote_code: bool = False, device: torch.device | None = None,
                 tokenizer=None, revision: str | None = None) -> Target:
