@@ -121,6 +121,7 @@ class StandInParams:
 @dataclass
 class RemapParams:
     source: str = "models/stand_in"
+    revision: str | None = None    # a hub id source: the commit (or tag) to fetch; pins it for DVC and MLflow
     min_shared_fraction: float = 0.5
 
 
