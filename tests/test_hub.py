@@ -69,7 +69,7 @@ def hub_cache(tmp_path_factory, smollm_tokenizer):
     t2d[ids] = True
     drafter.set_vocab(ids - torch.arange(8), t2d)
     save_drafter(drafter, _repo(cache, "eyas-test/drafter", OTHER_SHA, branch=None, make=False))
-    return {"cache": cache}
+    return cache
 
 
 def _offline(cache: Path, code: str) -> dict:
@@ -80,11 +80,15 @@ def _offline(cache: Path, code: str) -> dict:
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def test_hub_ids_load_offline_from_the_cache_and_refuse_what_is_missing(hub_cache):
-    out = _offline(hub_cache["cache"], f"""
+@pytest.fixture(scope="module")
+def offline(hub_cache):
+    """Every hub load, in one offline subprocess (imports once): what each returned or raised."""
+    return _offline(hub_cache, f"""
         import json
+        from eyas.config import RemapParams
+        from eyas.export import load_drafter
         from eyas.target import TargetError, load_target, load_tokenizer_and_config
-        from eyas.hub import snapshot
+        from stages.remap import source_dir
         res = {{}}
         t = load_target("eyas-test/tiny-chat", revision="{SHA}")
         res["identity"] = t.identity
@@ -101,50 +105,55 @@ def test_hub_ids_load_offline_from_the_cache_and_refuse_what_is_missing(hub_cach
                 res[name] = None
             except TargetError as e:
                 res[name] = str(e)
-        d, sha = snapshot("eyas-test/drafter", "{OTHER_SHA}", param="remap.source")
-        res["drafter"] = [str(d), sha]
-        print(json.dumps(res))
-    """)
-    ident = out["identity"]
-    assert ident["path"] == "eyas-test/tiny-chat" and ident["revision"] == SHA and ident["commit"] == SHA
-    assert out["main"] == SHA  # refs/main resolved to the commit it names
-    assert out["template"]
-    # the weights are the ones saved (not a fresh init)
-    from safetensors.torch import load_file
-    w = load_file(next((hub_cache["cache"] / "models--eyas-test--tiny-chat" / "snapshots" / SHA)
-                       .glob("*.safetensors")))
-    assert out["weight0"] == pytest.approx(float(w["model.embed_tokens.weight"][5, 3]))
-    for name in ("missing_rev", "missing_repo", "pickle_only", "missing_gguf"):
-        assert out[name] is not None, name
-        assert "target.path" in out[name], out[name]
-    assert "eyas-test/tiny-chat" in out["missing_rev"] and OTHER_SHA in out["missing_rev"]
-    assert "eyas-test/nope" in out["missing_repo"] and SHA in out["missing_repo"]
-    assert "safetensors" in out["pickle_only"] and ".bin" in out["pickle_only"]
-    assert "model.Q4.gguf" in out["missing_gguf"] and SHA in out["missing_gguf"]
-    assert out["drafter"][1] == OTHER_SHA
-
-
-def test_a_hub_drafter_loads_as_the_local_one(hub_cache):
-    from eyas.export import load_drafter
-
-    snap = hub_cache["cache"] / "models--eyas-test--drafter" / "snapshots" / OTHER_SHA
-    out = _offline(hub_cache["cache"], f"""
-        import json
-        from eyas.config import RemapParams
-        from eyas.export import load_drafter
-        from stages.remap import source_dir
         d, commit = source_dir(RemapParams(source="eyas-test/drafter", revision="{OTHER_SHA}"))
         dr = load_drafter(d, num_target_layers=4)
+        res["drafter"] = {{"dir": str(d), "commit": commit, "d2t": dr.d2t.tolist(),
+                          "fc": float(dr.fc.weight[0, 0])}}
         try:
             source_dir(RemapParams(source="eyas-test/drafter", revision=None))
-            missing = None
+            res["drafter_unpinned"] = None
         except SystemExit as e:
-            missing = str(e)
-        print(json.dumps({{"dir": str(d), "commit": commit, "d2t": dr.d2t.tolist(),
-                           "fc": float(dr.fc.weight[0, 0]), "missing": missing}}))
+            res["drafter_unpinned"] = str(e)
+        print(json.dumps(res))
     """)
+
+
+def _offline(cache: Path, code: str) -> dict:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(cache), "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                       env=env, cwd=ROOT, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_a_hub_target_loads_offline_from_the_cache_at_its_revision(hub_cache, offline):
+    ident = offline["identity"]
+    assert ident["path"] == "eyas-test/tiny-chat" and ident["revision"] == SHA and ident["commit"] == SHA
+    assert offline["main"] == SHA  # unpinned: refs/main resolved to the commit it names
+    assert offline["template"]
+    from safetensors.torch import load_file  # the weights are the ones saved, not a fresh init
+    w = load_file(next((hub_cache / "models--eyas-test--tiny-chat" / "snapshots" / SHA).glob("*.safetensors")))
+    assert offline["weight0"] == pytest.approx(float(w["model.embed_tokens.weight"][5, 3]))
+
+
+def test_a_missing_revision_repo_or_file_and_pickled_weights_are_refused_by_name(offline):
+    for name in ("missing_rev", "missing_repo", "pickle_only", "missing_gguf"):
+        assert offline[name] is not None, name
+        assert "target.path" in offline[name], offline[name]
+    assert "eyas-test/tiny-chat" in offline["missing_rev"] and OTHER_SHA in offline["missing_rev"]
+    assert "eyas-test/nope" in offline["missing_repo"] and SHA in offline["missing_repo"]
+    assert "safetensors" in offline["pickle_only"] and ".bin" in offline["pickle_only"]
+    assert "model.Q4.gguf" in offline["missing_gguf"] and SHA in offline["missing_gguf"]
+    # no refs/main in the drafter's repo: unpinned, offline, it cannot resolve, and says which
+    assert "remap.source" in offline["drafter_unpinned"] and "eyas-test/drafter" in offline["drafter_unpinned"]
+    assert "'main'" in offline["drafter_unpinned"]
+
+
+def test_a_hub_drafter_loads_as_the_local_one(hub_cache, offline):
+    from eyas.export import load_drafter
+
+    snap = hub_cache / "models--eyas-test--drafter" / "snapshots" / OTHER_SHA
     ref = load_drafter(snap, num_target_layers=4)
-    assert out["commit"] == OTHER_SHA and Path(out["dir"]) == snap
-    assert out["d2t"] == ref.d2t.tolist() and out["fc"] == pytest.approx(float(ref.fc.weight[0, 0]))
-    # no refs/main in this repo: unpinned, offline, it cannot be resolved and the message says which
-    assert "eyas-test/drafter" in out["missing"] and "'main'" in out["missing"]
+    got = offline["drafter"]
+    assert got["commit"] == OTHER_SHA and Path(got["dir"]) == snap
+    assert got["d2t"] == ref.d2t.tolist() and got["fc"] == pytest.approx(float(ref.fc.weight[0, 0].detach()))
