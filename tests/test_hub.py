@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # ~1 min on 2 idle cores: the GGUF tokenizer, one subprocess's imports and loads
+
 SHA = "0123456789abcdef0123456789abcdef01234567"
 OTHER_SHA = "fedcba9876543210fedcba9876543210fedcba98"
 ROOT = Path(__file__).resolve().parents[1]

@@ -108,6 +108,7 @@ def distilled(tmp_path_factory, server, smollm_tokenizer):
     return read_jsonl(tmp / "distilled" / "train.jsonl"), metrics
 
 
+@pytest.mark.slow  # the server, the GGUF load and real generation
 def test_the_stage_keeps_the_engines_ids_and_stop_reasons(distilled):
     rows, metrics = distilled
     stop = set(metrics["stop_ids"])
@@ -126,6 +127,7 @@ def test_the_stage_keeps_the_engines_ids_and_stop_reasons(distilled):
     assert split["generated_tokens"] == sum(len(r["reply_ids"]) for r in rows) and split["concurrency"] == 2
 
 
+@pytest.mark.slow  # the server, the GGUF load and real generation
 def test_the_ids_are_what_the_server_generated_for_those_prompt_ids(distilled, server, smollm_tokenizer):
     """Independently of eyas' client: the same prompt ids posted by hand give the same tokens, and
     the text the server reports is those tokens decoded (its stop token's text excluded)."""
@@ -142,6 +144,7 @@ def test_the_ids_are_what_the_server_generated_for_those_prompt_ids(distilled, s
         assert out["stop_type"] == {"stop": "eos", "length": "limit"}[r["finish_reason"]]
 
 
+@pytest.mark.slow  # the server, the GGUF load and real generation
 def test_the_ids_match_hf_greedy_of_the_same_gguf(distilled):
     """HF de-quantises the GGUF to fp32; llama.cpp multiplies the quantised blocks: greedy replies
     agree token for token until a near-tie flips (then both are the model's greedy reply to its
@@ -158,6 +161,7 @@ def test_the_ids_match_hf_greedy_of_the_same_gguf(distilled):
     assert min(prefix) >= 3, prefix
 
 
+@pytest.mark.slow  # the server, the GGUF load and real generation
 def test_failures_name_the_prompt_and_url_and_the_journal_keeps_what_finished(tmp_path, server, smollm_tokenizer):
     items, _ = plan_prompts(smollm_tokenizer, _conversations()[:3], turns="last", max_prompt_tokens=None)
     bad = {"id": "bad-conv", "messages": [], "prompt_ids": [10 ** 7]}  # no such token id: HTTP error
