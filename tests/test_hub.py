@@ -159,3 +159,26 @@ def test_a_hub_drafter_loads_as_the_local_one(hub_cache, offline):
     got = offline["drafter"]
     assert got["commit"] == OTHER_SHA and Path(got["dir"]) == snap
     assert got["d2t"] == ref.d2t.tolist() and got["fc"] == pytest.approx(float(ref.fc.weight[0, 0].detach()))
+
+
+def test_push_dry_run_checks_the_drafter_and_plans_exactly_the_served_files(hub_cache, tmp_path):
+    import hashlib
+    import shutil
+
+    src = hub_cache / "models--eyas-test--drafter" / "snapshots" / OTHER_SHA
+    d = tmp_path / "drafter"
+    shutil.copytree(src, d)
+    (d / "fingerprint.json").write_text("{}")  # local provenance: not published
+    r = subprocess.run([sys.executable, "-m", "eyas.cli", "push", str(d), "--repo", "org/new-drafter", "--dry-run"],
+                       capture_output=True, text=True, cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=300)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["repo"] == "org/new-drafter" and out["revision"] == "main" and out["dry_run"] is True
+    assert [f["file"] for f in out["files"]] == ["config.json", "model.safetensors"]
+    for f in out["files"]:
+        data = (d / f["file"]).read_bytes()
+        assert f["bytes"] == len(data) and f["sha256"] == hashlib.sha256(data).hexdigest()
+    (d / "model.safetensors").unlink()
+    r = subprocess.run([sys.executable, "-m", "eyas.cli", "push", str(d), "--repo", "org/x", "--dry-run"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert r.returncode == 2 and "missing ['model.safetensors']" in r.stderr
