@@ -15,6 +15,11 @@ Subcommands:
         The latest pipeline runs (DVC experiments) side by side from MLflow: key params, val acc_0,
         accept_len per benchmark and the n-gram floor, as Markdown (eyas/compare.py). Exit status
         2 when there is no store or no such experiment, 1 when it holds no pipeline run, else 0.
+    eyas push DIR --repo ORG/NAME [--revision BRANCH] [--public] [--dry-run]
+        Publish an exported drafter (config.json + model.safetensors, checked loadable first) to a
+        Hugging Face Hub model repo (eyas/push.py); prints the plan (files, bytes, sha256) and,
+        unless --dry-run, the commit. Exit status 2 when the directory is not a servable drafter
+        or the hub refuses, else 0.
 """
 
 from __future__ import annotations
@@ -60,6 +65,18 @@ def _compare(args) -> int:
     return 1 if "No pipeline runs found." in text else 0
 
 
+def _push(args) -> int:
+    from eyas.push import PushError, push
+
+    try:
+        out = push(args.path, args.repo, revision=args.revision, private=not args.public, dry_run=args.dry_run)
+    except PushError as e:
+        sys.stderr.write(f"eyas push: error: {e}\n")
+        return 2
+    sys.stdout.write(json.dumps(out, indent=2) + "\n")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="eyas", description="EAGLE-3 drafter tools")
     sub = p.add_subparsers(dest="command", required=True)
@@ -90,6 +107,13 @@ def build_parser() -> argparse.ArgumentParser:
     cmp.add_argument("--tracking-uri", default=None,
                      help="MLflow store (default: $MLFLOW_TRACKING_URI, else sqlite:///<repo root>/mlflow.db)")
     cmp.set_defaults(func=_compare)
+    push = sub.add_parser("push", help="publish an exported drafter to a Hugging Face Hub model repo")
+    push.add_argument("path", help="the exported drafter directory (e.g. models/scratch)")
+    push.add_argument("--repo", required=True, help="the hub repo id, org/name (created private if missing)")
+    push.add_argument("--revision", default=None, help="the branch to commit to (default main)")
+    push.add_argument("--public", action="store_true", help="create the repo public (default private)")
+    push.add_argument("--dry-run", action="store_true", help="check and print the plan; upload nothing")
+    push.set_defaults(func=_push)
     return p
 
 

@@ -81,6 +81,17 @@ class DataParams:
 
 
 @dataclass(kw_only=True)
+class DistillServerParams:
+    """``distill.backend: server``: an inference engine already serving the target (eyas.serving)."""
+    api: str  # 'vllm' (/v1/completions), 'sglang' (/generate) or 'llamacpp' (/completion)
+    url: str  # the engine's base URL (no path)
+    model: str  # the served model name: checked against GET /v1/models; part of DVC's params
+    revision: str  # the served model's revision (hub commit sha or a weights hash): DVC's key
+    concurrency: int  # requests in flight (the engine batches them)
+    timeout: float  # seconds per request before it counts as failed
+
+
+@dataclass(kw_only=True)
 class DistillParams:
     """Self-distillation (stage self-distill): the target regenerates assistant turns."""
     enabled: bool  # false: copy the splits unchanged (the DAG stays the same)
@@ -89,6 +100,8 @@ class DistillParams:
     batch_size: int  # prompts per generate() call (left padding, sorted by length)
     max_prompt_tokens: int  # drop earliest turns beyond this; 0 = extract.max_length - max_new_tokens
     splits: list[str]
+    backend: str  # 'hf': transformers generate in the stage; 'server': distill.server
+    server: DistillServerParams
 
 
 @dataclass(kw_only=True)
@@ -116,6 +129,7 @@ class StandInParams:
 @dataclass(kw_only=True)
 class RemapParams:
     source: str
+    revision: str | None  # a hub id source: the commit (or tag) to fetch; pins it for DVC and MLflow
     min_shared_fraction: float
 
 
@@ -322,6 +336,11 @@ _RANGES = [
     ("distill.max_prompt_tokens", lambda v: v >= 0, ">= 0 (0 = extract.max_length - distill.max_new_tokens)"),
     ("distill.splits", lambda v: len(v) > 0,
      "a non-empty list of splits to regenerate (to regenerate none, set 'distill.enabled: false')"),
+    ("distill.backend", lambda v: v in ("hf", "server"), "'hf' or 'server'"),
+    ("distill.server.api", lambda v: v in ("vllm", "sglang", "llamacpp"), "'vllm', 'sglang' or 'llamacpp'"),
+    ("distill.server.url", lambda v: v.startswith(("http://", "https://")), "an http:// or https:// base URL"),
+    ("distill.server.concurrency", lambda v: v >= 1, ">= 1"),
+    ("distill.server.timeout", lambda v: v > 0, "> 0 (seconds)"),
     ("extract.max_length", lambda v: v >= 8, ">= 8"),
     ("extract.dtype", lambda v: v in _STORAGE_DTYPES,
      f"one of {_STORAGE_DTYPES} (hidden states are stored in it; float8_e4m3fn: aux states in fp8 with "
@@ -370,6 +389,9 @@ def _check_ranges(params: "Params", source: str) -> None:
     for key, ok, what in _RANGES:
         if not ok(flat[key]):
             raise ParamsError(f"{source}: '{key}' must be {what}, got {flat[key]!r}")
+    if params.distill.enabled and params.distill.backend == "server" and not params.distill.server.model:
+        raise ParamsError(f"{source}: 'distill.server.model' must name the served model (GET /v1/models) "
+                          "when 'distill.backend' is 'server'")
     if params.distill.enabled and params.distill.max_new_tokens >= params.extract.max_length:
         raise ParamsError(f"{source}: 'distill.max_new_tokens' ({params.distill.max_new_tokens}) must be < "
                           f"'extract.max_length' ({params.extract.max_length}): the reply must fit a sample")

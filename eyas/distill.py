@@ -44,8 +44,8 @@ import torch
 from eyas.data import DataError, prompt_messages, render_prompt
 from eyas.files import write_text
 
-__all__ = ["generate_batch", "fit_prompt", "turn_prompts", "plan_prompts", "regenerate", "Journal",
-           "TURNS"]
+__all__ = ["generate_batch", "fit_prompt", "turn_prompts", "plan_prompts", "regenerate", "build_rows",
+           "Journal", "TURNS"]
 
 TURNS = ("last", "all")
 
@@ -316,13 +316,32 @@ def regenerate(target, items: list[dict], *, max_new_tokens: int, batch_size: in
         if progress is not None:
             progress(min(b + batch_size, len(order)), len(order))
 
+    rows, stats = build_rows(tok, stop_ids, items, [gen[k] for k in range(len(items))])
+    stats.update(resumed=resumed, seconds=round(seconds, 2),
+                 tokens_per_second=round(new_tokens / seconds, 1) if seconds > 0 else None,
+                 max_new_tokens=max_new_tokens, batch_size=batch_size)
+    return rows, stats
+
+
+def build_rows(tokenizer, stop_ids, items: list[dict], replies: list[list[int]]) -> tuple[list[dict], dict]:
+    """Self-distill rows from planned prompts and the target's reply ids (any backend).
+
+    Args:
+        tokenizer: the target's tokenizer (decodes ``content`` for reading only).
+        stop_ids: the target's stop set; a reply is ``finish_reason: "stop"`` iff it ends in one.
+        items: ``{"id", "messages", "prompt_ids"}`` (:func:`plan_prompts`).
+        replies: per item, in item order, its reply ids (up to and including the first stop id).
+    Returns:
+        ``(rows, stats)``: rows as :func:`regenerate` documents (empty-text replies dropped);
+        stats ``prompts``, ``prompt_tokens``, ``generated_tokens``, ``truncated``,
+        ``dropped_empty``, ``kept``, ``stop_ids``.
+    """
     rows, dropped_empty, truncated, n_tokens = [], 0, 0, 0
-    for k, it in enumerate(items):
-        ids = gen[k]
+    for it, ids in zip(items, replies, strict=True):
         n_tokens += len(ids)
         stopped = bool(ids) and ids[-1] in stop_ids
         truncated += not stopped
-        text = tok.decode(ids, skip_special_tokens=True).strip()
+        text = tokenizer.decode(ids, skip_special_tokens=True).strip()
         if not text:
             dropped_empty += 1
             continue
@@ -333,14 +352,9 @@ def regenerate(target, items: list[dict], *, max_new_tokens: int, batch_size: in
         "prompts": len(items),
         "prompt_tokens": sum(len(it["prompt_ids"]) for it in items),
         "generated_tokens": n_tokens,
-        "resumed": resumed,
-        "seconds": round(seconds, 2),
-        "tokens_per_second": round(new_tokens / seconds, 1) if seconds > 0 else None,
         "truncated": int(truncated),
         "dropped_empty": dropped_empty,
         "kept": len(rows),
-        "max_new_tokens": max_new_tokens,
-        "batch_size": batch_size,
         "stop_ids": list(stop_ids),
     }
     return rows, stats

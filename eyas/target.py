@@ -172,14 +172,24 @@ class Target:
 
 def _resolve(path: str, gguf_file: str | None, trust_remote_code: bool,
              revision: str | None = None) -> tuple[str, str | None, dict]:
-    """(path, gguf_file, from_pretrained kwargs) for ``target.path``; raises TargetError (below)."""
+    """(path, gguf_file, from_pretrained kwargs) for ``target.path``: a hub id becomes its local
+    snapshot at ``revision`` (eyas/hub.py: safetensors only); raises TargetError (below)."""
+    from eyas.hub import HubError, is_hub_id, snapshot
+
+    kw = {"trust_remote_code": trust_remote_code}
     if path == "embedded":
         path, gguf_file = embedded_target()
-    elif (path.startswith((".", "/")) or Path(path).exists()) and not Path(path).is_dir():
-        raise TargetError(f"target.path {path!r}: no such directory")
-    kw = {"trust_remote_code": trust_remote_code}
-    if revision:  # hub ids: params target.revision (a commit sha pins the target; eyas/provenance.py)
-        kw["revision"] = revision
+    elif is_hub_id(path):
+        try:
+            d, _ = snapshot(path, revision, param="target.path", gguf_file=gguf_file,
+                            trust_remote_code=trust_remote_code)
+        except HubError as e:
+            raise TargetError(str(e)) from None
+        path = str(d)
+        if not gguf_file:  # the snapshot holds no pickled weights; transformers must not look for them
+            kw["use_safetensors"] = True
+    elif not Path(path).is_dir():
+        raise TargetError(f"target.path {path!r}: no such directory (nor a hub id org/name)")
     if gguf_file:
         if Path(path).is_dir() and not (Path(path) / gguf_file).is_file():
             raise TargetError(f"target.gguf_file {gguf_file!r}: not found in {path}")
@@ -194,10 +204,33 @@ def load_tokenizer_and_config(path: str = "embedded", gguf_file: str | None = No
     from transformers import AutoConfig, AutoTokenizer
 
     path, _, kw = _resolve(path, gguf_file, trust_remote_code, revision)
-    tokenizer = AutoTokenizer.from_pretrained(path, **kw)
+    tokenizer = AutoTokenizer.from_pretrained(path, **_tokenizer_kw(kw))
     if not getattr(tokenizer, "chat_template", None):
         raise TargetError(f"target {path!r}: the tokenizer has no chat template")
-    return tokenizer, AutoConfig.from_pretrained(path, **kw)
+    return tokenizer, AutoConfig.from_pretrained(path, **_tokenizer_kw(kw))
+
+
+def load_generation_config(path: str = "embedded", gguf_file: str | None = None,
+                           trust_remote_code: bool = False, revision: str | None = None):
+    """The target's ``GenerationConfig`` without its weights, as ``from_pretrained`` sets
+    ``model.generation_config``: ``generation_config.json`` when the target has one, else derived
+    from the model config (transformers ``GenerationConfig.from_model_config``; a GGUF's
+    metadata). For :func:`stop_token_ids` where the weights live elsewhere (an inference server).
+    Raises TargetError as :func:`load_target`."""
+    from transformers import AutoConfig, GenerationConfig
+
+    path, gguf_file, kw = _resolve(path, gguf_file, trust_remote_code, revision)
+    if not gguf_file:
+        try:
+            return GenerationConfig.from_pretrained(path)
+        except OSError:  # no generation_config.json: transformers derives it from the config
+            pass
+    return GenerationConfig.from_model_config(AutoConfig.from_pretrained(path, **_tokenizer_kw(kw)))
+
+
+def _tokenizer_kw(kw: dict) -> dict:
+    """``from_pretrained`` kwargs for a tokenizer or config (``use_safetensors`` is the model's)."""
+    return {k: v for k, v in kw.items() if k != "use_safetensors"}
 
 
 def load_target(path: str = "embedded", gguf_file: str | None = None, dtype: str = "float32",
@@ -212,20 +245,30 @@ def load_target(path: str = "embedded", gguf_file: str | None = None, dtype: str
         trust_remote_code: off unless the user opts in (params ``target.trust_remote_code``).
         tokenizer: one already loaded from the same target (:func:`load_tokenizer_and_config`).
         revision: hub ids: the commit/tag to load (params ``target.revision``).
+    Returns:
+        a :class:`Target`; its ``identity`` holds, for a hub id, ``path`` (the id), ``revision``
+        and ``commit`` (the snapshot's commit sha).
     Raises:
-        TargetError: the path does not exist (local paths), or the tokenizer has no chat template.
+        TargetError: the path is neither a directory nor a hub id; a hub id, revision or file is
+            missing or its weights are not safetensors (eyas/hub.py; names the id and revision);
+            the tokenizer has no chat template.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    given = path
     path, gguf_file, kw = _resolve(path, gguf_file, trust_remote_code, revision)
-    tokenizer = tokenizer or AutoTokenizer.from_pretrained(path, **kw)
+    tokenizer = tokenizer or AutoTokenizer.from_pretrained(path, **_tokenizer_kw(kw))
     if not getattr(tokenizer, "chat_template", None):
-        raise TargetError(f"target {path!r}: the tokenizer has no chat template")
+        raise TargetError(f"target {given!r}: the tokenizer has no chat template")
     model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype), **kw)
     model.eval().to(device or pick_device())
-    identity = {"path": str(path), "gguf_file": gguf_file, "revision": revision, "class": type(model).__name__,
+    hub = path != given and given != "embedded"
+    identity = {"path": given if hub else str(path), "gguf_file": gguf_file, "revision": revision,
+                "class": type(model).__name__,
                 "num_layers": model.config.num_hidden_layers, "hidden_size": model.config.hidden_size,
                 "vocab_size": model.config.vocab_size}
+    if hub:  # the commit the snapshot holds (a branch or tag resolved; eyas/hub.py)
+        identity["commit"] = Path(path).name
     weights = Path(path) / gguf_file if gguf_file else None
     if weights is None and Path(path, "config.json").is_file():
         weights = Path(path, "config.json")

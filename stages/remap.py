@@ -20,6 +20,7 @@ from eyas.features import FeatureStore, check_compatible
 from eyas.files import write_json
 from eyas.formats.eagle import save_drafter
 from eyas.formats.load import load_drafter
+from eyas.hub import HubError, is_hub_id, snapshot
 from eyas.online import capture_for, loader_for
 from eyas.provenance import FILE as FINGERPRINT
 from eyas.provenance import check, record
@@ -46,16 +47,34 @@ def with_vocab(src: Eagle3Drafter, mapping: VocabMapping, lm_head) -> Eagle3Draf
     return out
 
 
+def source_dir(rp) -> tuple[Path, str | None]:
+    """``(directory, commit)`` of ``remap.source``: a local drafter directory as given (commit None),
+    or a hub id's snapshot at ``remap.revision`` (eyas/hub.py: safetensors only) and its commit sha.
+
+    Raises:
+        SystemExit: neither a directory nor a hub id, or the hub id, revision or a file is missing
+            (the message names the id and the revision)."""
+    if Path(rp.source).is_dir():
+        return Path(rp.source), None
+    if not is_hub_id(rp.source):
+        raise SystemExit(f"remap: remap.source {rp.source!r}: no such directory (nor a hub id org/name)")
+    try:
+        return snapshot(rp.source, rp.revision, param="remap.source")
+    except HubError as e:
+        raise SystemExit(f"remap: {e}") from None
+
+
 def main() -> None:
     p = load_params()
     with start_stage_run("remap", p) as tracker:
-        inputs = [FEATURES / "val", VOCAB] + ([Path(p.remap.source)] if Path(p.remap.source).is_dir() else [])
+        source, commit = source_dir(p.remap)
+        inputs = [FEATURES / "val", VOCAB] + ([source] if commit is None else [])
         for a in inputs:  # refuse stale upstream outputs, naming the stage to rerun
             check(a, p, reader="remap")
         fp = record("remap", p, inputs)
         val = FeatureStore.open(FEATURES / "val")
         m = val.manifest
-        src = load_drafter(p.remap.source, num_target_layers=m["num_layers"])
+        src = load_drafter(source, num_target_layers=m["num_layers"])
         check_compatible(m, aux_layers=src.config.resolved_aux_layers(), hidden_size=src.config.target_hidden_size,
                          vocab_size=src.config.vocab_size, source=f"drafter {p.remap.source}")
         # the source's context length and RoPE belong to ITS target: take this target's (eyas/remap.py)
@@ -87,7 +106,10 @@ def main() -> None:
             r = evaluate(unroll, loader, dev)
             step0[name] = {"loss_0": r["loss_0"], "acc_0": r["acc_0"]}
         save_drafter(remapped.cpu(), OUT, extra_files={"remap_report.json": report, FINGERPRINT: fp})
-        metrics = {**report, "step0_val": step0, "source": p.remap.source, "positions_from_target": positions,
+        if commit is not None:
+            tracker.set_tags({"eyas.remap_source_commit": commit})
+        metrics = {**report, "step0_val": step0, "source": p.remap.source, "source_revision": p.remap.revision,
+                   "source_commit": commit, "positions_from_target": positions,
                    "compatibility": {"vocab_size": m["vocab_size"], "target_hidden_size": m["hidden_size"],
                                      "aux_layers": m["aux_layers"], "ok": True}}
         write_json(METRICS / "remap.json", metrics)

@@ -6,11 +6,11 @@ Reads params `distill`, `target`, `extract.max_length`, `data.on_bad_line`; read
 Every prompt is rendered with the tokenizer before the target's weights load, so a conversation the
 chat template refuses stops the stage (or, with `data.on_bad_line: skip`, is counted by id) in
 seconds. Splits not named in `distill.splits` (and every split when `distill.enabled` is false) are
-copied byte for byte, so the DAG is the same either way. Finished replies are journaled in
-`self_distill` under `.eyas/work`: a killed run, rerun, generates only the rest
-(eyas.distill.Journal). The test split is never touched (eval reads it from data/conversations). Run
-from the repository root:
-`python -m stages.self_distill`.
+copied byte for byte, so the DAG is the same either way. `distill.backend: server` sends the
+prompts, as token ids, to an engine already serving the target (eyas/serving.py) instead of loading
+it here. Finished replies are journaled in `self_distill` under `.eyas/work`: a killed run, rerun,
+generates only the rest (eyas.distill.Journal). The test split is never touched (eval reads it from
+data/conversations). Run from the repository root: `python -m stages.self_distill`.
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ from eyas.config import ParamsError, load_params
 from eyas.data import read_jsonl, write_jsonl
 from eyas.distill import Journal, plan_prompts, regenerate
 from eyas.files import write_json
+from eyas.serving import ServerError, regenerate_via_server, served_models
+from eyas.target import load_generation_config, stop_token_ids
 from eyas.tracking import start_stage_run
 
 SPLITS = ("train", "val", "publish")
@@ -43,6 +45,34 @@ def prompt_budget(p) -> int:
     return budget
 
 
+def resume_key(p, stop_ids: list[int]) -> dict:
+    """What a journaled reply depends on besides its prompt: the target, the backend that ran it
+    (dtype for ``hf``; API, model and revision for ``server``), the reply budget and the stop set."""
+    d = p.distill
+    key = {"target": p.target.path, "gguf_file": p.target.gguf_file, "max_new_tokens": d.max_new_tokens,
+           "stop_ids": stop_ids}
+    if d.backend == "server":
+        return {**key, "backend": "server", "api": d.server.api, "model": d.server.model,
+                "revision": d.server.revision}
+    return {**key, "dtype": p.target.dtype}
+
+
+def check_served_model(server) -> dict:
+    """``distill.server.model`` must be among the engine's served models (``GET /v1/models``);
+    returns ``{"api", "url", "model", "revision", "served": that model's entry}`` for the metrics.
+
+    Raises:
+        ServerError: the server cannot be reached, or does not serve the model (the ids it serves
+            are named)."""
+    models = served_models(server.url, server.timeout)
+    entry = next((m for m in models if m.get("id") == server.model), None)
+    if entry is None:
+        raise ServerError(f"{server.url}/v1/models serves {[m.get('id') for m in models]}, not "
+                          f"distill.server.model {server.model!r}")
+    return {"api": server.api, "url": server.url, "model": server.model, "revision": server.revision,
+            "served": entry}
+
+
 def run(p, in_dir: Path = IN_DIR, out_dir: Path = OUT_DIR, metrics_path: Path = METRICS,
         tracker=None, load_target=None, work_dir: Path = WORK, load_tokenizer=None) -> dict:
     d = p.distill
@@ -61,13 +91,19 @@ def run(p, in_dir: Path = IN_DIR, out_dir: Path = OUT_DIR, metrics_path: Path = 
                                         max_prompt_tokens=prompt_budget(p), on_bad_line=p.data.on_bad_line)
             print(f"self-distill {split}: {plans[split][1]['prompts']} prompts from "
                   f"{plans[split][1]['conversations']} conversations")
-        if load_target is None:
-            from eyas.target import load_target
-        t0 = time.time()
-        target = load_target(p.target.path, p.target.gguf_file, p.target.dtype, p.target.trust_remote_code,
-                             tokenizer=tokenizer, revision=p.target.revision)
-        metrics["target_load_seconds"] = round(time.time() - t0, 1)
-        metrics["stop_ids"] = target.stop_ids
+        if d.backend == "server":  # the engine holds the weights: only the stop set is needed here
+            stop_ids = stop_token_ids(tokenizer, load_generation_config(
+                p.target.path, p.target.gguf_file, p.target.trust_remote_code, p.target.revision))
+            metrics["server"] = check_served_model(d.server)
+        else:
+            if load_target is None:
+                from eyas.target import load_target
+            t0 = time.time()
+            target = load_target(p.target.path, p.target.gguf_file, p.target.dtype, p.target.trust_remote_code,
+                                 tokenizer=tokenizer, revision=p.target.revision)
+            metrics["target_load_seconds"] = round(time.time() - t0, 1)
+            stop_ids = target.stop_ids
+        metrics["stop_ids"] = stop_ids
     out_dir.mkdir(parents=True, exist_ok=True)
     for split in SPLITS:
         src, dst = in_dir / f"{split}.jsonl", out_dir / f"{split}.jsonl"
@@ -76,12 +112,14 @@ def run(p, in_dir: Path = IN_DIR, out_dir: Path = OUT_DIR, metrics_path: Path = 
             metrics["splits"][split] = {"copied": True, "conversations": len(read_jsonl(dst))}
             continue
         items, plan_stats = plans[split]
-        journal = Journal(work_dir / f"{split}.jsonl", resume_key={
-            "target": p.target.path, "gguf_file": p.target.gguf_file, "dtype": p.target.dtype,
-            "max_new_tokens": d.max_new_tokens, "stop_ids": target.stop_ids})
-        rows, stats = regenerate(
-            target, items, max_new_tokens=d.max_new_tokens, batch_size=d.batch_size, journal=journal,
-            progress=lambda i, n, s=split: print(f"self-distill {s}: {i}/{n}", flush=True))
+        journal = Journal(work_dir / f"{split}.jsonl", resume_key=resume_key(p, stop_ids))
+        progress = lambda i, n, s=split: print(f"self-distill {s}: {i}/{n}", flush=True)
+        if d.backend == "server":
+            rows, stats = regenerate_via_server(d.server, tokenizer, stop_ids, items, max_new_tokens=d.max_new_tokens,
+                                                journal=journal, progress=progress)
+        else:
+            rows, stats = regenerate(target, items, max_new_tokens=d.max_new_tokens, batch_size=d.batch_size,
+                                     journal=journal, progress=progress)
         write_jsonl(dst, rows)
         journal.remove()
         stats = {**plan_stats, **stats, "max_prompt_tokens": prompt_budget(p)}

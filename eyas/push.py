@@ -1,0 +1,80 @@
+"""``eyas push``: publish an exported drafter to a Hugging Face Hub model repository.
+
+What goes up is what SGLang and vLLM load from a drafter repository (``--speculative-draft-model-path``
+/ ``speculative_config.model``): ``config.json`` and ``model.safetensors``, nothing else (no
+fingerprint, no pickles). The directory is loaded with :func:`eyas.formats.load.load_drafter` first, so a
+checkpoint eyas would refuse to serve (wrong keys, shapes, a variant no engine runs) is never
+published. ``dry_run`` does everything but the upload: no token and no network needed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+__all__ = ["PUSH_FILES", "PushError", "push_plan", "push"]
+
+PUSH_FILES = ("config.json", "model.safetensors")
+
+
+class PushError(ValueError):
+    """The directory is not a servable drafter, or the upload failed."""
+
+
+def push_plan(drafter_dir: str | Path) -> list[dict]:
+    """The files :func:`push` uploads: ``[{"file", "bytes", "sha256"}]`` in :data:`PUSH_FILES` order.
+
+    Raises:
+        PushError: a file is missing, or :func:`eyas.formats.load.load_drafter` refuses the checkpoint
+            (its message is kept).
+    """
+    from eyas.formats.load import load_drafter
+
+    d = Path(drafter_dir)
+    missing = [f for f in PUSH_FILES if not (d / f).is_file()]
+    if missing:
+        raise PushError(f"{d}: missing {missing} (an exported drafter has {list(PUSH_FILES)})")
+    try:
+        load_drafter(d)
+    except Exception as e:  # noqa: BLE001 -- ExportError, ValueError, KeyError from a foreign config
+        raise PushError(f"{d}: not a drafter eyas would serve: {type(e).__name__}: {e}") from None
+    out = []
+    for f in PUSH_FILES:
+        h = hashlib.sha256()
+        with open(d / f, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+        out.append({"file": f, "bytes": (d / f).stat().st_size, "sha256": h.hexdigest()})
+    return out
+
+
+def push(drafter_dir: str | Path, repo_id: str, *, revision: str | None = None, private: bool = True,
+         dry_run: bool = False) -> dict:
+    """Upload :data:`PUSH_FILES` of ``drafter_dir`` to ``repo_id`` in one commit.
+
+    Args:
+        drafter_dir: an exported drafter (``models/scratch``, ``models/finetune``).
+        repo_id: ``org/name``; the repository is created (``private``) when it does not exist.
+        revision: the branch to commit to (default ``main``).
+        dry_run: check and describe, upload nothing.
+    Returns:
+        ``{"repo", "revision", "files": push_plan(...), "dry_run"}`` plus, after an upload,
+        ``"commit"`` (its sha) and ``"url"``.
+    Raises:
+        PushError: as :func:`push_plan`, or the hub refused (no token, no permission).
+    """
+    plan = push_plan(drafter_dir)
+    out = {"repo": repo_id, "revision": revision or "main", "files": plan, "dry_run": dry_run}
+    if dry_run:
+        return out
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import HfHubHTTPError
+
+    api = HfApi()
+    try:
+        api.create_repo(repo_id, private=private, exist_ok=True)
+        info = api.upload_folder(folder_path=str(drafter_dir), repo_id=repo_id, revision=revision,
+                                 allow_patterns=list(PUSH_FILES), commit_message="eyas push: EAGLE-3 drafter")
+    except HfHubHTTPError as e:
+        raise PushError(f"push to {repo_id} (revision {revision or 'main'}): {e}") from None
+    return {**out, "commit": info.oid, "url": info.commit_url}

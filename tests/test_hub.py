@@ -1,0 +1,184 @@
+"""Hub ids for target.path and remap.source (eyas/hub.py), offline against a real HF cache layout.
+
+The cache is made here, in huggingface_hub's layout (``models--org--name/{refs/main,
+snapshots/<sha>/}``), from the embedded target's tokenizer and config (a small random model of its
+vocabulary, saved as safetensors by transformers) and from a drafter eyas exports; every load runs
+in a subprocess with ``HF_HUB_OFFLINE=1`` and ``HF_HUB_CACHE`` pointing at it (huggingface_hub reads
+both at import), so no network is touched and the real snapshot resolution runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow  # ~1 min on 2 idle cores: the GGUF tokenizer, one subprocess's imports and loads
+
+SHA = "0123456789abcdef0123456789abcdef01234567"
+OTHER_SHA = "fedcba9876543210fedcba9876543210fedcba98"
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _repo(cache: Path, repo_id: str, sha: str, branch: str | None = "main", make: bool = True) -> Path:
+    base = cache / ("models--" + repo_id.replace("/", "--"))
+    snap = base / "snapshots" / sha
+    snap.parent.mkdir(parents=True)
+    if make:
+        snap.mkdir()
+    if branch:
+        (base / "refs").mkdir(exist_ok=True)
+        (base / "refs" / branch).write_text(sha)
+    return snap
+
+
+@pytest.fixture(scope="module")
+def hub_cache(tmp_path_factory, smollm_tokenizer):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from eyas.drafter import DrafterConfig, Eagle3Drafter
+    from eyas.formats.eagle import save_drafter
+
+    cache = tmp_path_factory.mktemp("hf_cache")
+    tok = smollm_tokenizer
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=16, intermediate_size=32, num_hidden_layers=4,
+                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256,
+                      bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, tie_word_embeddings=True)
+    model = LlamaForCausalLM(cfg)
+    snap = _repo(cache, "eyas-test/tiny-chat", SHA)
+    model.save_pretrained(snap, safe_serialization=True)
+    tok.save_pretrained(snap)
+    # the same model with pickled weights only: must be refused, never unpickled
+    bin_snap = _repo(cache, "eyas-test/tiny-chat-bin", SHA)
+    for f in snap.iterdir():
+        if not f.name.endswith(".safetensors"):
+            (bin_snap / f.name).write_bytes(f.read_bytes())
+    torch.save(model.state_dict(), bin_snap / "pytorch_model.bin")
+    # a drafter in the eyas/SGLang layout under a tag-less repo, pinned by commit only
+    dcfg = DrafterConfig(hidden_size=16, intermediate_size=32, num_attention_heads=2, num_key_value_heads=1,
+                         head_dim=8, vocab_size=len(tok), draft_vocab_size=8, target_hidden_size=16,
+                         num_target_layers=4, aux_layer_ids=[1, 2, 3])
+    drafter = Eagle3Drafter(dcfg)
+    ids = torch.arange(0, 80, 10)
+    t2d = torch.zeros(len(tok), dtype=torch.bool)
+    t2d[ids] = True
+    drafter.set_vocab(ids - torch.arange(8), t2d)
+    save_drafter(drafter, _repo(cache, "eyas-test/drafter", OTHER_SHA, branch=None, make=False))
+    return cache
+
+
+def _offline(cache: Path, code: str) -> dict:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(cache), "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                       env=env, cwd=ROOT, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def offline(hub_cache):
+    """Every hub load, in one offline subprocess (imports once): what each returned or raised."""
+    return _offline(hub_cache, f"""
+        import json
+        from eyas.config import RemapParams
+        from eyas.formats.load import load_drafter
+        from eyas.target import TargetError, load_target, load_tokenizer_and_config
+        from stages.remap import source_dir
+        res = {{}}
+        t = load_target("eyas-test/tiny-chat", revision="{SHA}")
+        res["identity"] = t.identity
+        res["weight0"] = float(t.model.model.embed_tokens.weight[5, 3])
+        res["main"] = load_target("eyas-test/tiny-chat", revision=None).identity["commit"]
+        tok, cfg = load_tokenizer_and_config("eyas-test/tiny-chat", revision="main")
+        res["template"] = bool(tok.chat_template)
+        for name, kw in [("missing_rev", dict(revision="{OTHER_SHA}")),
+                         ("missing_repo", dict(revision="{SHA}", path="eyas-test/nope")),
+                         ("pickle_only", dict(revision="{SHA}", path="eyas-test/tiny-chat-bin")),
+                         ("missing_gguf", dict(revision="{SHA}", gguf_file="model.Q4.gguf"))]:
+            try:
+                load_target(kw.pop("path", "eyas-test/tiny-chat"), **kw)
+                res[name] = None
+            except TargetError as e:
+                res[name] = str(e)
+        d, commit = source_dir(RemapParams(source="eyas-test/drafter", revision="{OTHER_SHA}"))
+        dr = load_drafter(d, num_target_layers=4)
+        res["drafter"] = {{"dir": str(d), "commit": commit, "d2t": dr.d2t.tolist(),
+                          "fc": float(dr.fc.weight[0, 0])}}
+        try:
+            source_dir(RemapParams(source="eyas-test/drafter", revision=None))
+            res["drafter_unpinned"] = None
+        except SystemExit as e:
+            res["drafter_unpinned"] = str(e)
+        print(json.dumps(res))
+    """)
+
+
+def _offline(cache: Path, code: str) -> dict:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(cache), "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                       env=env, cwd=ROOT, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_a_hub_target_loads_offline_from_the_cache_at_its_revision(hub_cache, offline):
+    ident = offline["identity"]
+    assert ident["path"] == "eyas-test/tiny-chat" and ident["revision"] == SHA and ident["commit"] == SHA
+    assert offline["main"] == SHA  # unpinned: refs/main resolved to the commit it names
+    assert offline["template"]
+    from safetensors.torch import load_file  # the weights are the ones saved, not a fresh init
+    w = load_file(next((hub_cache / "models--eyas-test--tiny-chat" / "snapshots" / SHA).glob("*.safetensors")))
+    assert offline["weight0"] == pytest.approx(float(w["model.embed_tokens.weight"][5, 3]))
+
+
+def test_a_missing_revision_repo_or_file_and_pickled_weights_are_refused_by_name(offline):
+    for name in ("missing_rev", "missing_repo", "pickle_only", "missing_gguf"):
+        assert offline[name] is not None, name
+        assert "target.path" in offline[name], offline[name]
+    assert "eyas-test/tiny-chat" in offline["missing_rev"] and OTHER_SHA in offline["missing_rev"]
+    assert "eyas-test/nope" in offline["missing_repo"] and SHA in offline["missing_repo"]
+    assert "safetensors" in offline["pickle_only"] and ".bin" in offline["pickle_only"]
+    assert "model.Q4.gguf" in offline["missing_gguf"] and SHA in offline["missing_gguf"]
+    # no refs/main in the drafter's repo: unpinned, offline, it cannot resolve, and says which
+    assert "remap.source" in offline["drafter_unpinned"] and "eyas-test/drafter" in offline["drafter_unpinned"]
+    assert "'main'" in offline["drafter_unpinned"]
+
+
+def test_a_hub_drafter_loads_as_the_local_one(hub_cache, offline):
+    from eyas.formats.load import load_drafter
+
+    snap = hub_cache / "models--eyas-test--drafter" / "snapshots" / OTHER_SHA
+    ref = load_drafter(snap, num_target_layers=4)
+    got = offline["drafter"]
+    assert got["commit"] == OTHER_SHA and Path(got["dir"]) == snap
+    assert got["d2t"] == ref.d2t.tolist() and got["fc"] == pytest.approx(float(ref.fc.weight[0, 0].detach()))
+
+
+def test_push_dry_run_checks_the_drafter_and_plans_exactly_the_served_files(hub_cache, tmp_path):
+    import hashlib
+    import shutil
+
+    src = hub_cache / "models--eyas-test--drafter" / "snapshots" / OTHER_SHA
+    d = tmp_path / "drafter"
+    shutil.copytree(src, d)
+    (d / "fingerprint.json").write_text("{}")  # local provenance: not published
+    r = subprocess.run([sys.executable, "-m", "eyas.cli", "push", str(d), "--repo", "org/new-drafter", "--dry-run"],
+                       capture_output=True, text=True, cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=300)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["repo"] == "org/new-drafter" and out["revision"] == "main" and out["dry_run"] is True
+    assert [f["file"] for f in out["files"]] == ["config.json", "model.safetensors"]
+    for f in out["files"]:
+        data = (d / f["file"]).read_bytes()
+        assert f["bytes"] == len(data) and f["sha256"] == hashlib.sha256(data).hexdigest()
+    (d / "model.safetensors").unlink()
+    r = subprocess.run([sys.executable, "-m", "eyas.cli", "push", str(d), "--repo", "org/x", "--dry-run"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert r.returncode == 2 and "missing ['model.safetensors']" in r.stderr
