@@ -149,6 +149,15 @@ class EvalParams:
     max_prompt_tokens: int = 0     # chat: earliest turns of a longer prompt dropped (eyas.distill.fit_prompt); 0 = none
     timed_prompts: int = 0         # prompts per benchmark decoded for real (timed, lossless check); 0 = all
     batch_size: int = 64           # prompts per batched greedy call for the untimed prompts' reference
+    # the served table (eyas/served.py): chain vs tree vs sampled on the first served_prompts prompts
+    served_prompts: int = 2        # prompts per benchmark decoded for the table; 0 = no table
+    served_max_new_tokens: int = 32
+    temperatures: list[float] = field(default_factory=lambda: [0.0, 0.7, 1.0])  # 0 = greedy
+    top_p: float = 0.95
+    seeds: list[int] = field(default_factory=lambda: [0, 1])  # sampled runs per prompt at each temperature > 0
+    tree_topk: int = 4             # SGLang --speculative-eagle-topk
+    tree_num_steps: int = 4        # SGLang --speculative-num-steps (tree depth)
+    tree_num_draft_tokens: int = 8  # SGLang --speculative-num-draft-tokens (nodes verified, the root counted)
 
 
 @dataclass
@@ -297,6 +306,14 @@ _RANGES = [
     ("eval.timed_prompts", lambda v: v >= 0, ">= 0 (0 = every prompt is decoded for real)"),
     ("eval.batch_size", lambda v: v >= 1, ">= 1"),
     ("eval.timing_repeats", lambda v: v >= 1, ">= 1 (each prompt's greedy and speculative runs are timed this often)"),
+    ("eval.served_prompts", lambda v: v >= 0, ">= 0 (0 = no served table)"),
+    ("eval.served_max_new_tokens", lambda v: v >= 2, ">= 2"),
+    ("eval.temperatures", lambda v: len(v) > 0 and all(t >= 0 for t in v),
+     "a non-empty list of numbers >= 0 (0 = greedy)"),
+    ("eval.top_p", lambda v: 0 < v <= 1, "in (0, 1]"),
+    ("eval.seeds", lambda v: len(v) > 0 and len(set(v)) == len(v), "a non-empty list of distinct integers"),
+    ("eval.tree_topk", lambda v: v >= 1, ">= 1"),
+    ("eval.tree_num_steps", lambda v: v >= 1, ">= 1"),
 ]
 
 
@@ -305,6 +322,11 @@ def _check_ranges(params: "Params", source: str) -> None:
     for key, ok, what in _RANGES:
         if not ok(flat[key]):
             raise ParamsError(f"{source}: '{key}' must be {what}, got {flat[key]!r}")
+    e = params.eval
+    most = e.tree_topk + (e.tree_num_steps - 1) * e.tree_topk ** 2
+    if not 2 <= e.tree_num_draft_tokens <= most + 1:
+        raise ParamsError(f"{source}: 'eval.tree_num_draft_tokens' must be in [2, {most + 1}] (the root and up to "
+                          f"tree_topk + (tree_num_steps - 1) * tree_topk**2 candidates), got {e.tree_num_draft_tokens}")
     if params.distill.enabled and params.distill.max_new_tokens >= params.extract.max_length:
         raise ParamsError(f"{source}: 'distill.max_new_tokens' ({params.distill.max_new_tokens}) must be < "
                           f"'extract.max_length' ({params.extract.max_length}): the reply must fit a sample")
