@@ -22,7 +22,7 @@ V, DRAFT_V = 16, 10
 PROMPT = [3, 7, 1, 3, 7, 2, 5, 3, 7]  # "3 7" recurs: the n-gram floor drafts from the first step
 N_TOKENS, K = 3, 2                     # y1 from the prefill, y2 and y3 from the first verify step
 TEMPERATURE, TOP_P = 1.0, 0.95
-SEEDS = 1000
+SEEDS = 600
 
 
 @pytest.fixture(scope="module")
@@ -125,28 +125,52 @@ def _resample_from_p(draft_tokens, draft_probs, probs, stop_ids, generator):
     return len(draft_tokens), committed + [sampling._sample(probs[-1], generator)]
 
 
-PROPOSERS = {"eagle": lambda d: (lambda: d), "ngram": lambda d: NgramProposer}
+class TargetArgmaxProposer:
+    """Drafts the target's own greedy continuation (plain uncached forwards), a deterministic
+    proposer (point-mass q) whose drafts the target often accepts: a rule that mishandles
+    rejections (resampling from p instead of the residual) shows at once."""
+
+    needs_features = False
+
+    def __init__(self, model):
+        self.model = model
+
+    def prefill(self, tokens, features):
+        self.tokens = list(tokens)
+
+    @torch.no_grad()
+    def propose(self, k):
+        ext = list(self.tokens)
+        for _ in range(k):
+            ext.append(int(self.model(input_ids=torch.tensor([ext])).logits[0, -1].argmax()))
+        return ext[len(self.tokens):]
+
+    def accept(self, committed, features):
+        self.tokens.extend(committed)
+
+
+PROPOSERS = {"eagle": lambda m, d: (lambda: d), "ngram": lambda m, d: NgramProposer,
+             "target-argmax": lambda m, d: (lambda: TargetArgmaxProposer(m))}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("proposer", ["eagle", "ngram"])
+@pytest.mark.parametrize("proposer", ["eagle", "ngram", "target-argmax"])
 def test_sampled_output_follows_the_target_distribution(target, drafter, proposer):
     exact = exact_distribution(target)
     assert abs(sum(exact.values()) - 1) < 1e-5
-    counts = empirical(target, PROPOSERS[proposer](drafter), SEEDS)
+    counts = empirical(target, PROPOSERS[proposer](target, drafter), SEEDS)
     pval, tv = _report(f"{proposer}, standard rule", counts, exact)
     assert pval > 1e-3  # TV is reported, not bounded: over this many outcomes its sampling noise dominates
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("wrong_rule", [_accept_always, _resample_from_p])
-def test_a_wrong_rule_is_detected(target, drafter, wrong_rule, monkeypatch):
-    """The check above has the power to fail: with either wrong rule the EAGLE drafter's output
-    is rejected at the same thresholds."""
+@pytest.mark.parametrize("wrong_rule, proposer", [(_accept_always, "eagle"), (_resample_from_p, "target-argmax")])
+def test_a_wrong_rule_is_detected(target, drafter, wrong_rule, proposer, monkeypatch):
+    """The check above has the power to fail: the same setup with a wrong rule is rejected."""
     monkeypatch.setattr(sampling, "verify_chain_sampled", wrong_rule)
     exact = exact_distribution(target)
-    counts = empirical(target, PROPOSERS["eagle"](drafter), SEEDS)
-    pval, tv = _report(f"eagle, {wrong_rule.__name__}", counts, exact)
+    counts = empirical(target, PROPOSERS[proposer](target, drafter), SEEDS)
+    pval, tv = _report(f"{proposer}, {wrong_rule.__name__}", counts, exact)
     assert pval < 1e-6
 
 
