@@ -68,3 +68,44 @@ def test_bootstrap_ci_hand_worked():
     assert (lo, hi) == (1.0, 3.0)
     assert bootstrap_ci([[], []]) is None
     assert row_name("eagle", "chain", 0.7) == "eagle/chain/T0.7" and row_name("ngram", "chain", 0.0) == "ngram/chain/T0"
+
+
+def test_compare_shows_the_served_table(tmp_path, monkeypatch):
+    """`eyas compare` (MLflow) and `eyas compare --metrics` (metrics dirs) both show every row."""
+    import json
+
+    from eyas import compare, tracking
+    from eyas.config import parse_params
+
+    root = tmp_path / "repo"
+    root.mkdir()
+    (root / "dvc.yaml").write_text("stages: {}\n")
+    for var in ("MLFLOW_TRACKING_URI", "DVC_EXP_BASELINE_REV", "RANK", "EYAS_TRACKING", "EYAS_EXPERIMENT"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("DVC_ROOT", str(root))
+    monkeypatch.setenv("DVC_EXP_NAME", "exp-s")
+    monkeypatch.chdir(root)
+    logged = {"eval-accept-len@scratch": {"chat/served/eagle/chain/T0.7/accept_len": 1.8,
+                                          "chat/served/eagle/chain/T0.7/ci95_low": 1.5,
+                                          "chat/served/eagle/chain/T0.7/ci95_high": 2.1,
+                                          "chat/served/ngram/chain/T0.7/accept_len": 1.3},
+              "eval-accept-len@finetune": {"chat/served/eagle/tree/T0/accept_len": 2.5,
+                                           "chat/served/ngram/chain/T0.7/accept_len": 1.3}}
+    for stage, metrics in logged.items():
+        monkeypatch.setenv("DVC_STAGE", stage)
+        with tracking.start_stage_run(stage, parse_params({})) as t:
+            t.log_metrics(metrics)
+    lines = compare.compare().splitlines()
+    assert "| scratch chat served eagle/chain/T0.7 accept_len [95% CI] | 1.8 [1.5, 2.1] |" in lines
+    assert "| finetune chat served eagle/tree/T0 accept_len [95% CI] | 2.5 |" in lines
+    assert sum("served ngram/chain/T0.7" in line for line in lines) == 1
+    assert "| n-gram floor chat served ngram/chain/T0.7 accept_len [95% CI] | 1.3 |" in lines
+
+    d = tmp_path / "metrics"
+    d.mkdir()
+    table = {"rows": {"eagle/chain/T1": {"accept_len": 1.7, "ci95": [1.4, 2.0]},
+                      "ngram/chain/T1": {"accept_len": 1.2, "ci95": None}}}
+    (d / "eval_scratch.json").write_text(json.dumps({"served": {"humaneval": table}}))
+    lines = compare.compare_dirs([str(d)]).splitlines()
+    assert "| scratch humaneval served eagle/chain/T1 accept_len [95% CI] | 1.7 [1.4, 2] |" in lines
+    assert "| n-gram floor humaneval served ngram/chain/T1 accept_len [95% CI] | 1.2 |" in lines
