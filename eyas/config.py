@@ -157,7 +157,7 @@ class EvalParams:
     seeds: list[int] = field(default_factory=lambda: [0, 1])  # sampled runs per prompt at each temperature > 0
     tree_topk: int = 4             # SGLang --speculative-eagle-topk (its default: 4)
     tree_num_steps: int = 4        # SGLang --speculative-num-steps (tree depth; its default: 5)
-    tree_num_draft_tokens: int = 8  # SGLang --speculative-num-draft-tokens (nodes verified, root counted; its default: 8)
+    tree_num_draft_tokens: int = 8  # SGLang --speculative-num-draft-tokens (root counted; its default: 8)
 
 
 @dataclass
