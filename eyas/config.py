@@ -151,7 +151,7 @@ class EvalParams:
     batch_size: int = 64           # prompts per batched greedy call for the untimed prompts' reference
     # the served table (eyas/served.py): chain vs tree vs sampled on the first served_prompts prompts
     served_prompts: int = 2        # prompts per benchmark decoded for the table; 0 = no table
-    served_max_new_tokens: int = 32
+    served_max_new_tokens: int = 16
     temperatures: list[float] = field(default_factory=lambda: [0.0, 0.7, 1.0])  # 0 = greedy
     top_p: float = 0.95
     seeds: list[int] = field(default_factory=lambda: [0, 1])  # sampled runs per prompt at each temperature > 0
