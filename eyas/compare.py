@@ -10,7 +10,10 @@ column per parent (latest first) and one row per key param / stage metric:
   line unless ``--all-params``);
 - ``train-scratch`` / ``train-finetune``: the final val ``acc_0`` (metric ``final/acc_0``);
 - ``eval-accept-len@<drafter>``: ``chat/accept_len``, ``humaneval/accept_len``; the n-gram
-  floor (``<bench>/ngram_accept_len``, independent of the drafter) from either eval child.
+  floor (``<bench>/ngram_accept_len``, independent of the drafter) from either eval child;
+- the served table (eyas/served.py): every ``<bench>/served/<row>/accept_len`` an eval child
+  logged (greedy chain, greedy tree, sampled chain per temperature; the n-gram rows from either
+  eval child), with its 95% interval (``ci95_low`` / ``ci95_high``) in brackets.
 
 A cell shows ``–`` when the parent has no child run for that stage: DVC skipped the stage
 (unchanged, or restored from the run-cache: no MLflow run is logged then; docs/dvc-mlflow.md §5), so
@@ -44,6 +47,10 @@ STAGE_METRICS: list[tuple[str, str | None, str]] = [
     *[(f"finetune {b} accept_len", "eval-accept-len@finetune", f"{b}/accept_len") for b in BENCHES],
     *[(f"n-gram floor {b} accept_len", None, f"{b}/ngram_accept_len") for b in BENCHES],
 ]
+
+
+# <bench>/served/<proposer>/<mode>/T<t>/accept_len, as the eval stage logs the served table
+SERVED_METRIC = re.compile(r"^(?P<bench>[^/]+)/served/(?P<row>(?P<proposer>[^/]+)/[^/]+/T[^/]+)/accept_len$")
 
 
 class CompareError(RuntimeError):
@@ -171,6 +178,9 @@ def render_markdown(pipes: list[Pipeline], header: str | None = None, all_params
     ]
     rows += [(f"`{k}`", [_fmt(p.params.get(k)) for p in pipes]) for k in pkeys]
     rows += [(label, [_fmt(p.metric(stage, key)) for p in pipes]) for label, stage, key in STAGE_METRICS]
+    rows += [(label, [_with_ci(p.metric(stage, key), p.metric(stage, key[:-len("accept_len")] + "ci95_low"),
+                               p.metric(stage, key[:-len("accept_len")] + "ci95_high")) for p in pipes])
+             for label, stage, key in served_metric_rows(pipes)]
     lines = []
     if header:
         lines += [header, ""]
@@ -182,6 +192,30 @@ def render_markdown(pipes: list[Pipeline], header: str | None = None, all_params
     lines += ["", "`–`: no child run for that stage in this pipeline execution (DVC skipped it: "
                   "unchanged or restored from the run-cache); `dvc exp show` has every number."]
     return "\n".join(lines) + "\n"
+
+
+def _with_ci(value: float | None, low: float | None, high: float | None) -> str:
+    """``1.52 [1.31, 1.70]``: a value and its interval (``–`` without a value)."""
+    if value is None:
+        return _fmt(None)
+    return _fmt(value) + ("" if low is None or high is None else f" [{_fmt(low)}, {_fmt(high)}]")
+
+
+def served_metric_rows(pipes: list[Pipeline]) -> list[tuple[str, str | None, str]]:
+    """(label, stage, metric key) of every served-table row any pipeline's eval children logged:
+    the drafter's rows per eval stage, the n-gram rows once (stage None: either eval child)."""
+    found: dict[tuple[str, str | None, str], None] = {}
+    for p in pipes:
+        for stage in EVAL_STAGES:
+            run = p.stages.get(stage)
+            for key in sorted(run.data.metrics) if run is not None else ():
+                m = SERVED_METRIC.match(key)
+                if m is None:
+                    continue
+                drafter = None if m["proposer"] == "ngram" else stage
+                who = "n-gram floor" if drafter is None else stage.split("@", 1)[1]
+                found[(f"{who} {m['bench']} served {m['row']} accept_len [95% CI]", drafter, key)] = None
+    return sorted(found, key=lambda r: (r[2].split("/", 1)[0], r[1] is None, r[1] or "", r[0]))
 
 
 def _hint(uri: str, e: Exception) -> str:
@@ -309,4 +343,20 @@ def compare_dirs(dirs: list[str], params_default: str | Path = "params.yaml") ->
     for label, fname, keys in DIR_ROWS:
         lines.append(f"| {_cell(label)} | "
                      + " | ".join(_fmt(_dig(files.get(fname), keys)) for *_, files in cols) + " |")
+    # the served tables (eyas/served.py): every row any column has, the n-gram rows from eval_scratch.json
+    served: dict[tuple[str, str, str], None] = {}
+    for *_, files in cols:
+        for fname in ("eval_scratch.json", "eval_finetune.json"):
+            for bench, table in (_dig(files.get(fname), ("served",)) or {}).items():
+                for row in (table.get("rows") or {}):
+                    if not row.startswith("ngram/") or fname == "eval_scratch.json":
+                        served[(bench, fname, row)] = None
+    for bench, fname, row in sorted(served, key=lambda r: (r[0], r[2].startswith("ngram/"), r[1], r[2])):
+        who = "n-gram floor" if row.startswith("ngram/") else fname[len("eval_"):-len(".json")]
+        cells = []
+        for *_, files in cols:
+            v = _dig(files.get(fname), ("served", bench, "rows", row)) or {}
+            ci = v.get("ci95") or [None, None]
+            cells.append(_with_ci(v.get("accept_len"), *ci))
+        lines.append(f"| {_cell(f'{who} {bench} served {row} accept_len [95% CI]')} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"

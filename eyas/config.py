@@ -174,6 +174,15 @@ class EvalParams:
     max_prompt_tokens: int  # chat: earliest turns of a longer prompt dropped (eyas.distill.fit_prompt); 0 = none
     timed_prompts: int  # prompts per benchmark decoded for real (timed, lossless check); 0 = all
     batch_size: int  # prompts per batched greedy call for the untimed prompts' reference
+    # the served table (eyas/served.py): chain vs tree vs sampled on the first served_prompts prompts
+    served_prompts: int  # prompts per benchmark decoded for the table; 0 = no table
+    served_max_new_tokens: int
+    temperatures: list[float]  # 0 = greedy
+    top_p: float
+    seeds: list[int]  # sampled runs per prompt at each temperature > 0
+    tree_topk: int  # SGLang --speculative-eagle-topk (its default: 4)
+    tree_num_steps: int  # SGLang --speculative-num-steps (tree depth; its default: 5)
+    tree_num_draft_tokens: int  # SGLang --speculative-num-draft-tokens (root counted; its default: 8)
 
 
 @dataclass(kw_only=True)
@@ -381,6 +390,14 @@ _RANGES = [
     ("eval.timed_prompts", lambda v: v >= 0, ">= 0 (0 = every prompt is decoded for real)"),
     ("eval.batch_size", lambda v: v >= 1, ">= 1"),
     ("eval.timing_repeats", lambda v: v >= 1, ">= 1 (each prompt's greedy and speculative runs are timed this often)"),
+    ("eval.served_prompts", lambda v: v >= 0, ">= 0 (0 = no served table)"),
+    ("eval.served_max_new_tokens", lambda v: v >= 2, ">= 2"),
+    ("eval.temperatures", lambda v: len(v) > 0 and all(t >= 0 for t in v),
+     "a non-empty list of numbers >= 0 (0 = greedy)"),
+    ("eval.top_p", lambda v: 0 < v <= 1, "in (0, 1]"),
+    ("eval.seeds", lambda v: len(v) > 0 and len(set(v)) == len(v), "a non-empty list of distinct integers"),
+    ("eval.tree_topk", lambda v: v >= 1, ">= 1"),
+    ("eval.tree_num_steps", lambda v: v >= 1, ">= 1"),
 ]
 
 
@@ -392,6 +409,11 @@ def _check_ranges(params: "Params", source: str) -> None:
     if params.distill.enabled and params.distill.backend == "server" and not params.distill.server.model:
         raise ParamsError(f"{source}: 'distill.server.model' must name the served model (GET /v1/models) "
                           "when 'distill.backend' is 'server'")
+    e = params.eval
+    most = e.tree_topk + (e.tree_num_steps - 1) * e.tree_topk ** 2
+    if not 2 <= e.tree_num_draft_tokens <= most + 1:
+        raise ParamsError(f"{source}: 'eval.tree_num_draft_tokens' must be in [2, {most + 1}] (the root and up to "
+                          f"tree_topk + (tree_num_steps - 1) * tree_topk**2 candidates), got {e.tree_num_draft_tokens}")
     if params.distill.enabled and params.distill.max_new_tokens >= params.extract.max_length:
         raise ParamsError(f"{source}: 'distill.max_new_tokens' ({params.distill.max_new_tokens}) must be < "
                           f"'extract.max_length' ({params.extract.max_length}): the reply must fit a sample")

@@ -16,6 +16,10 @@ output falls into a repetition loop, reported apart (`repetition`). The prompt-l
 (no training) on the same prompts comes from the same oracle: the same metrics a real n-gram run
 reports (tests/test_chain_oracle.py checks they are equal), without its wall time. Reads params `target`, `eval`;
 reads `models/<drafter>/`; writes `metrics/eval_<drafter>.json`.
+With `eval.served_prompts` > 0 it also writes the chain-vs-tree-vs-sampled table of the first prompts of each
+benchmark (`served.<bench>`: greedy chain, greedy static tree, speculative sampling at `eval.temperatures` /
+`eval.top_p` over `eval.seeds`, with 95% bootstrap intervals; eyas/served.py), logged to MLflow as
+`<bench>/served/<row>/accept_len`.
 Run: `python -m stages.eval_accept_len scratch`.
 """
 
@@ -32,6 +36,7 @@ from eyas.files import write_json
 from eyas.formats.load import load_drafter
 from eyas.plots import accept_len_figure
 from eyas.provenance import check
+from eyas.served import evaluate_served
 from eyas.target import load_target
 from eyas.tracking import start_stage_run
 from stages.common import CONVERSATIONS, METRICS
@@ -90,6 +95,21 @@ def main(name: str) -> None:
                   f"{r['speedup_predicted']}, flagged {r['speedup_flagged']}); by chain length "
                   f"{r['accept_len_by_chain_length']} (oracle matches real: {r['oracle_matches_real']}); "
                   f"{r['repetition']['looping_prompts']} looping prompts")
+            if e.served_prompts:  # chain vs tree vs sampled on the first prompts (eyas/served.py)
+                served = evaluate_served(
+                    target, drafter, prompts[:e.served_prompts], num_draft_tokens=k,
+                    max_new_tokens=e.served_max_new_tokens, stop_ids=target.stop_ids,
+                    aux_layer_ids=drafter.config.resolved_aux_layers(), temperatures=e.temperatures, top_p=e.top_p,
+                    seeds=e.seeds, tree_topk=e.tree_topk, tree_num_steps=e.tree_num_steps,
+                    tree_num_draft_tokens=e.tree_num_draft_tokens)
+                metrics.setdefault("served", {})[bench] = served
+                for row, v in served["rows"].items():
+                    tracker.log_metrics({f"{bench}/served/{row}/{key}": x for key, x in (
+                        ("accept_len", v["accept_len"]), *zip(("ci95_low", "ci95_high"), v["ci95"] or ()))
+                        if x is not None})
+                    print(f"eval {name} {bench} served {row}: accept_len {v['accept_len']} (95% CI {v['ci95']}, "
+                          f"per seed {v['accept_len_per_seed']})"
+                          + (f", matches greedy {v['matches_greedy']}" if "matches_greedy" in v else ""))
         write_json(METRICS / f"eval_{name}.json", metrics)
         tracker.log_dict(metrics, f"eval_{name}.json")
         tracker.log_figure(accept_len_figure(metrics, title=f"eval-accept-len@{name}"),

@@ -53,6 +53,11 @@ def test_dvc_written_float_string_is_read_as_float(tmp_path):
     ({"data": {"val": 0}}, "'data.val' must be >= 1"),
     ({"eval": {"humaneval_prompts": 200}}, r"'eval.humaneval_prompts' must be in \[1, 164\]"),
     ({"lr": "nan"}, r"'lr' must be in \(0, 1\)"),
+    ({"eval": {"temperatures": [0.7, -1.0]}}, r"'eval.temperatures' must be a non-empty list of numbers >= 0"),
+    ({"eval": {"seeds": [1, 1]}}, r"'eval.seeds' must be a non-empty list of distinct integers"),
+    ({"eval": {"top_p": 0.0}}, r"'eval.top_p' must be in \(0, 1\]"),
+    ({"eval": {"tree_topk": 2, "tree_num_steps": 2, "tree_num_draft_tokens": 8}},
+     r"'eval.tree_num_draft_tokens' must be in \[2, 7\]"),
     ({"extract": {"aux_layers": [3, 2]}}, "unique and ascending"),
     # an empty list regenerated nothing while distill.enabled said otherwise
     ({"distill": {"splits": []}}, r"^params\.yaml: 'distill\.splits' must be a non-empty list .*, got \[\]$"),

@@ -107,12 +107,12 @@ def offline(hub_cache):
                 res[name] = None
             except TargetError as e:
                 res[name] = str(e)
-        d, commit = source_dir(RemapParams(source="eyas-test/drafter", revision="{OTHER_SHA}"))
+        d, commit = source_dir(RemapParams(source="eyas-test/drafter", revision="{OTHER_SHA}", min_shared_fraction=0.5))
         dr = load_drafter(d, num_target_layers=4)
         res["drafter"] = {{"dir": str(d), "commit": commit, "d2t": dr.d2t.tolist(),
                           "fc": float(dr.fc.weight[0, 0])}}
         try:
-            source_dir(RemapParams(source="eyas-test/drafter", revision=None))
+            source_dir(RemapParams(source="eyas-test/drafter", revision=None, min_shared_fraction=0.5))
             res["drafter_unpinned"] = None
         except SystemExit as e:
             res["drafter_unpinned"] = str(e)

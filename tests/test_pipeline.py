@@ -29,7 +29,9 @@ TINY = {
     # a stand-in trained on 10 conversations is barely above chance: keep the loss gate, drop the acc floor
     "train_finetune": {"gate_min_acc": 0.0},
     "train": {"epochs": 1, "batch_tokens": 512, "eval_every": 1000},
-    "eval": {"chat_prompts": 2, "humaneval_prompts": 1, "max_new_tokens": 12, "num_draft_tokens": 3},
+    "eval": {"chat_prompts": 2, "humaneval_prompts": 1, "max_new_tokens": 12, "num_draft_tokens": 3,
+             "served_prompts": 1, "served_max_new_tokens": 8, "temperatures": [0.0, 1.0], "seeds": [0],
+             "tree_topk": 2, "tree_num_steps": 3, "tree_num_draft_tokens": 5},
 }
 
 
@@ -75,6 +77,10 @@ def test_dvc_repro_end_to_end(tmp_path):
             assert ev[bench]["lossless"] is True  # speculative greedy == plain greedy
             assert 1.0 <= ev[bench]["accept_len"] <= 4.0
             assert ev[bench]["settings"]["num_draft_tokens"] == 3
+            rows = ev["served"][bench]["rows"]  # the served table (eyas/served.py)
+            assert set(rows) == {"eagle/chain/T0", "ngram/chain/T0", "eagle/chain/T1", "ngram/chain/T1",
+                                 "eagle/tree/T0"}
+            assert rows["eagle/tree/T0"]["matches_greedy"] is True
     cfg = json.loads((repo / "models/scratch/config.json").read_text())
     assert cfg["architectures"] == ["LlamaForCausalLMEagle3"] and cfg["draft_vocab_size"] == 512
     assert "eagle_aux_hidden_state_layer_ids" not in cfg  # default layers write no ids

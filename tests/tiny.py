@@ -57,3 +57,34 @@ def write_features(target: Target, out: Path, n_samples: int, seed: int, length:
         w.add(ids, mask, cap["aux_hidden"][0], cap["final_hidden"][0], cap["target_argmax"][0])
     w.finish(**manifest_fields(target, ids_all))
     return FeatureStore.open(out)
+
+
+def trained_drafter(target: Target, prompts: list[list[int]], outputs: list[list[int]], ttt_length: int,
+                    steps: int = 40):
+    """An EAGLE-3 drafter (full draft vocab) trained briefly (TTT, ``steps`` Adam steps) on the
+    target's own greedy ``outputs`` of ``prompts``, so that chains of every length get accepted
+    and rejected."""
+    from eyas.drafter import DrafterConfig, Eagle3Drafter
+    from eyas.ttt import head_rows_for, pack
+    from eyas.unroll import ttt_forward
+
+    m = target.model
+    torch.manual_seed(1)
+    d = Eagle3Drafter(DrafterConfig.for_target(m.config, draft_vocab_size=VOCAB))
+    d.set_embedding(m.get_input_embeddings().weight)
+    d.set_vocab(torch.zeros(VOCAB, dtype=torch.int64), torch.ones(VOCAB, dtype=torch.bool))
+    rows = []
+    for p, y in zip(prompts, outputs):
+        ids = torch.tensor(p + y)
+        with torch.no_grad():
+            cap = target.capture(ids[None], torch.ones(1, len(ids), dtype=torch.int64), None)
+        rows.append([{"input_ids": ids, "loss_mask": torch.ones(len(ids), dtype=torch.bool),
+                      **{k: v[0] for k, v in cap.items()}}])
+    batch, head = pack(rows, list(range(len(rows)))), head_rows_for(m.lm_head.weight.detach(), d)
+    opt = torch.optim.Adam([q for q in d.parameters() if q.requires_grad], lr=3e-3)
+    for _ in range(steps):
+        loss, _, _ = ttt_forward(d, batch, head, ttt_length, 0.8)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return d.eval()
