@@ -20,10 +20,12 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import re
 import subprocess
 import types
 import typing
+import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -346,10 +348,6 @@ _RANGES = [
     ("distill.splits", lambda v: len(v) > 0,
      "a non-empty list of splits to regenerate (to regenerate none, set 'distill.enabled: false')"),
     ("distill.backend", lambda v: v in ("hf", "server"), "'hf' or 'server'"),
-    ("distill.server.api", lambda v: v in ("vllm", "sglang", "llamacpp"), "'vllm', 'sglang' or 'llamacpp'"),
-    ("distill.server.url", lambda v: v.startswith(("http://", "https://")), "an http:// or https:// base URL"),
-    ("distill.server.concurrency", lambda v: v >= 1, ">= 1"),
-    ("distill.server.timeout", lambda v: v > 0, "> 0 (seconds)"),
     ("extract.max_length", lambda v: v >= 8, ">= 8"),
     ("extract.dtype", lambda v: v in _STORAGE_DTYPES,
      f"one of {_STORAGE_DTYPES} (hidden states are stored in it; float8_e4m3fn: aux states in fp8 with "
@@ -401,14 +399,38 @@ _RANGES = [
 ]
 
 
+def _base_url(v: str) -> bool:
+    """``http(s)://host[:port]`` with at most a ``/`` after it (eyas.serving appends ``/v1/...``)."""
+    try:
+        u = urllib.parse.urlsplit(v)
+        u.port  # noqa: B018 - raises ValueError on a port that is not a number in [0, 65535]
+    except ValueError:
+        return False
+    return (u.scheme in ("http", "https") and bool(u.hostname) and u.path in ("", "/") and not u.query
+            and not u.fragment and not any(c.isspace() for c in v))
+
+
+# checked only when self-distill runs through a server ('distill.backend: server')
+_SERVER_RANGES = [
+    ("distill.server.api", lambda v: v in ("vllm", "sglang", "llamacpp"), "'vllm', 'sglang' or 'llamacpp'"),
+    ("distill.server.url", _base_url,
+     "an http:// or https:// base URL with a host and no path, e.g. http://127.0.0.1:8000 (not .../v1: "
+     "eyas appends /v1/completions, /generate or /completion)"),
+    ("distill.server.model", lambda v: v != "", "the served model's name (GET /v1/models)"),
+    ("distill.server.revision", lambda v: v.strip() != "",
+     "the served weights' revision (a hub commit sha or a weights hash): DVC reruns self-distill when it changes"),
+    ("distill.server.concurrency", lambda v: 1 <= v <= 1024, "in [1, 1024] (one thread per request in flight)"),
+    ("distill.server.timeout", lambda v: math.isfinite(v) and v > 0, "a finite number > 0 (seconds)"),
+]
+
+
 def _check_ranges(params: "Params", source: str) -> None:
     flat = flatten(params)
-    for key, ok, what in _RANGES:
+    server = params.distill.enabled and params.distill.backend == "server"
+    for key, ok, what in _RANGES + (_SERVER_RANGES if server else []):
         if not ok(flat[key]):
-            raise ParamsError(f"{source}: '{key}' must be {what}, got {flat[key]!r}")
-    if params.distill.enabled and params.distill.backend == "server" and not params.distill.server.model:
-        raise ParamsError(f"{source}: 'distill.server.model' must name the served model (GET /v1/models) "
-                          "when 'distill.backend' is 'server'")
+            suffix = " when 'distill.backend' is 'server'" if key.startswith("distill.server.") else ""
+            raise ParamsError(f"{source}: '{key}' must be {what}{suffix}, got {flat[key]!r}")
     e = params.eval
     most = e.tree_topk + (e.tree_num_steps - 1) * e.tree_topk ** 2
     if not 2 <= e.tree_num_draft_tokens <= most + 1:

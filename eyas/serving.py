@@ -27,8 +27,10 @@ what the drafter trains on is what :func:`eyas.distill.generate_batch` would hav
 to and including the first stop id, ``finish_reason "stop"`` iff the last id is a stop id. An
 engine that reports ``stop`` without a stop id at the end (e.g. a stop set that differs from the
 target's, or an engine that drops the stop token), a ``length`` reply shorter than
-``max_new_tokens`` (the engine's context cut it), or a reply with no ids is refused with an error
-naming the conversation id and the URL.
+``max_new_tokens`` (the engine's context cut it), a reply longer than ``max_new_tokens`` (the
+engine ignored the budget), a reply with no ids, or an id outside the target's vocabulary
+(``[0, len(tokenizer))``: e.g. an engine serving another model, or one whose embedding is padded
+past the tokenizer) is refused with an error naming the conversation id and the URL.
 
 The engine's model identity: :func:`served_models` reads ``GET /v1/models`` (vLLM, SGLang and
 llama-server all serve it) and the stage refuses to run unless ``distill.server.model`` is among
@@ -36,13 +38,18 @@ the served ids; ``distill.server.model`` and ``distill.server.revision`` are par
 self-distill, so naming another model or revision reruns the stage (DVC), and the journal of
 finished replies is keyed by them (a resumed run never mixes two models' replies).
 
-Errors (:class:`ServerError`): the server down (connection refused), a timeout, an HTTP 4xx/5xx (the
-body's first 300 characters are quoted), a malformed reply. Replies already received are in the
-journal (:class:`eyas.distill.Journal`), so a rerun sends only the rest.
+Errors (:class:`ServerError`): every failure of a request, each naming the URL (and, from
+:func:`regenerate_via_server`, the conversation id): the server down (connection refused), a
+timeout, an HTTP 4xx/5xx (the body's first 300 characters are quoted), a reply cut off mid-body, a
+port that does not speak HTTP, an invalid URL, a body that is not a JSON object, a field of the
+protocol missing or null, an id eyas cannot train on. The first failure cancels the requests not
+yet sent; replies already received are in the journal (:class:`eyas.distill.Journal`), so a rerun
+sends only the rest.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 import socket
 import time
@@ -93,55 +100,80 @@ def request_for(api: str, model: str, prompt_ids: list[int], max_new_tokens: int
     raise ValueError(f"distill.server.api must be one of {APIS}, got {api!r}")
 
 
+def _field(api: str, payload, path: tuple) -> object:
+    """``payload[path[0]][path[1]]...``, or :class:`ServerError` naming the first step that is
+    missing or null (``choices[0]``, ``meta_info.finish_reason``)."""
+    node, name = payload, ""
+    for step in path:
+        if isinstance(step, int):
+            name += f"[{step}]"
+            found = isinstance(node, list) and 0 <= step < len(node)
+        else:
+            name += f".{step}" if name else step
+            found = isinstance(node, dict) and step in node
+        if not found or node[step] is None:
+            raise ServerError(f"the reply's field `{name}` is {'null' if found else 'missing'} ({api} protocol): "
+                              f"{json.dumps(payload)[:300]}")
+        node = node[step]
+    return node
+
+
 def parse_reply(api: str, payload: dict) -> tuple[list[int], str]:
     """``(reply ids, finish reason)`` from one response body; the reason is ``"stop"`` or
     ``"length"`` (the OpenAI API's names, as eyas records them).
 
     Raises:
-        ServerError: a field the protocol defines is missing or has another type, or the engine
-            stopped for a reason eyas does not train on (``abort``, a stop word).
+        ServerError: a field the protocol defines is missing or null (the message names it, e.g.
+            ``choices[0]``), the ids are not a list of ints (``true``/``false`` are not ids), or
+            the engine stopped for a reason eyas does not train on (``abort``, a stop word).
     """
-    try:
-        if api == "vllm":
-            choice = payload["choices"][0]
-            ids, reason = choice["token_ids"], choice["finish_reason"]
-            if ids is None:
-                raise ServerError("the reply has no token_ids: the server ignored return_token_ids "
-                                  "(vLLM >= 0.10.2 returns them, PR #22587)")
-        elif api == "sglang":
-            if "output_ids" not in payload:
-                raise ServerError("the reply has no output_ids (the generated token ids)")
-            ids, reason = payload["output_ids"], payload["meta_info"]["finish_reason"]["type"]
-        elif api == "llamacpp":
-            ids, st = payload["tokens"], payload["stop_type"]
-            reason = {"eos": "stop", "limit": "length"}.get(st, st)
-        else:
-            raise ValueError(f"distill.server.api must be one of {APIS}, got {api!r}")
-    except (KeyError, IndexError, TypeError) as e:
-        raise ServerError(f"the reply lacks {e} ({api} protocol): {json.dumps(payload)[:300]}") from None
-    if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
-        raise ServerError(f"the reply's token ids are not a list of ints: {str(ids)[:200]}")
+    if api == "vllm":
+        choice = _field(api, payload, ("choices", 0))
+        if not isinstance(choice, dict) or choice.get("token_ids") is None:
+            raise ServerError("the reply has no `choices[0].token_ids`: the server ignored return_token_ids "
+                              f"(vLLM >= 0.10.2 returns them, PR #22587): {json.dumps(payload)[:300]}")
+        ids, reason = choice["token_ids"], _field(api, payload, ("choices", 0, "finish_reason"))
+    elif api == "sglang":
+        ids = _field(api, payload, ("output_ids",))
+        reason = _field(api, payload, ("meta_info", "finish_reason", "type"))
+    elif api == "llamacpp":
+        ids, st = _field(api, payload, ("tokens",)), _field(api, payload, ("stop_type",))
+        reason = {"eos": "stop", "limit": "length"}.get(st, st) if isinstance(st, str) else st
+    else:
+        raise ValueError(f"distill.server.api must be one of {APIS}, got {api!r}")
+    if not isinstance(ids, list) or not all(type(t) is int for t in ids):
+        raise ServerError(f"the reply's token ids are not a list of ints: {json.dumps(ids)[:200]}")
     if reason not in ("stop", "length"):
         raise ServerError(f"the engine ended the reply with {reason!r}; eyas trains only on replies that "
                           "end at a stop token or at the token budget")
     return ids, reason
 
 
-def check_reply(ids: list[int], reason: str, stop_ids, max_new_tokens: int) -> list[int]:
+def check_reply(ids: list[int], reason: str, stop_ids, max_new_tokens: int, vocab_size: int) -> list[int]:
     """The reply eyas keeps (:func:`eyas.distill.generate_batch`'s contract), or an error.
 
-    The ids up to and including the first stop id (an engine that kept going after a stop id
-    generated greedily what HF ``generate`` would have cut there). Then ``reason`` must agree:
-    ``"stop"`` iff the kept reply ends in a stop id, and a ``"length"`` reply holds exactly
-    ``max_new_tokens`` ids.
+    Every id must be in the target's vocabulary ``[0, vocab_size)`` (``len(tokenizer)``: an id past
+    it decodes to nothing and indexes past the embedding in extract), and the reply at most
+    ``max_new_tokens`` long. The ids kept: up to and including the first stop id (an engine that
+    kept going after a stop id generated greedily what HF ``generate`` would have cut there). Then
+    ``reason`` must agree: ``"stop"`` iff the kept reply ends in a stop id, and a ``"length"`` reply
+    holds exactly ``max_new_tokens`` ids.
 
     Raises:
-        ServerError: an empty reply, a ``stop`` without a stop id at the end, or a ``length`` reply
-            of another length (the engine's context limit cut it).
+        ServerError: an empty reply, one longer than ``max_new_tokens``, an id outside the
+            vocabulary (the id and its position are named), a ``stop`` without a stop id at the
+            end, or a ``length`` reply of another length (the engine's context limit cut it).
     """
     stop = set(stop_ids)
     if not ids:
         raise ServerError("the engine returned no tokens")
+    if len(ids) > max_new_tokens:
+        raise ServerError(f"the reply is {len(ids)} tokens, longer than distill.max_new_tokens {max_new_tokens}: "
+                          "the engine ignored the token budget")
+    bad = next(((j, t) for j, t in enumerate(ids) if not 0 <= t < vocab_size), None)
+    if bad is not None:
+        raise ServerError(f"the reply's id {bad[1]} (position {bad[0]}) is outside the target's vocabulary "
+                          f"[0, {vocab_size}): the engine serves another model or tokenizer?")
     cut = next((j for j, t in enumerate(ids) if t in stop), None)
     if cut is not None:
         return ids[: cut + 1]
@@ -155,14 +187,19 @@ def check_reply(ids: list[int], reason: str, stop_ids, max_new_tokens: int) -> l
 
 
 def _http(url: str, body: dict | None, timeout: float) -> dict:
+    """The JSON object ``url`` answers (GET, or POST of ``body``); every failure is a
+    :class:`ServerError` naming ``url`` (and the exception's type and message)."""
     data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, method="GET" if body is None else "POST",
-                                 headers={"Content-Type": "application/json"})
     try:
+        req = urllib.request.Request(url, data=data, method="GET" if body is None else "POST",
+                                     headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=timeout) as r:
             raw = r.read()
     except urllib.error.HTTPError as e:
-        detail = e.read().decode("utf-8", "replace")[:300]
+        try:
+            detail = e.read().decode("utf-8", "replace")[:300]
+        except (OSError, http.client.HTTPException) as unread:
+            detail = f"(the body could not be read: {type(unread).__name__}: {unread})"
         raise ServerError(f"{url}: HTTP {e.code} {e.reason}: {detail}") from None
     except (TimeoutError, socket.timeout):
         raise ServerError(f"{url}: no reply within distill.server.timeout {timeout} s") from None
@@ -170,12 +207,17 @@ def _http(url: str, body: dict | None, timeout: float) -> dict:
         if isinstance(e.reason, (TimeoutError, socket.timeout)):
             raise ServerError(f"{url}: no reply within distill.server.timeout {timeout} s") from None
         raise ServerError(f"{url}: cannot reach the server ({e.reason}); is it running?") from None
-    except ConnectionError as e:
-        raise ServerError(f"{url}: the connection failed ({e})") from None
+    except (OSError, http.client.HTTPException, ValueError, OverflowError) as e:
+        # a reply cut off mid-body (IncompleteRead), a port that does not speak HTTP (BadStatusLine),
+        # an invalid URL (InvalidURL, a ValueError), a reset connection, a timeout past time_t
+        raise ServerError(f"{url}: the request failed ({type(e).__name__}: {e})") from None
     try:
-        return json.loads(raw)
-    except json.JSONDecodeError:
+        out = json.loads(raw)
+    except ValueError:  # JSONDecodeError, or UnicodeDecodeError of a body in no UTF encoding
         raise ServerError(f"{url}: the reply is not JSON: {raw[:200]!r}") from None
+    if not isinstance(out, dict):
+        raise ServerError(f"{url}: the reply is not a JSON object: {raw[:200]!r}")
+    return out
 
 
 def served_models(url: str, timeout: float = 30.0) -> list[dict]:
@@ -184,23 +226,25 @@ def served_models(url: str, timeout: float = 30.0) -> list[dict]:
     model path; llama-server: ``--alias``, else the GGUF path).
 
     Raises:
-        ServerError: the server cannot be reached, fails, or returns no list.
+        ServerError: the server cannot be reached, fails, or returns no list of objects.
     """
     out = _http(url.rstrip("/") + "/v1/models", None, timeout)
-    if not isinstance(out.get("data"), list):
-        raise ServerError(f"{url}/v1/models: no 'data' list in {json.dumps(out)[:200]}")
-    return out["data"]
+    data = out.get("data")
+    if not isinstance(data, list) or not all(isinstance(m, dict) for m in data):
+        raise ServerError(f"{url}/v1/models: no 'data' list of objects in {json.dumps(out)[:200]}")
+    return data
 
 
-def generate_one(server, prompt_ids: list[int], max_new_tokens: int, stop_ids) -> list[int]:
+def generate_one(server, prompt_ids: list[int], max_new_tokens: int, stop_ids, vocab_size: int) -> list[int]:
     """One prompt's reply ids through the engine (:func:`request_for`, :func:`parse_reply`,
     :func:`check_reply`). ``server``: params ``distill.server`` (``api``, ``url``, ``model``,
-    ``timeout``). Raises :class:`ServerError` naming the URL."""
+    ``timeout``); ``vocab_size``: the target's (``len(tokenizer)``). Raises :class:`ServerError`
+    naming the URL."""
     path, body = request_for(server.api, server.model, prompt_ids, max_new_tokens, stop_ids)
     url = server.url.rstrip("/") + path
     payload = _http(url, body, server.timeout)
     try:
-        return check_reply(*parse_reply(server.api, payload), stop_ids, max_new_tokens)
+        return check_reply(*parse_reply(server.api, payload), stop_ids, max_new_tokens, vocab_size)
     except ServerError as e:
         raise ServerError(f"{url}: {e}") from None
 
@@ -212,7 +256,8 @@ def regenerate_via_server(server, tokenizer, stop_ids, items: list[dict], *, max
 
     Args:
         server: params ``distill.server``.
-        tokenizer: the target's tokenizer (the rows' decoded ``content``, for reading only).
+        tokenizer: the target's tokenizer (the rows' decoded ``content``, for reading only; its
+            ``len`` bounds the ids a reply may hold).
         stop_ids: the target's stop set (:func:`eyas.target.stop_token_ids`).
         items: ``{"id", "messages", "prompt_ids"}`` from :func:`eyas.distill.plan_prompts`.
         max_new_tokens: reply budget.
@@ -223,8 +268,9 @@ def regenerate_via_server(server, tokenizer, stop_ids, items: list[dict], *, max
         ``(rows, stats)`` as :func:`eyas.distill.regenerate` (``batch_size`` replaced by
         ``concurrency``).
     Raises:
-        ServerError: the first failed request, naming the prompt's conversation id and the URL; the
-            requests still queued are cancelled (those in flight finish and are journaled).
+        ServerError: the first failed request (any exception a request raises), naming the
+            prompt's conversation id, the URL and the cause; the requests still queued are
+            cancelled, never sent (those in flight finish and are journaled).
     """
     gen: dict[int, list[int]] = {}
     for k, it in enumerate(items):
@@ -233,20 +279,23 @@ def regenerate_via_server(server, tokenizer, stop_ids, items: list[dict], *, max
             gen[k] = ids
     resumed = len(gen)
     todo = [k for k in range(len(items)) if k not in gen]
-    new_tokens, failure = 0, None
+    new_tokens, failure, vocab_size = 0, None, len(tokenizer)
     t0 = time.perf_counter()
-    with ThreadPoolExecutor(max_workers=server.concurrency) as pool:
-        pending = {pool.submit(generate_one, server, items[k]["prompt_ids"], max_new_tokens, stop_ids): k
-                   for k in todo}
+    pool = ThreadPoolExecutor(max_workers=server.concurrency)
+    try:
+        pending = {pool.submit(generate_one, server, items[k]["prompt_ids"], max_new_tokens, stop_ids,
+                               vocab_size): k for k in todo}
         while pending:
             done, _ = wait(pending, return_when=FIRST_COMPLETED)
             for f in done:
                 k = pending.pop(f)
                 try:
                     ids = f.result()
-                except ServerError as e:
+                except Exception as e:  # every failure of a request becomes one ServerError
                     if failure is None:
-                        failure = ServerError(f"self-distill prompt {items[k]['id']!r}: {e}")
+                        why = str(e) if isinstance(e, ServerError) else f"{server.url}: {type(e).__name__}: {e}"
+                        failure = ServerError(f"self-distill prompt {items[k]['id']!r}: {why}")
+                        failure.__cause__ = e
                         for other in pending:
                             other.cancel()
                     continue
@@ -257,6 +306,8 @@ def regenerate_via_server(server, tokenizer, stop_ids, items: list[dict], *, max
                 if progress is not None:
                     progress(len(gen), len(items))
             pending = {f: k for f, k in pending.items() if not f.cancelled()}
+    finally:  # an exception of our own (the journal's disk) must not send the queue either
+        pool.shutdown(wait=True, cancel_futures=True)
     seconds = time.perf_counter() - t0
     if failure is not None:
         raise failure

@@ -2,6 +2,7 @@
 params.yaml is the one source of default values."""
 
 import dataclasses
+import re
 import typing
 from pathlib import Path
 
@@ -66,6 +67,49 @@ def test_dvc_written_float_string_is_read_as_float(tmp_path):
 def test_bad_params_name_the_key(raw, message):
     with pytest.raises(ParamsError, match=message):
         parse_params(raw, "params.yaml")
+
+
+SERVER = {"backend": "server", "server": {"model": "qwen3-8b", "revision": "abc123"}}
+
+
+def _served(**server) -> dict:
+    return {"distill": {**SERVER, "server": {**SERVER["server"], **server}}}
+
+
+@pytest.mark.parametrize("server, message", [
+    ({"timeout": float("inf")}, r"'distill\.server\.timeout' must be a finite number > 0 \(seconds\)"),
+    ({"timeout": "inf"}, r"'distill\.server\.timeout' must be a finite number > 0"),
+    ({"timeout": float("nan")}, r"'distill\.server\.timeout' must be a finite number > 0"),
+    ({"timeout": 0.0}, r"'distill\.server\.timeout' must be a finite number > 0"),
+    ({"url": "http://127.0.0.1:8000/v1"}, r"'distill\.server\.url' must be an http:// or https:// base URL .*no path"),
+    ({"url": "http://"}, r"'distill\.server\.url' must be an http:// or https:// base URL"),
+    ({"url": "https://"}, r"'distill\.server\.url' must be"),
+    ({"url": "http://exa mple:80"}, r"'distill\.server\.url' must be"),
+    ({"url": "127.0.0.1:8000"}, r"'distill\.server\.url' must be"),
+    ({"url": "ftp://host:21"}, r"'distill\.server\.url' must be"),
+    ({"url": "http://host:99999"}, r"'distill\.server\.url' must be"),
+    ({"url": "http://host:8000?x=1"}, r"'distill\.server\.url' must be"),
+    ({"concurrency": 0}, r"'distill\.server\.concurrency' must be in \[1, 1024\]"),
+    ({"concurrency": 1025}, r"'distill\.server\.concurrency' must be in \[1, 1024\]"),
+    ({"revision": ""}, r"'distill\.server\.revision' must be the served weights' revision"),
+    ({"revision": "  "}, r"'distill\.server\.revision' must be"),
+    ({"model": ""}, r"'distill\.server\.model' must be the served model's name"),
+])
+def test_bad_server_params_name_the_key_and_file(tmp_path, server, message):
+    f = tmp_path / "params.yaml"
+    f.write_text(yaml.safe_dump(_served(**server)))
+    with pytest.raises(ParamsError, match=rf"^{re.escape(str(f))}: {message}.* when 'distill\.backend' is 'server'"):
+        load_params(f)
+
+
+def test_server_params_are_checked_only_for_the_server_backend(tmp_path):
+    ok = parse_params(_served(url="https://engine.example:443/", concurrency=1024, timeout=1e-3), "p.yaml")
+    assert ok.distill.server.url == "https://engine.example:443/" and ok.distill.server.concurrency == 1024
+    hf = parse_params({"distill": {"backend": "hf", "server": {"revision": "", "url": "http://h/v1", "timeout": 0}}},
+                      "p.yaml")
+    assert hf.distill.server.revision == "" and hf.distill.server.url == "http://h/v1"
+    off = parse_params({"distill": {"enabled": False, "backend": "server", "server": {"revision": ""}}}, "p.yaml")
+    assert off.distill.server.revision == ""
 
 
 def test_missing_file_and_bad_yaml(tmp_path):

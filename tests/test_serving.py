@@ -5,26 +5,34 @@ serves the embedded SmolLM2 GGUF on CPU; the stage sends it token-id prompts and
 ids it generates. The ids are checked against HF greedy decoding of the same GGUF, against the
 text the server itself reports, and against the stop rule; failures (server down, timeout, HTTP
 error, a model it does not serve) name the prompt and the URL, and the journal keeps what finished.
+
+Malformed replies (a body cut off mid-reply, a port that speaks no HTTP, non-JSON, a missing field,
+ids outside the vocabulary, a reply past the budget) come from real local servers
+(``http.server`` / ``socketserver`` in a thread) that answer exactly those bytes.
 """
 
 from __future__ import annotations
 
+import contextlib
+import http.server
 import json
 import re
 import shutil
 import socket
+import socketserver
 import subprocess
 import sysconfig
+import threading
 import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 
-from eyas.config import load_params
+from eyas.config import DistillServerParams, load_params
 from eyas.data import read_jsonl, write_jsonl
 from eyas.distill import Journal, plan_prompts
-from eyas.serving import ServerError, check_reply, parse_reply, regenerate_via_server
+from eyas.serving import ServerError, check_reply, parse_reply, regenerate_via_server, served_models
 from eyas.target import embedded_target
 from stages import self_distill
 
@@ -90,7 +98,8 @@ def _conversations() -> list[dict]:
 
 def _params(tmp_path, url: str, **server) -> object:
     cfg = {"distill": {"backend": "server", "splits": ["train"], "max_new_tokens": MAX_NEW, "max_prompt_tokens": 128,
-                       "server": {"api": "llamacpp", "url": url, "model": ALIAS, "concurrency": 2, **server}}}
+                       "server": {"api": "llamacpp", "url": url, "model": ALIAS, "revision": "embedded-q4_1",
+                                  "concurrency": 2, **server}}}
     (tmp_path / "params.yaml").write_text(json.dumps(cfg))
     return load_params(tmp_path / "params.yaml")
 
@@ -205,10 +214,170 @@ def test_reply_checks_follow_the_stop_rule():
         parse_reply("vllm", {"choices": [{"token_ids": None, "finish_reason": "stop"}]})
     with pytest.raises(ServerError, match="'word'"):
         parse_reply("llamacpp", {"tokens": [5], "stop_type": "word"})
-    assert check_reply([5, 2, 7], "length", [2], 3) == [5, 2]  # kept going past a stop id: cut there
+    assert check_reply([5, 2, 7], "length", [2], 3, 8) == [5, 2]  # kept going past a stop id: cut there
+    assert check_reply([0, 7, 2], "stop", [2], 3, 8) == [0, 7, 2]  # the vocabulary's first and last ids
     with pytest.raises(ServerError, match="no tokens"):
-        check_reply([], "stop", [2], 3)
+        check_reply([], "stop", [2], 3, 8)
     with pytest.raises(ServerError, match="not one of the target's stop ids"):
-        check_reply([5, 0], "stop", [2], 3)
+        check_reply([5, 0], "stop", [2], 3, 8)
     with pytest.raises(ServerError, match="cut the reply at 2"):
-        check_reply([5, 6], "length", [2], 3)
+        check_reply([5, 6], "length", [2], 3, 8)
+    with pytest.raises(ServerError, match=r"id 8 \(position 1\) is outside the target's vocabulary \[0, 8\)"):
+        check_reply([5, 8], "length", [2], 2, 8)
+
+
+# --- malformed replies from real local servers -------------------------------------------------
+
+CHARS = [chr(c) for c in range(32, 127)] + ["\n"]  # 96 ids, then 2 special tokens: vocabulary 98
+VOCAB = len(CHARS) + 2
+
+
+@pytest.fixture(scope="module")
+def char_tokenizer():
+    """A character-level fast tokenizer of VOCAB ids (the rows' ``content`` decodes with it)."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(CHARS)}, merges=[]))
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, additional_special_tokens=["<|im_start|>", "<|im_end|>"])
+    assert len(fast) == VOCAB
+    return fast
+
+
+class _Canned(http.server.BaseHTTPRequestHandler):
+    """Answers every request with ``server.reply(request JSON or None for a GET)``: ``(status,
+    body bytes, declared Content-Length)``; a declared length past the body closes mid-reply."""
+
+    def do_GET(self):
+        self._answer(None)
+
+    def do_POST(self):
+        self._answer(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+
+    def _answer(self, request):
+        with self.server.lock:
+            self.server.sent.append(request)
+        status, raw, declared = self.server.reply(request)
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(declared))
+        self.end_headers()
+        self.wfile.write(raw)
+        self.close_connection = True
+
+    def log_message(self, *args):
+        pass
+
+
+class _NotHttp(socketserver.BaseRequestHandler):
+    def handle(self):
+        self.request.recv(65536)
+        self.request.sendall(b"SSH-2.0-OpenSSH_9\r\n")
+
+
+@contextlib.contextmanager
+def _local(reply=None, handler=_Canned):
+    cls = http.server.ThreadingHTTPServer if handler is _Canned else socketserver.ThreadingTCPServer
+    srv = cls(("127.0.0.1", 0), handler)
+    srv.daemon_threads = True
+    srv.reply, srv.sent, srv.lock = reply, [], threading.Lock()
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    try:
+        yield srv, f"http://127.0.0.1:{srv.server_address[1]}"
+    finally:
+        srv.shutdown()
+        srv.server_close()
+        t.join()
+
+
+def _body(obj, cut: int | None = None):
+    raw = obj if isinstance(obj, bytes) else json.dumps(obj).encode()
+    return lambda request: (200, raw[:cut], len(raw))
+
+
+def _server(url: str, api: str = "llamacpp", concurrency: int = 1) -> DistillServerParams:
+    return DistillServerParams(api=api, url=url, model="m", revision="r", concurrency=concurrency, timeout=30.0)
+
+
+ONE = [{"id": "conv-7", "messages": [], "prompt_ids": [40, 41]}]
+PATHS = {"llamacpp": "/completion", "vllm": "/v1/completions", "sglang": "/generate"}
+
+
+@pytest.mark.parametrize("api, reply, message", [
+    ("llamacpp", _body({"tokens": [5, 2], "stop_type": "eos"}, cut=8), r"IncompleteRead"),
+    ("llamacpp", _body(b"<html>Bad gateway</html>"), r"the reply is not JSON: b'<html>"),
+    ("llamacpp", _body(b"\xff\xfe\xfa"), r"the reply is not JSON"),
+    ("llamacpp", _body([1, 2]), r"the reply is not a JSON object: b'\[1, 2\]'"),
+    ("vllm", _body({"choices": []}), r"field `choices\[0\]` is missing \(vllm protocol\)"),
+    ("vllm", _body({"choices": [{"finish_reason": "stop"}]}), r"no `choices\[0\].token_ids`.*return_token_ids"),
+    ("vllm", _body({"choices": [{"token_ids": [5, 2], "finish_reason": None}]}),
+     r"field `choices\[0\].finish_reason` is null"),
+    ("sglang", _body({"output_ids": [5, 2], "meta_info": {"finish_reason": None}}),
+     r"field `meta_info.finish_reason` is null \(sglang protocol\)"),
+    ("sglang", _body({"output_ids": [5, 2], "meta_info": {"finish_reason": "stop"}}),
+     r"field `meta_info.finish_reason.type` is missing"),
+    ("llamacpp", _body({"tokens": [5, -3], "stop_type": "limit"}),
+     rf"id -3 \(position 1\) is outside the target's vocabulary \[0, {VOCAB}\)"),
+    ("llamacpp", _body({"tokens": [5, 10 ** 12], "stop_type": "limit"}),
+     rf"id {10 ** 12} \(position 1\) is outside the target's vocabulary \[0, {VOCAB}\)"),
+    ("llamacpp", _body({"tokens": [5, VOCAB, 2], "stop_type": "eos"}), rf"id {VOCAB} \(position 1\)"),
+    ("llamacpp", _body({"tokens": [True, False], "stop_type": "limit"}), r"not a list of ints: \[true, false\]"),
+    ("llamacpp", _body({"tokens": [5, 6, 7, 8, 9, 2], "stop_type": "eos"}),
+     r"the reply is 6 tokens, longer than distill.max_new_tokens 4"),
+    ("llamacpp", lambda request: (500, b"engine died", 11), r"HTTP 500 .*engine died"),
+])
+def test_every_failed_request_is_a_server_error_naming_the_conversation_and_url(api, reply, message,
+                                                                                char_tokenizer):
+    with _local(reply) as (srv, url):
+        with pytest.raises(ServerError, match=message) as e:
+            regenerate_via_server(_server(url, api), char_tokenizer, [2], ONE, max_new_tokens=4)
+    assert str(e.value).startswith(f"self-distill prompt 'conv-7': {url}{PATHS[api]}: "), str(e.value)
+    assert len(srv.sent) == 1 and srv.sent[0] is not None
+
+
+def test_a_port_without_http_and_an_invalid_url_are_server_errors(char_tokenizer):
+    with _local(handler=_NotHttp) as (_, url):
+        with pytest.raises(ServerError, match=r"^self-distill prompt 'conv-7': .*/completion: .*BadStatusLine.*SSH-2"):
+            regenerate_via_server(_server(url), char_tokenizer, [2], ONE, max_new_tokens=4)
+        with pytest.raises(ServerError, match=rf"^{url}/v1/models: .*BadStatusLine"):
+            served_models(url, 30.0)
+    invalid = r"^self-distill prompt 'conv-7': http://exa mple:80/completion: .*InvalidURL"
+    with pytest.raises(ServerError, match=invalid):
+        regenerate_via_server(_server("http://exa mple:80"), char_tokenizer, [2], ONE, max_new_tokens=4)
+
+
+@pytest.mark.parametrize("reply, message", [
+    (_body([1, 2]), "not a JSON object"),
+    (_body({"data": [1, 2]}), "no 'data' list of objects"),
+    (_body({"data": None}), "no 'data' list of objects"),
+    (_body({"data": [{"id": "m"}]}, cut=5), "IncompleteRead"),
+])
+def test_served_models_refuses_what_is_not_a_model_list(reply, message):
+    with _local(reply) as (_, url):
+        with pytest.raises(ServerError, match=rf"^{url}/v1/models: .*{message}"):
+            served_models(url, 30.0)
+
+
+def test_the_first_failure_cancels_the_queue_and_the_finished_replies_are_journaled(tmp_path, char_tokenizer):
+    """40 prompts, 2 in flight, the first reply cut off mid-body: the requests still queued are
+    never sent, and every reply that did come back is in the journal."""
+    items = [{"id": f"c{i}", "messages": [], "prompt_ids": [10 + i]} for i in range(40)]
+
+    def reply(request):
+        if request["prompt"] == [10]:
+            return 200, b'{"tokens": [5', 100
+        time.sleep(0.05)  # the good replies are slower than the cut one (never asserted on)
+        raw = json.dumps({"tokens": [5, 2], "stop_type": "eos"}).encode()
+        return 200, raw, len(raw)
+
+    journal = Journal(tmp_path / "j.jsonl", {"k": 1})
+    with _local(reply) as (srv, url):
+        with pytest.raises(ServerError, match=r"^self-distill prompt 'c0': .*/completion: .*IncompleteRead"):
+            regenerate_via_server(_server(url, concurrency=2), char_tokenizer, [2], items, max_new_tokens=4,
+                                  journal=journal)
+        sent = [r["prompt"] for r in srv.sent]
+    assert [10] in sent and len(sent) <= 4, sent  # the cut one, the one in flight, at most one per worker racing
+    done = Journal(tmp_path / "j.jsonl", {"k": 1}).done
+    assert sorted(done) == sorted(Journal.key(p) for p in sent if p != [10])
+    assert all(ids == [5, 2] for ids in done.values())
