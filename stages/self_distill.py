@@ -85,7 +85,8 @@ def run(p, in_dir: Path = IN_DIR, out_dir: Path = OUT_DIR, metrics_path: Path = 
     if todo:
         if load_tokenizer is None:
             from eyas.target import load_tokenizer_and_config as load_tokenizer
-        tokenizer, _ = load_tokenizer(p.target.path, p.target.gguf_file, p.target.trust_remote_code)
+        tokenizer, _ = load_tokenizer(p.target.path, p.target.gguf_file, p.target.trust_remote_code,
+                                      revision=p.target.revision)
         for split in todo:
             plans[split] = plan_prompts(tokenizer, read_jsonl(in_dir / f"{split}.jsonl"), turns=d.turns,
                                         max_prompt_tokens=prompt_budget(p), on_bad_line=p.data.on_bad_line)
@@ -93,7 +94,7 @@ def run(p, in_dir: Path = IN_DIR, out_dir: Path = OUT_DIR, metrics_path: Path = 
                   f"{plans[split][1]['conversations']} conversations")
         if d.backend == "server":  # the engine holds the weights: only the stop set is needed here
             stop_ids = stop_token_ids(tokenizer, load_generation_config(
-                p.target.path, p.target.gguf_file, p.target.trust_remote_code, p.target.revision))
+                p.target.path, p.target.gguf_file, p.target.trust_remote_code, revision=p.target.revision))
             metrics["server"] = check_served_model(d.server)
         else:
             if load_target is None:
