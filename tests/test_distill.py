@@ -295,7 +295,7 @@ def test_stage_enabled_regenerates_listed_splits_only(tmp_path):
     p, conv, out, m = _workspace(tmp_path, {"splits": ["train"], "max_new_tokens": 4, "batch_size": 3})
     t = _stub_target(_conversations(), eos_from=1)
     metrics = self_distill.run(p, conv, out, m, load_target=lambda *a, **k: t, work_dir=tmp_path / "work",
-                               load_tokenizer=lambda *a: (t.tokenizer, None))
+                               load_tokenizer=lambda *a, **k: (t.tokenizer, None))
     assert (out / "val.jsonl").read_bytes() == (conv / "val.jsonl").read_bytes()
     assert (out / "publish.jsonl").read_bytes() == (conv / "publish.jsonl").read_bytes()
     train = read_jsonl(out / "train.jsonl")
