@@ -19,7 +19,7 @@ import shutil
 import time
 from pathlib import Path
 
-from eyas.config import ParamsError, load_params
+from eyas.config import FEATURE_SPLITS, ParamsError, load_params
 from eyas.data import read_jsonl, write_jsonl
 from eyas.distill import Journal, plan_prompts, regenerate
 from eyas.files import write_json
@@ -27,7 +27,7 @@ from eyas.serving import ServerError, regenerate_via_server, served_models
 from eyas.target import load_generation_config, stop_token_ids
 from eyas.tracking import start_stage_run
 
-SPLITS = ("train", "val", "publish")
+SPLITS = FEATURE_SPLITS
 IN_DIR, OUT_DIR = Path("data/conversations"), Path("data/distilled")
 # repo-relative: per-split journals of finished replies (resume)
 WORK = Path(".eyas", "work", "self_distill")
@@ -76,9 +76,6 @@ def check_served_model(server) -> dict:
 def run(p, in_dir: Path = IN_DIR, out_dir: Path = OUT_DIR, metrics_path: Path = METRICS,
         tracker=None, load_target=None, work_dir: Path = WORK, load_tokenizer=None) -> dict:
     d = p.distill
-    bad = sorted(set(d.splits) - set(SPLITS))
-    if bad:
-        raise ParamsError(f"distill.splits: unknown split(s) {bad} (allowed: {list(SPLITS)})")
     todo = [s for s in SPLITS if d.enabled and s in d.splits]
     metrics: dict = {"enabled": d.enabled, "turns": d.turns, "splits": {}}
     plans = {}

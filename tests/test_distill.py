@@ -305,7 +305,6 @@ def test_stage_enabled_regenerates_listed_splits_only(tmp_path):
     assert list((tmp_path / "work").iterdir()) == []  # the journal goes once the split is written
 
 
-def test_stage_rejects_unknown_split(tmp_path):
-    p, conv, out, m = _workspace(tmp_path, {"splits": ["train", "test"]})
-    with pytest.raises(ParamsError, match="test"):
-        self_distill.run(p, conv, out, m, load_target=_no_target)
+def test_unknown_split_is_refused_with_the_params_before_the_stage(tmp_path):
+    with pytest.raises(ParamsError, match=r"params\.yaml: 'distill\.splits' must be .* among .*'test'\]$"):
+        _workspace(tmp_path, {"splits": ["train", "test"]})
