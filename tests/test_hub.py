@@ -110,7 +110,8 @@ def offline(hub_cache):
         for name, kw in [("missing_rev", dict(revision="{OTHER_SHA}")),
                          ("missing_repo", dict(revision="{SHA}", path="eyas-test/nope")),
                          ("pickle_only", dict(revision="{SHA}", path="eyas-test/tiny-chat-bin")),
-                         ("missing_gguf", dict(revision="{SHA}", gguf_file="model.Q4.gguf"))]:
+                         ("missing_gguf", dict(revision="{SHA}", gguf_file="model.Q4.gguf")),
+                         ("mistyped_local", dict(revision=None, path="models/stand-in"))]:
             try:
                 load_target(kw.pop("path", "eyas-test/tiny-chat"), **kw)
                 res[name] = None
@@ -186,6 +187,10 @@ def test_a_missing_revision_repo_or_file_and_pickled_weights_are_refused_by_name
         assert "target.path" in offline[name], offline[name]
     assert "eyas-test/tiny-chat" in offline["missing_rev"] and OTHER_SHA in offline["missing_rev"]
     assert "eyas-test/nope" in offline["missing_repo"] and SHA in offline["missing_repo"]
+    # an org/name-shaped path that is neither a local directory nor cached says both
+    assert offline["mistyped_local"].startswith("target.path 'models/stand-in' at revision 'main': no local "
+                                                "directory 'models/stand-in', and the hub repo is not in the "
+                                                "local HF cache"), offline["mistyped_local"]
     assert "safetensors" in offline["pickle_only"] and ".bin" in offline["pickle_only"]
     assert "model.Q4.gguf" in offline["missing_gguf"] and SHA in offline["missing_gguf"]
     # no refs/main in the drafter's repo: unpinned, offline, it cannot resolve, and says which
