@@ -151,7 +151,8 @@ def convert(args) -> dict:
     np.save(work / "d2t.npy", mapping.d2t.numpy())
     np.save(work / "t2d.npy", mapping.t2d.numpy())
 
-    target = load_target(p.target.path, p.target.gguf_file, "float32")
+    target = load_target(p.target.path, p.target.gguf_file, "float32", p.target.trust_remote_code,
+                         revision=p.target.revision)
     model = target.model
     w = model.model.norm.weight.detach().float()
     if (w == 0).any():
@@ -409,7 +410,8 @@ def evaluate_drafters(args, ckpt: str, partial=None) -> dict:
         raise ValueError(f"{ckpt}: aux layers {out['peer_aux_layers']} != features' {val.manifest['aux_layers']}")
 
     e = p.eval
-    target = load_target(p.target.path, p.target.gguf_file, p.target.dtype, p.target.trust_remote_code)
+    target = load_target(p.target.path, p.target.gguf_file, p.target.dtype, p.target.trust_remote_code,
+                         revision=p.target.revision)
     tok = target.tokenizer
     benches = {"chat": chat_prompts(read_jsonl(ROOT / "data/conversations/test.jsonl"), e.chat_prompts),
                "humaneval": humaneval_prompts(e.humaneval_prompts)}

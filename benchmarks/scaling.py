@@ -119,14 +119,12 @@ def subset_features(src: FeatureStore, indices: list[int], out_dir: Path) -> Fea
 
 
 def tokenizer_for(p):
-    """The target's tokenizer alone (as eyas.target.load_target finds it; no weights loaded)."""
-    from transformers import AutoTokenizer
+    """The target's tokenizer alone at ``target.revision`` (as eyas.target.load_target finds it; no
+    weights loaded)."""
+    from eyas.target import load_tokenizer_and_config
 
-    from eyas.target import embedded_target
-
-    path, gguf = embedded_target() if p.target.path == "embedded" else (p.target.path, p.target.gguf_file)
-    kw = {"gguf_file": gguf} if gguf else {}
-    return AutoTokenizer.from_pretrained(path, trust_remote_code=p.target.trust_remote_code, **kw)
+    return load_tokenizer_and_config(p.target.path, p.target.gguf_file, p.target.trust_remote_code,
+                                     revision=p.target.revision)[0]
 
 
 def train_order(root: Path, work: Path) -> list[int]:
@@ -367,7 +365,7 @@ def main() -> None:
             from eyas.target import load_target
 
             ev["target"] = t = load_target(p.target.path, p.target.gguf_file, p.target.dtype,
-                                           p.target.trust_remote_code)
+                                           p.target.trust_remote_code, revision=p.target.revision)
             ev["prompts"] = eval_prompts(root, p, t.tokenizer)
             ev["outputs"] = greedy_outputs(t, ev["prompts"], p, work / "greedy.json")
         return ev

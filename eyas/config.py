@@ -233,14 +233,19 @@ def _coerce(value: Any, tp: Any, path: str, source: str) -> Any:
     if tp is float:
         if isinstance(value, bool):
             raise ParamsError(f"{source}: '{path}' must be a number, got {value!r}")
+        number = None
         if isinstance(value, (int, float)):
-            return float(value)
-        if isinstance(value, str):  # '5e-05' as written by `dvc exp run -S`, read by PyYAML
+            number = float(value)
+        elif isinstance(value, str):  # '5e-05' as written by `dvc exp run -S`, read by PyYAML
             try:
-                return float(value)
+                number = float(value)
             except ValueError:
                 pass
-        raise ParamsError(f"{source}: '{path}' must be a number, got {value!r}")
+        if number is None:
+            raise ParamsError(f"{source}: '{path}' must be a number, got {value!r}")
+        if not math.isfinite(number):  # .inf/.nan (or 'inf', 'nan') break every float param downstream
+            raise ParamsError(f"{source}: '{path}' must be a finite number, got {value!r}")
+        return number
     if tp is str:
         if not isinstance(value, str):
             raise ParamsError(f"{source}: '{path}' must be a string, got {value!r}")
@@ -332,8 +337,29 @@ _FLOAT_DTYPES = ("float32", "bfloat16", "float16")
 _STORAGE_DTYPES = _FLOAT_DTYPES + ("float8_e4m3fn",)
 
 # (dotted key, test, what it must be): checked after types, before any compute
+FEATURE_SPLITS = ("train", "val", "publish")
+"""The splits self-distill may regenerate (``distill.splits``) and extract turns into features, in
+stage order; ``test`` only supplies eval prompts."""
+_SEED_MAX = 2 ** 63  # torch.Generator.manual_seed takes a signed 64-bit integer
+
+
+def _nonempty(v) -> bool:
+    return v.strip() != ""
+
+
+def _null_or_nonempty(v) -> bool:
+    return v is None or v.strip() != ""
+
+
 _RANGES = [
     ("lr", lambda v: 0 < v < 1, "in (0, 1)"),
+    ("seed", lambda v: 0 <= v < _SEED_MAX, "in [0, 2**63)"),
+    ("target.path", _nonempty, "a non-empty string ('embedded', a local HF directory or a hub id org/name)"),
+    ("target.gguf_file", _null_or_nonempty, "null or a non-empty file name"),
+    ("target.revision", _null_or_nonempty, "null (the hub's main) or a non-empty commit sha, branch or tag"),
+    ("data.source", _nonempty, "a non-empty string"),
+    ("remap.source", _nonempty, "a non-empty string (a local drafter directory or a hub id org/name)"),
+    ("remap.revision", _null_or_nonempty, "null or a non-empty commit sha, branch or tag"),
     ("target.dtype", lambda v: v in _FLOAT_DTYPES, f"one of {_FLOAT_DTYPES}"),
     ("data.max_conversations", lambda v: v >= 0, ">= 0 (0 = all)"),
     ("data.val", lambda v: v >= 1, ">= 1 (val features drive the step-0 gate and val metrics)"),
@@ -345,8 +371,9 @@ _RANGES = [
     ("distill.batch_size", lambda v: v >= 1, ">= 1"),
     ("distill.turns", lambda v: v in ("last", "all"), "'last' or 'all'"),
     ("distill.max_prompt_tokens", lambda v: v >= 0, ">= 0 (0 = extract.max_length - distill.max_new_tokens)"),
-    ("distill.splits", lambda v: len(v) > 0,
-     "a non-empty list of splits to regenerate (to regenerate none, set 'distill.enabled: false')"),
+    ("distill.splits", lambda v: len(v) > 0 and set(v) <= set(FEATURE_SPLITS),
+     f"a non-empty list of splits among {list(FEATURE_SPLITS)} to regenerate (to regenerate none, set "
+     f"'distill.enabled: false')"),
     ("distill.backend", lambda v: v in ("hf", "server"), "'hf' or 'server'"),
     ("extract.max_length", lambda v: v >= 8, ">= 8"),
     ("extract.dtype", lambda v: v in _STORAGE_DTYPES,
@@ -390,10 +417,11 @@ _RANGES = [
     ("eval.timing_repeats", lambda v: v >= 1, ">= 1 (each prompt's greedy and speculative runs are timed this often)"),
     ("eval.served_prompts", lambda v: v >= 0, ">= 0 (0 = no served table)"),
     ("eval.served_max_new_tokens", lambda v: v >= 2, ">= 2"),
-    ("eval.temperatures", lambda v: len(v) > 0 and all(t >= 0 for t in v),
-     "a non-empty list of numbers >= 0 (0 = greedy)"),
+    ("eval.temperatures", lambda v: len(v) > 0 and len(set(v)) == len(v) and all(t >= 0 for t in v),
+     "a non-empty list of distinct numbers >= 0 (0 = greedy; a repeat would decode every prompt twice)"),
     ("eval.top_p", lambda v: 0 < v <= 1, "in (0, 1]"),
-    ("eval.seeds", lambda v: len(v) > 0 and len(set(v)) == len(v), "a non-empty list of distinct integers"),
+    ("eval.seeds", lambda v: len(v) > 0 and len(set(v)) == len(v) and all(0 <= s < _SEED_MAX for s in v),
+     "a non-empty list of distinct integers in [0, 2**63)"),
     ("eval.tree_topk", lambda v: v >= 1, ">= 1"),
     ("eval.tree_num_steps", lambda v: v >= 1, ">= 1"),
 ]
@@ -432,6 +460,9 @@ def _check_ranges(params: "Params", source: str) -> None:
             suffix = " when 'distill.backend' is 'server'" if key.startswith("distill.server.") else ""
             raise ParamsError(f"{source}: '{key}' must be {what}{suffix}, got {flat[key]!r}")
     e = params.eval
+    if e.tree_topk > params.vocab.draft_vocab_size:
+        raise ParamsError(f"{source}: 'eval.tree_topk' ({e.tree_topk}) must be <= 'vocab.draft_vocab_size' "
+                          f"({params.vocab.draft_vocab_size}): each tree node expands the drafter's top-k draft tokens")
     most = e.tree_topk + (e.tree_num_steps - 1) * e.tree_topk ** 2
     if not 2 <= e.tree_num_draft_tokens <= most + 1:
         raise ParamsError(f"{source}: 'eval.tree_num_draft_tokens' must be in [2, {most + 1}] (the root and up to "

@@ -30,7 +30,8 @@ class HubError(ValueError):
 
 def is_hub_id(path: str) -> bool:
     """True for ``org/name`` that is not an existing local path and does not start with ``.`` or
-    ``/`` (those are local paths, even when missing)."""
+    ``/`` (those are local paths, even when missing). The shape only: :func:`snapshot` validates the
+    id with huggingface_hub's own rules (``validate_repo_id``)."""
     return bool(_ID.match(path)) and not Path(path).exists()
 
 
@@ -48,7 +49,8 @@ def snapshot(repo_id: str, revision: str | None, *, param: str, gguf_file: str |
         ``(directory, commit sha)``: the snapshot directory in the HF cache
         (``models--org--name/snapshots/<sha>``) and the commit it holds.
     Raises:
-        HubError: the id or revision does not exist (or is not in the cache offline), a file is
+        HubError: the id is not a valid hub id (huggingface_hub ``validate_repo_id``: e.g. ``.git``
+            suffix, ``--`` or ``..``), the id or revision does not exist (or is not in the cache offline), a file is
             missing (``config.json``; the GGUF file; safetensors weights), or the snapshot's
             weights are pickled only; each message names the id and the revision.
     """
@@ -60,8 +62,14 @@ def snapshot(repo_id: str, revision: str | None, *, param: str, gguf_file: str |
         RepositoryNotFoundError,
         RevisionNotFoundError,
     )
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
 
     at = f"{param} {repo_id!r} at revision {revision or 'main'!r}"
+    local = f"no local directory {repo_id!r}"  # an org/name-shaped path may be a mistyped local one
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as e:
+        raise HubError(f"{param} {repo_id!r}: {local}, and not a valid hub id: {e}") from None
     patterns = _METADATA + ([gguf_file] if gguf_file else ["*.safetensors", "*.safetensors.index.json"])
     if trust_remote_code:
         patterns.append("*.py")
@@ -70,10 +78,11 @@ def snapshot(repo_id: str, revision: str | None, *, param: str, gguf_file: str |
     except RevisionNotFoundError:
         raise HubError(f"{at}: no such revision on the hub") from None
     except RepositoryNotFoundError:
-        raise HubError(f"{at}: no such repository on the hub (or it is private/gated and no token is set)") from None
+        raise HubError(f"{at}: {local} and no hub repo {repo_id!r} (or it is private/gated and no token "
+                       f"is set)") from None
     except (LocalEntryNotFoundError, EntryNotFoundError) as e:
-        raise HubError(f"{at}: not in the local HF cache and the hub cannot be reached "
-                       f"(HF_HUB_OFFLINE?): {type(e).__name__}") from None
+        raise HubError(f"{at}: {local}, and the hub repo is not in the local HF cache and the hub cannot be "
+                       f"reached (HF_HUB_OFFLINE?): {type(e).__name__}") from None
     except HfHubHTTPError as e:
         raise HubError(f"{at}: the hub refused the request ({e})") from None
     sha = d.name

@@ -107,6 +107,12 @@ class TargetCapture:
         self.max_tokens, self.ahead = max_tokens, ahead
 
     def __call__(self, samples: list[dict[str, torch.Tensor]]) -> list[dict[str, torch.Tensor]]:
+        """Hidden states of ``samples`` (each ``input_ids``: int64 ``[T_i]``, ``T_i >= 1``) as the
+        store would hold them. Raises FeatureError for a sample with no tokens (its batch position)."""
+        empty = [i for i, s in enumerate(samples) if len(s["input_ids"]) < 1]
+        if empty:
+            raise FeatureError(f"online capture: sample(s) at batch position(s) {empty} have no tokens "
+                               f"(a zero-length sample has no hidden states to capture)")
         dev = self.target.device
         order = sorted(range(len(samples)), key=lambda i: -len(samples[i]["input_ids"]))
         out: list = [None] * len(samples)
@@ -233,8 +239,10 @@ def capture_for(p, store: FeatureStore, device=None) -> TargetCapture | None:
     was made for, as a :class:`TargetCapture` with the store's aux layers and storage dtype.
 
     Raises:
-        FeatureError: ``train.mode`` disagrees with what ``store`` holds, or the target loaded now
-            is not the store's (path, GGUF file, revision, file hash): rerun extract.
+        FeatureError: ``train.mode`` disagrees with what ``store`` holds; params ``target`` names
+            another path, GGUF file or revision than the store's (checked before the target
+            loads); or the target loaded now differs from the store's (file hash, shapes): rerun
+            extract.
     """
     want = TOKENS if p.train.mode == "online" else FEATURES
     if store.contents != want:
@@ -243,13 +251,19 @@ def capture_for(p, store: FeatureStore, device=None) -> TargetCapture | None:
     if want == FEATURES:
         return None
     from eyas.distributed import init_distributed
-    from eyas.target import load_target, pick_device
+    from eyas.target import declared_identity, load_target, pick_device
 
-    _, _, dev = init_distributed(device or pick_device())
     t = p.target
-    target = load_target(t.path, t.gguf_file, t.dtype, t.trust_remote_code, device=dev, revision=t.revision)
     made_for = store.manifest.get("target", {})
-    for k in ("path", "gguf_file", "revision", "file_sha256", "num_layers", "hidden_size", "vocab_size"):
+    declared = declared_identity(t.path, t.gguf_file, t.revision)
+    for k, v in declared.items():  # what params fix: refuse before the weights load
+        if made_for.get(k) != v:
+            raise FeatureError(f"{store.root / 'manifest.json'}: the token store was made for target {k} = "
+                               f"{made_for.get(k)!r}, params target.{k} gives {v!r}: rerun `dvc repro extract` "
+                               f"(or set target back)")
+    _, _, dev = init_distributed(device or pick_device())
+    target = load_target(t.path, t.gguf_file, t.dtype, t.trust_remote_code, device=dev, revision=t.revision)
+    for k in ("file_sha256", "num_layers", "hidden_size", "vocab_size"):  # what only the loaded target tells
         if made_for.get(k) != target.identity.get(k):
             raise FeatureError(f"{store.root / 'manifest.json'}: the token store was made for target {k} = "
                                f"{made_for.get(k)!r}, the target loaded now has {target.identity.get(k)!r}: "

@@ -197,6 +197,17 @@ def _resolve(path: str, gguf_file: str | None, trust_remote_code: bool,
     return path, gguf_file, kw
 
 
+def declared_identity(path: str = "embedded", gguf_file: str | None = None,
+                      revision: str | None = None) -> dict:
+    """The part of :attr:`Target.identity` that params fix before anything loads: ``path`` (a hub
+    id or local directory as written; ``"embedded"`` as the package directory), ``gguf_file`` and
+    ``revision``, as :func:`load_target` records them. Raises TargetError for ``"embedded"``
+    without its package."""
+    if path == "embedded":
+        path, gguf_file = embedded_target()
+    return {"path": path, "gguf_file": gguf_file, "revision": revision}
+
+
 def load_tokenizer_and_config(path: str = "embedded", gguf_file: str | None = None,
                               trust_remote_code: bool = False, revision: str | None = None):
     """The target's tokenizer and HF config without its weights (a GGUF's metadata only), so a
@@ -255,6 +266,7 @@ def load_target(path: str = "embedded", gguf_file: str | None = None, dtype: str
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    declared = declared_identity(path, gguf_file, revision)
     given = path
     path, gguf_file, kw = _resolve(path, gguf_file, trust_remote_code, revision)
     tokenizer = tokenizer or AutoTokenizer.from_pretrained(path, **_tokenizer_kw(kw))
@@ -263,8 +275,7 @@ def load_target(path: str = "embedded", gguf_file: str | None = None, dtype: str
     model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype), **kw)
     model.eval().to(device or pick_device())
     hub = path != given and given != "embedded"
-    identity = {"path": given if hub else str(path), "gguf_file": gguf_file, "revision": revision,
-                "class": type(model).__name__,
+    identity = {**declared, "class": type(model).__name__,
                 "num_layers": model.config.num_hidden_layers, "hidden_size": model.config.hidden_size,
                 "vocab_size": model.config.vocab_size}
     if hub:  # the commit the snapshot holds (a branch or tag resolved; eyas/hub.py)

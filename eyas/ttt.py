@@ -19,7 +19,7 @@ import torch
 from safetensors import safe_open
 
 from eyas.drafter import Eagle3Drafter
-from eyas.features import FeatureStore, read_tensors
+from eyas.features import FeatureError, FeatureStore, read_tensors
 
 BATCH_KEYS = ("input_ids", "loss_mask", "aux_hidden", "final_hidden", "target_argmax")
 
@@ -90,6 +90,10 @@ class PackedLoader:
             with safe_open(str(store.root / s["file"]), framework="pt") as f:
                 off = f.get_tensor("offsets")
             self.lengths.append((off[1:] - off[:-1]).tolist())
+            empty = [i for i, n in enumerate(self.lengths[-1]) if n < 1]
+            if empty:  # nothing to train on, and a zero-length row breaks packing and online capture
+                raise FeatureError(f"{store.root / s['file']}: sample(s) {empty[:10]} of this shard have no "
+                                   f"tokens; rerun `dvc repro extract` (it must not store empty samples)")
         self.row_tokens = max(max(ls) for ls in self.lengths)
         self.rows_per_batch = max(1, batch_tokens // self.row_tokens)
 

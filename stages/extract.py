@@ -26,7 +26,7 @@ import torch
 from tqdm import tqdm
 
 from eyas import features, layers
-from eyas.config import load_params
+from eyas.config import FEATURE_SPLITS, load_params
 from eyas.data import DataError, read_jsonl, render_with_loss_mask
 from eyas.files import save_safetensors, write_json
 from eyas.provenance import record as fingerprint
@@ -34,7 +34,7 @@ from eyas.target import load_target, load_tokenizer_and_config
 from eyas.tracking import start_stage_run
 from stages.common import DISTILLED, FEATURES, METRICS
 
-SPLITS = ("train", "val", "publish")
+SPLITS = FEATURE_SPLITS
 # in-progress shards live OUTSIDE the DVC out (DVC deletes data/features before the stage runs), so
 # a killed extract resumes from its last complete shard; finished splits are moved into place
 WORK = Path(".eyas", "work", "extract")  # repo-relative

@@ -19,7 +19,7 @@ import shutil
 import time
 from pathlib import Path
 
-from eyas.config import ParamsError, load_params
+from eyas.config import FEATURE_SPLITS, ParamsError, load_params
 from eyas.data import read_jsonl, write_jsonl
 from eyas.distill import Journal, plan_prompts, regenerate
 from eyas.files import write_json
@@ -27,7 +27,7 @@ from eyas.serving import ServerError, regenerate_via_server, served_models
 from eyas.target import load_generation_config, stop_token_ids
 from eyas.tracking import start_stage_run
 
-SPLITS = ("train", "val", "publish")
+SPLITS = FEATURE_SPLITS
 IN_DIR, OUT_DIR = Path("data/conversations"), Path("data/distilled")
 # repo-relative: per-split journals of finished replies (resume)
 WORK = Path(".eyas", "work", "self_distill")
@@ -76,16 +76,14 @@ def check_served_model(server) -> dict:
 def run(p, in_dir: Path = IN_DIR, out_dir: Path = OUT_DIR, metrics_path: Path = METRICS,
         tracker=None, load_target=None, work_dir: Path = WORK, load_tokenizer=None) -> dict:
     d = p.distill
-    bad = sorted(set(d.splits) - set(SPLITS))
-    if bad:
-        raise ParamsError(f"distill.splits: unknown split(s) {bad} (allowed: {list(SPLITS)})")
     todo = [s for s in SPLITS if d.enabled and s in d.splits]
     metrics: dict = {"enabled": d.enabled, "turns": d.turns, "splits": {}}
     plans = {}
     if todo:
         if load_tokenizer is None:
             from eyas.target import load_tokenizer_and_config as load_tokenizer
-        tokenizer, _ = load_tokenizer(p.target.path, p.target.gguf_file, p.target.trust_remote_code)
+        tokenizer, _ = load_tokenizer(p.target.path, p.target.gguf_file, p.target.trust_remote_code,
+                                      revision=p.target.revision)
         for split in todo:
             plans[split] = plan_prompts(tokenizer, read_jsonl(in_dir / f"{split}.jsonl"), turns=d.turns,
                                         max_prompt_tokens=prompt_budget(p), on_bad_line=p.data.on_bad_line)
@@ -93,7 +91,7 @@ def run(p, in_dir: Path = IN_DIR, out_dir: Path = OUT_DIR, metrics_path: Path = 
                   f"{plans[split][1]['conversations']} conversations")
         if d.backend == "server":  # the engine holds the weights: only the stop set is needed here
             stop_ids = stop_token_ids(tokenizer, load_generation_config(
-                p.target.path, p.target.gguf_file, p.target.trust_remote_code, p.target.revision))
+                p.target.path, p.target.gguf_file, p.target.trust_remote_code, revision=p.target.revision))
             metrics["server"] = check_served_model(d.server)
         else:
             if load_target is None:

@@ -53,8 +53,35 @@ def test_dvc_written_float_string_is_read_as_float(tmp_path):
     ({"extract": {"dtype": "int8"}}, "'extract.dtype' must be one of"),
     ({"data": {"val": 0}}, "'data.val' must be >= 1"),
     ({"eval": {"humaneval_prompts": 200}}, r"'eval.humaneval_prompts' must be in \[1, 164\]"),
-    ({"lr": "nan"}, r"'lr' must be in \(0, 1\)"),
-    ({"eval": {"temperatures": [0.7, -1.0]}}, r"'eval.temperatures' must be a non-empty list of numbers >= 0"),
+    ({"lr": "nan"}, r"^params\.yaml: 'lr' must be a finite number, got 'nan'$"),
+    ({"eval": {"temperatures": [0.7, -1.0]}}, r"'eval.temperatures' must be a non-empty list of distinct numbers >= 0"),
+    # a repeated temperature decoded every prompt twice and overwrote the same row
+    ({"eval": {"temperatures": [0.7, 0.7]}},
+     r"^params\.yaml: 'eval.temperatures' must be .*distinct.*, got \[0.7, 0.7\]$"),
+    ({"eval": {"temperatures": [0.0, "inf"]}}, r"^params\.yaml: 'eval.temperatures\[1\]' must be a finite number"),
+    # torch.Generator.manual_seed overflows past a signed 64-bit integer
+    ({"eval": {"seeds": [0, 2 ** 64]}}, r"^params\.yaml: 'eval.seeds' must be .* in \[0, 2\*\*63\), got \[0, "),
+    ({"eval": {"seeds": [-1]}}, r"'eval.seeds' must be .* in \[0, 2\*\*63\)"),
+    ({"seed": 2 ** 63}, r"^params\.yaml: 'seed' must be in \[0, 2\*\*63\), got 9223372036854775808$"),
+    ({"eval": {"tree_topk": 4097}, "vocab": {"draft_vocab_size": 4096}},
+     r"^params\.yaml: 'eval.tree_topk' \(4097\) must be <= 'vocab.draft_vocab_size' \(4096\)"),
+    ({"train": {"weight_decay": float("inf")}},  # YAML's .inf
+     r"^params\.yaml: 'train.weight_decay' must be a finite number, got inf$"),
+    ({"train": {"grad_clip": "inf"}}, r"^params\.yaml: 'train.grad_clip' must be a finite number, got 'inf'$"),
+    ({"train_finetune": {"gate_margin": float("nan")}},
+     r"^params\.yaml: 'train_finetune.gate_margin' must be a finite number, got nan$"),
+    # '' is Path('') = the working directory: it passed as a local directory
+    ({"target": {"path": ""}}, r"^params\.yaml: 'target.path' must be a non-empty string"),
+    ({"data": {"source": " "}}, r"^params\.yaml: 'data.source' must be a non-empty string"),
+    ({"remap": {"source": ""}}, r"^params\.yaml: 'remap.source' must be a non-empty string"),
+    ({"target": {"revision": ""}}, r"'target.revision' must be null \(the hub's main\) or a non-empty"),
+    ({"remap": {"revision": ""}}, r"'remap.revision' must be null or a non-empty"),
+    ({"target": {"gguf_file": ""}}, r"'target.gguf_file' must be null or a non-empty"),
+    # a mistyped split was refused only inside the self-distill stage
+    ({"distill": {"splits": ["train", "trian"]}},
+     r"^params\.yaml: 'distill.splits' must be a non-empty list of splits among \['train', 'val', 'publish'\].*"
+     r"got \['train', 'trian'\]$"),
+    ({"distill": {"splits": ["test"]}}, r"'distill.splits' must be a non-empty list of splits among"),
     ({"eval": {"seeds": [1, 1]}}, r"'eval.seeds' must be a non-empty list of distinct integers"),
     ({"eval": {"top_p": 0.0}}, r"'eval.top_p' must be in \(0, 1\]"),
     ({"eval": {"tree_topk": 2, "tree_num_steps": 2, "tree_num_draft_tokens": 8}},

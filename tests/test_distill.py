@@ -295,7 +295,7 @@ def test_stage_enabled_regenerates_listed_splits_only(tmp_path):
     p, conv, out, m = _workspace(tmp_path, {"splits": ["train"], "max_new_tokens": 4, "batch_size": 3})
     t = _stub_target(_conversations(), eos_from=1)
     metrics = self_distill.run(p, conv, out, m, load_target=lambda *a, **k: t, work_dir=tmp_path / "work",
-                               load_tokenizer=lambda *a: (t.tokenizer, None))
+                               load_tokenizer=lambda *a, **k: (t.tokenizer, None))
     assert (out / "val.jsonl").read_bytes() == (conv / "val.jsonl").read_bytes()
     assert (out / "publish.jsonl").read_bytes() == (conv / "publish.jsonl").read_bytes()
     train = read_jsonl(out / "train.jsonl")
@@ -305,7 +305,6 @@ def test_stage_enabled_regenerates_listed_splits_only(tmp_path):
     assert list((tmp_path / "work").iterdir()) == []  # the journal goes once the split is written
 
 
-def test_stage_rejects_unknown_split(tmp_path):
-    p, conv, out, m = _workspace(tmp_path, {"splits": ["train", "test"]})
-    with pytest.raises(ParamsError, match="test"):
-        self_distill.run(p, conv, out, m, load_target=_no_target)
+def test_unknown_split_is_refused_with_the_params_before_the_stage(tmp_path):
+    with pytest.raises(ParamsError, match=r"params\.yaml: 'distill\.splits' must be .* among .*'test'\]$"):
+        _workspace(tmp_path, {"splits": ["train", "test"]})

@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def _repo(cache: Path, repo_id: str, sha: str, branch: str | None = "main", make: bool = True) -> Path:
     base = cache / ("models--" + repo_id.replace("/", "--"))
     snap = base / "snapshots" / sha
-    snap.parent.mkdir(parents=True)
+    snap.parent.mkdir(parents=True, exist_ok=True)
     if make:
         snap.mkdir()
     if branch:
@@ -61,6 +61,15 @@ def hub_cache(tmp_path_factory, smollm_tokenizer):
         if not f.name.endswith(".safetensors"):
             (bin_snap / f.name).write_bytes(f.read_bytes())
     torch.save(model.state_dict(), bin_snap / "pytorch_model.bin")
+    # two revisions whose chat templates differ: main (OTHER_SHA) as saved, the pinned SHA marked
+    for sha, branch in ((OTHER_SHA, "main"), (SHA, None)):
+        two = _repo(cache, "eyas-test/two-templates", sha, branch=branch)
+        for f in snap.iterdir():
+            (two / f.name).write_bytes(f.read_bytes())
+    template = tok.chat_template
+    tok.chat_template = "PINNED " + template
+    tok.save_pretrained(cache / "models--eyas-test--two-templates" / "snapshots" / SHA)
+    tok.chat_template = template
     # a drafter in the eyas/SGLang layout under a tag-less repo, pinned by commit only
     dcfg = DrafterConfig(hidden_size=16, intermediate_size=32, num_attention_heads=2, num_key_value_heads=1,
                          head_dim=8, vocab_size=len(tok), draft_vocab_size=8, target_hidden_size=16,
@@ -101,7 +110,8 @@ def offline(hub_cache):
         for name, kw in [("missing_rev", dict(revision="{OTHER_SHA}")),
                          ("missing_repo", dict(revision="{SHA}", path="eyas-test/nope")),
                          ("pickle_only", dict(revision="{SHA}", path="eyas-test/tiny-chat-bin")),
-                         ("missing_gguf", dict(revision="{SHA}", gguf_file="model.Q4.gguf"))]:
+                         ("missing_gguf", dict(revision="{SHA}", gguf_file="model.Q4.gguf")),
+                         ("mistyped_local", dict(revision=None, path="models/stand-in"))]:
             try:
                 load_target(kw.pop("path", "eyas-test/tiny-chat"), **kw)
                 res[name] = None
@@ -116,6 +126,32 @@ def offline(hub_cache):
             res["drafter_unpinned"] = None
         except SystemExit as e:
             res["drafter_unpinned"] = str(e)
+        # self-distill renders its prompts with the tokenizer at target.revision, not main's
+        import tempfile
+        from pathlib import Path
+        from eyas.config import load_params
+        from eyas.data import render_prompt
+        from stages import self_distill
+        ws = Path(tempfile.mkdtemp())
+        (ws / "params.yaml").write_text(json.dumps({{
+            "target": {{"path": "eyas-test/two-templates", "revision": "{SHA}"}},
+            "distill": {{"enabled": True, "backend": "hf", "splits": ["train"]}}}}))
+        (ws / "conv").mkdir()
+        (ws / "conv" / "train.jsonl").write_text(json.dumps({{"id": "c1", "messages": [
+            {{"role": "user", "content": "hi"}}, {{"role": "assistant", "content": "yo"}}]}}) + "\\n")
+        seen = {{}}
+        def stop_at_load(*a, tokenizer=None, revision=None, **k):
+            seen["prompt"] = tokenizer.decode(render_prompt(tokenizer, [{{"role": "user", "content": "hi"}}]))
+            seen["revision"] = revision
+            raise KeyboardInterrupt
+        try:
+            self_distill.run(load_params(ws / "params.yaml"), ws / "conv", ws / "out", ws / "m.json",
+                             load_target=stop_at_load, work_dir=ws / "work")
+        except KeyboardInterrupt:
+            pass
+        main_tok, _ = load_tokenizer_and_config("eyas-test/two-templates", revision=None)
+        seen["main_prompt"] = main_tok.decode(render_prompt(main_tok, [{{"role": "user", "content": "hi"}}]))
+        res["self_distill"] = seen
         print(json.dumps(res))
     """)
 
@@ -138,12 +174,23 @@ def test_a_hub_target_loads_offline_from_the_cache_at_its_revision(hub_cache, of
     assert offline["weight0"] == pytest.approx(float(w["model.embed_tokens.weight"][5, 3]))
 
 
+def test_self_distill_renders_prompts_with_the_pinned_revision_tokenizer(offline):
+    sd = offline["self_distill"]
+    assert sd["revision"] == SHA
+    assert sd["prompt"].startswith("PINNED ") and "hi" in sd["prompt"]
+    assert not sd["main_prompt"].startswith("PINNED ") and sd["prompt"] == "PINNED " + sd["main_prompt"]
+
+
 def test_a_missing_revision_repo_or_file_and_pickled_weights_are_refused_by_name(offline):
     for name in ("missing_rev", "missing_repo", "pickle_only", "missing_gguf"):
         assert offline[name] is not None, name
         assert "target.path" in offline[name], offline[name]
     assert "eyas-test/tiny-chat" in offline["missing_rev"] and OTHER_SHA in offline["missing_rev"]
     assert "eyas-test/nope" in offline["missing_repo"] and SHA in offline["missing_repo"]
+    # an org/name-shaped path that is neither a local directory nor cached says both
+    assert offline["mistyped_local"].startswith("target.path 'models/stand-in' at revision 'main': no local "
+                                                "directory 'models/stand-in', and the hub repo is not in the "
+                                                "local HF cache"), offline["mistyped_local"]
     assert "safetensors" in offline["pickle_only"] and ".bin" in offline["pickle_only"]
     assert "model.Q4.gguf" in offline["missing_gguf"] and SHA in offline["missing_gguf"]
     # no refs/main in the drafter's repo: unpinned, offline, it cannot resolve, and says which

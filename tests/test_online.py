@@ -294,3 +294,38 @@ def test_stages_online_with_the_embedded_target(tmp_path):
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     r = stage("train_scratch")
     assert r.returncode != 0 and "train.mode = 'online'" in r.stderr and "dvc repro extract" in r.stderr
+
+
+def test_a_store_made_for_another_target_is_refused_before_the_target_loads(stores):
+    on_t = stores["online"][0]  # made for the tiny target: path 'tiny', no GGUF file, no revision
+    # neither path exists: loading would fail with TargetError, so a FeatureError means no load was tried
+    with pytest.raises(FeatureError, match=r"manifest.json: the token store was made for target path = 'tiny', "
+                                           r"params target.path gives 'no-such-target-dir'"):
+        capture_for(parse_params({"train": {"mode": "online"}, "target": {"path": "no-such-target-dir"}}), on_t)
+    with pytest.raises(FeatureError, match=r"made for target revision = None, params target.revision gives 'abc123'"):
+        capture_for(parse_params({"train": {"mode": "online"}, "target": {"path": "tiny", "revision": "abc123"}}),
+                    on_t)
+    with pytest.raises(FeatureError, match=r"made for target gguf_file = None, params target.gguf_file gives 'm.gguf'"):
+        capture_for(parse_params({"train": {"mode": "online"}, "target": {"path": "tiny", "gguf_file": "m.gguf"}}),
+                    on_t)
+
+
+def test_a_zero_length_sample_is_refused_by_name(stores, tmp_path):
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    src = stores["online"][0]
+    root = tmp_path / "store"
+    shutil.copytree(src.root, root)
+    shard = root / src.manifest["shards"][0]["file"]
+    t = load_file(shard)
+    t["offsets"][2] = t["offsets"][1]  # sample 1 now has no tokens (sample 2 starts earlier)
+    save_file(t, shard)
+    store = FeatureStore.open(root)
+    with pytest.raises(FeatureError, match=rf"{shard.name}: sample\(s\) \[1\] of this shard have no tokens"):
+        OnlineLoader(store, 128, 0, capture=_capture())
+    empty = {"input_ids": torch.zeros(0, dtype=torch.int64)}
+    one = {"input_ids": torch.tensor([1, 2, 3])}
+    with pytest.raises(FeatureError, match=r"batch position\(s\) \[1\] have no tokens"):
+        _capture()([one, empty])

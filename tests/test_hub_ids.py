@@ -1,0 +1,31 @@
+"""Hub ids that have the ``org/name`` shape but break huggingface_hub's rules (eyas/hub.py).
+
+``validate_repo_id`` runs before any download, so these need no network and no cache: each is
+refused with the module's error naming the params key, never a raw ``HFValidationError``.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from eyas.config import RemapParams
+from eyas.hub import HubError, is_hub_id, snapshot
+from eyas.target import TargetError, load_tokenizer_and_config
+from stages.remap import source_dir
+
+BAD = [("org/name.git", "cannot end by '.git'"), ("org/na--me", "Cannot have -- or .."),
+       ("org/..", "alphanumeric chars")]
+
+
+@pytest.mark.parametrize("repo_id, why", BAD)
+def test_invalid_hub_ids_are_refused_naming_the_key(repo_id, why):
+    assert is_hub_id(repo_id)  # the shape passes: huggingface_hub's validator decides
+    with pytest.raises(HubError) as e:
+        snapshot(repo_id, None, param="remap.source")
+    msg = str(e.value)
+    assert msg.startswith(f"remap.source {repo_id!r}: no local directory {repo_id!r}, and not a valid hub id: ")
+    assert why in msg
+    with pytest.raises(TargetError, match=rf"^target\.path '{repo_id}': no local directory .*{why}"):
+        load_tokenizer_and_config(repo_id, revision="abc")
+    with pytest.raises(SystemExit, match=rf"^remap: remap\.source '{repo_id}': no local directory .*{why}"):
+        source_dir(RemapParams(source=repo_id, revision=None, min_shared_fraction=0.5))
