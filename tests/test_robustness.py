@@ -118,7 +118,7 @@ def _extract(target, convs, out, max_length):
     from stages.extract import extract_split, render_split
 
     p = SimpleNamespace(extract=SimpleNamespace(max_length=max_length, dtype="float32", batch_size=2,
-                                                shard_samples=2))
+                                                shard_samples=2), train=SimpleNamespace(mode="offline"))
     aux = layers.resolve(None, target.num_layers)
     rendered = render_split(target.tokenizer, convs, out, max_length)
     return extract_split(target, *rendered, out, p, aux, {"aux_layers": aux, "vocab_size": 128})[0]
