@@ -19,3 +19,23 @@ def smollm_tokenizer():
     return AutoTokenizer.from_pretrained(
         os.path.dirname(spec.origin), gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf"
     )
+
+
+@pytest.fixture(scope="module")
+def tiny_greedy():
+    """(target, prompts, outputs): the tiny random target of tests/tiny.py, 4 random 8-token
+    prompts and the target's 32-token greedy outputs (no stop ids), one thread (exact decoding).
+    Module-scoped: the chain-oracle and tree tests share it with their trained drafter."""
+    import torch
+
+    from eyas.speculative import greedy_generate
+    from tests.tiny import VOCAB, tiny_target
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    target = tiny_target()
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, VOCAB, (8,), generator=g).tolist() for _ in range(4)]
+    outputs = [greedy_generate(target, p, max_new_tokens=32, stop_ids=[]) for p in prompts]
+    yield target, prompts, outputs
+    torch.set_num_threads(threads)

@@ -15,11 +15,9 @@ from eyas.chain_oracle import (
     repetition_loop_period,
     walk_metrics,
 )
-from eyas.drafter import DrafterConfig, Eagle3Drafter
 from eyas.speculative import NgramProposer, evaluate_prompts, greedy_generate, speculative_generate
-from eyas.ttt import head_rows_for, pack
-from eyas.unroll import ttt_forward
-from tests.tiny import VOCAB, tiny_target
+from tests.tiny import VOCAB
+from tests.tiny import trained_drafter as train_tiny_drafter
 
 K = 4
 
@@ -69,42 +67,15 @@ def test_repetition_loop_period_hand_worked():
 # --- exactness against real decoding ----------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def setup():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    target = tiny_target()
-    g = torch.Generator().manual_seed(3)
-    prompts = [torch.randint(0, VOCAB, (8,), generator=g).tolist() for _ in range(4)]
-    outputs = [greedy_generate(target, p, max_new_tokens=32, stop_ids=[]) for p in prompts]
-    yield target, prompts, outputs
-    torch.set_num_threads(threads)
+def setup(tiny_greedy):
+    return tiny_greedy
 
 
 @pytest.fixture(scope="module")
 def trained_drafter(setup):
     """A drafter trained briefly (TTT, 40 Adam steps) on the target's own greedy outputs, so that
     chains of every length get accepted and rejected."""
-    target, prompts, outputs = setup
-    m = target.model
-    torch.manual_seed(1)
-    d = Eagle3Drafter(DrafterConfig.for_target(m.config, draft_vocab_size=VOCAB))
-    d.set_embedding(m.get_input_embeddings().weight)
-    d.set_vocab(torch.zeros(VOCAB, dtype=torch.int64), torch.ones(VOCAB, dtype=torch.bool))
-    rows = []
-    for p, y in zip(prompts, outputs):
-        ids = torch.tensor(p + y)
-        with torch.no_grad():
-            cap = target.capture(ids[None], torch.ones(1, len(ids), dtype=torch.int64), None)
-        rows.append([{"input_ids": ids, "loss_mask": torch.ones(len(ids), dtype=torch.bool),
-                      **{k: v[0] for k, v in cap.items()}}])
-    batch, head = pack(rows, list(range(len(rows)))), head_rows_for(m.lm_head.weight.detach(), d)
-    opt = torch.optim.Adam([q for q in d.parameters() if q.requires_grad], lr=3e-3)
-    for _ in range(40):
-        loss, _, _ = ttt_forward(d, batch, head, K, 0.8)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    return d.eval()
+    return train_tiny_drafter(*setup, K)
 
 
 def _assert_walks_equal_real(target, proposer, prompt, y, stop_ids=(), aux=None):

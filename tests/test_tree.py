@@ -8,22 +8,14 @@ import torch
 
 from eyas.speculative import greedy_generate, speculative_generate
 from eyas.tree import DraftTree, EagleTreeProposer, tree_attention_mask, tree_generate, verify_tree_greedy
-from tests.tiny import VOCAB, tiny_target
 from tests.tiny import trained_drafter as train_tiny_drafter
 
 K = 4
 
 
 @pytest.fixture(scope="module")
-def setup():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    target = tiny_target()
-    g = torch.Generator().manual_seed(3)
-    prompts = [torch.randint(0, VOCAB, (8,), generator=g).tolist() for _ in range(4)]
-    outputs = [greedy_generate(target, p, max_new_tokens=32, stop_ids=[]) for p in prompts]
-    yield target, prompts, outputs
-    torch.set_num_threads(threads)
+def setup(tiny_greedy):
+    return tiny_greedy
 
 
 @pytest.fixture(scope="module")
