@@ -44,7 +44,6 @@ from collections import deque
 from typing import Iterator, Protocol
 
 import torch
-from safetensors import safe_open
 
 from eyas.features import FEATURES, FP8, TOKENS, FeatureError, FeatureStore, dequantize_fp8, quantize_fp8
 from eyas.ttt import PackedLoader, pack
@@ -171,33 +170,14 @@ class OnlineLoader(PackedLoader):
         self.capture = capture
         self.ahead = getattr(capture, "ahead", 1) if ahead is None else ahead
 
-    def _samples(self, plan_rows: list, loaded: dict[int, dict]) -> list[dict[str, torch.Tensor]]:
-        """The token tensors of one planned batch's samples, in plan order (two shards cached)."""
-        samples = []
-        for refs in plan_rows:
-            for si, i in refs:
-                if si not in loaded:
-                    if len(loaded) >= 2:  # batches are shard-contiguous but may straddle a border
-                        loaded.pop(next(iter(loaded)))
-                    path = self.store.root / self.store.manifest["shards"][si]["file"]
-                    with safe_open(str(path), framework="pt") as f:
-                        loaded[si] = {k: f.get_tensor(k) for k in TOKEN_KEYS + ("offsets",)}
-                t = loaded[si]
-                a, b = int(t["offsets"][i]), int(t["offsets"][i + 1])
-                samples.append({k: t[k][a:b] for k in TOKEN_KEYS})
-        return samples
-
     def batches(self, epoch: int, start: int = 0, rank: int = 0, world: int = 1,
                 even: bool = True) -> Iterator:
         """As :meth:`eyas.ttt.PackedLoader.batches`: the batches of ``epoch`` from index ``start``
         (this rank's share when ``world`` > 1), their hidden states captured on the fly."""
-        plans = self.plan(epoch)
-        if world > 1:
-            plans = plans[rank::world][: len(plans) // world] if even else plans[rank::world]
         loaded: dict[int, dict] = {}
         pending: deque = deque()
-        for plan_rows in plans[start:]:
-            samples = self._samples(plan_rows, loaded)
+        for plan_rows in self.rank_plans(epoch, rank, world, even)[start:]:
+            samples = [self.sample(loaded, si, i, TOKEN_KEYS) for refs in plan_rows for si, i in refs]
             pending.append((plan_rows, samples, self.capture(samples)))
             if len(pending) > self.ahead:
                 yield _packed(*pending.popleft())

@@ -129,28 +129,34 @@ class PackedLoader:
                 even: bool = True) -> Iterator[Batch]:
         """Yield the batches of ``epoch`` from index ``start`` (for resuming mid-epoch).
 
-        With ``world`` > 1, this rank's disjoint share ``plan[rank::world]`` (cut to
-        ``len(plan) // world`` batches when ``even``, so ranks take equally many steps)."""
+        With ``world`` > 1, this rank's disjoint share (:meth:`rank_plans`)."""
+        loaded: dict[int, dict] = {}
+        for plan_rows in self.rank_plans(epoch, rank, world, even)[start:]:
+            rows = [[self.sample(loaded, si, i, BATCH_KEYS) for si, i in refs] for refs in plan_rows]
+            yield pack(rows, [r for refs in plan_rows for r in refs])
+
+    def rank_plans(self, epoch: int, rank: int = 0, world: int = 1, even: bool = True) -> list:
+        """The planned batches of ``epoch`` this rank takes: all of them with ``world`` 1, else the
+        disjoint share ``plan[rank::world]`` (cut to ``len(plan) // world`` batches when ``even``,
+        so ranks take equally many steps)."""
         plans = self.plan(epoch)
         if world > 1:
             plans = plans[rank::world][: len(plans) // world] if even else plans[rank::world]
-        loaded: dict[int, dict] = {}
-        for plan_rows in plans[start:]:
-            rows = []
-            for refs in plan_rows:
-                row = []
-                for si, i in refs:
-                    if si not in loaded:
-                        if len(loaded) >= 2:  # batches are shard-contiguous but may straddle a border
-                            loaded.pop(next(iter(loaded)))
-                        path = self.store.root / self.store.manifest["shards"][si]["file"]
-                        with safe_open(str(path), framework="pt") as f:
-                            loaded[si] = read_tensors(f, BATCH_KEYS + ("offsets",))
-                    t = loaded[si]
-                    a, b = int(t["offsets"][i]), int(t["offsets"][i + 1])
-                    row.append({k: t[k][a:b] for k in BATCH_KEYS})
-                rows.append(row)
-            yield pack(rows, [r for refs in plan_rows for r in refs])
+        return plans
+
+    def sample(self, loaded: dict[int, dict], si: int, i: int, keys: tuple[str, ...]) -> dict[str, torch.Tensor]:
+        """Sample ``i`` of shard ``si``: its ``keys`` sliced from the shard's tensors (fp8 hidden
+        states dequantised), the shard read into ``loaded`` (shard index -> tensors) on first use;
+        ``loaded`` keeps at most two shards (batches are shard-contiguous but may straddle a border)."""
+        if si not in loaded:
+            if len(loaded) >= 2:
+                loaded.pop(next(iter(loaded)))
+            path = self.store.root / self.store.manifest["shards"][si]["file"]
+            with safe_open(str(path), framework="pt") as f:
+                loaded[si] = read_tensors(f, keys + ("offsets",))
+        t = loaded[si]
+        a, b = int(t["offsets"][i]), int(t["offsets"][i + 1])
+        return {k: t[k][a:b] for k in keys}
 
 
 def counts_from_stats(stats: torch.Tensor) -> dict[str, float]:
