@@ -113,7 +113,7 @@ def distilled(tmp_path_factory, server, smollm_tokenizer):
         write_jsonl(conv / f"{split}.jsonl", _conversations())
     p = _params(tmp, server)
     metrics = self_distill.run(p, conv, tmp / "distilled", tmp / "m.json", work_dir=tmp / "work",
-                               load_tokenizer=lambda *a: (smollm_tokenizer, None))
+                               load_tokenizer=lambda *a, **k: (smollm_tokenizer, None))
     return read_jsonl(tmp / "distilled" / "train.jsonl"), metrics
 
 
