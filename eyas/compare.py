@@ -33,6 +33,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from eyas import yaml12
 from eyas.tracking import _experiment_name, _sqlite_path, tracking_uri
 
 PARENT_TAG = "eyas.pipeline_key"
@@ -320,8 +321,6 @@ def compare_dirs(dirs: list[str], params_default: str | Path = "params.yaml") ->
     """
     import json
 
-    import yaml
-
     from eyas.config import flatten
 
     cols = []
@@ -331,9 +330,9 @@ def compare_dirs(dirs: list[str], params_default: str | Path = "params.yaml") ->
             raise CompareError(f"{d}: no such metrics directory")
         pfile = path / "params.yaml" if (path / "params.yaml").is_file() else Path(params_default)
         try:
-            params = flatten(yaml.safe_load(pfile.read_text()) or {}) if pfile.is_file() else {}
+            params = flatten(yaml12.load_file(pfile) or {}) if pfile.is_file() else {}
             files = {f.name: json.loads(f.read_text()) for f in path.glob("*.json")}
-        except (ValueError, yaml.YAMLError) as e:
+        except ValueError as e:  # yaml12.YamlError, json.JSONDecodeError
             raise CompareError(f"{d}: cannot read its metrics or params: {e}") from None
         cols.append((d, pfile if pfile.is_file() else None, params, files))
     lines = ["| | " + " | ".join(f"**{_cell(d)}**" for d, *_ in cols) + " |", "|---|" + "---:|" * len(cols)]

@@ -5,14 +5,9 @@ values: the repository's ``params.yaml`` (:data:`DEFAULTS_FILE`) is the single s
 values, so the values DVC tracks are the values the code runs with. A params mapping or file that
 leaves keys out (a test's, a preset merged into params) takes those keys from it. :func:`load_params`
 rejects unknown keys, missing keys and wrong types with the key's dotted path, before any compute.
-PyYAML reads ``5e-05`` (the form ``dvc exp run -S lr=5e-5`` writes) as a string; a float field
-accepts such a string when it parses as a float (YAML 1.2 would read it as a float).
-
-Booleans are read as DVC reads them: DVC parses ``params.yaml`` as YAML 1.2 (ruamel.yaml), where only
-``true``/``false`` are booleans, and ``dvc exp run -S flag=yes`` writes ``flag: yes``, which DVC
-then records as the string ``"yes"``. PyYAML follows YAML 1.1, where ``yes``/``no``/``on``/``off``
-are booleans too; :func:`load_params` uses YAML 1.2's boolean rule, so ``yes`` is a string for eyas
-as well, and a bool field refuses it (one reading, never a silent disagreement).
+Params files are read as DVC reads them (:mod:`eyas.yaml12`: ruamel.yaml, YAML 1.2), so ``050`` is
+50, ``5e-05`` (the form ``dvc exp run -S lr=5e-5`` writes) a float, and ``yes``/``no``/``on``/``off``
+strings, which a bool field refuses: the value a stage runs with is the value DVC hashed.
 """
 
 from __future__ import annotations
@@ -21,7 +16,6 @@ import dataclasses
 import hashlib
 import json
 import math
-import re
 import subprocess
 import types
 import typing
@@ -30,8 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from eyas import yaml12
 from eyas.backend import Backend
 
 
@@ -45,18 +38,6 @@ class UnknownKeyError(ParamsError):
     def __init__(self, msg: str, keys: list[str]):
         super().__init__(msg)
         self.keys = keys
-
-
-class _Yaml12Bools(yaml.SafeLoader):
-    """PyYAML's SafeLoader with YAML 1.2's booleans: only true/false (any case form YAML 1.2 core
-    allows); yes/no/on/off stay strings, as DVC (ruamel.yaml, YAML 1.2) reads them."""
-
-
-_Yaml12Bools.yaml_implicit_resolvers = {
-    k: [(tag, rx) for tag, rx in v if tag != "tag:yaml.org,2002:bool"]
-    for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()}
-_Yaml12Bools.add_implicit_resolver("tag:yaml.org,2002:bool",
-                                   re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
 
 
 # The schema: types only. A new param goes into params.yaml (with its value and a comment) and here
@@ -233,16 +214,9 @@ def _coerce(value: Any, tp: Any, path: str, source: str) -> Any:
     if tp is float:
         if isinstance(value, bool):
             raise ParamsError(f"{source}: '{path}' must be a number, got {value!r}")
-        number = None
-        if isinstance(value, (int, float)):
-            number = float(value)
-        elif isinstance(value, str):  # '5e-05' as written by `dvc exp run -S`, read by PyYAML
-            try:
-                number = float(value)
-            except ValueError:
-                pass
-        if number is None:
+        if not isinstance(value, (int, float)):  # a quoted "5e-5" is a string to DVC too
             raise ParamsError(f"{source}: '{path}' must be a number, got {value!r}")
+        number = float(value)
         if not math.isfinite(number):  # .inf/.nan (or 'inf', 'nan') break every float param downstream
             raise ParamsError(f"{source}: '{path}' must be a finite number, got {value!r}")
         return number
@@ -282,11 +256,11 @@ edit or a ``dvc exp run -S`` is seen at once)."""
 
 def _read_yaml(path: Path) -> dict:
     try:
-        raw = yaml.load(path.read_text(), Loader=_Yaml12Bools)
+        raw = yaml12.load_file(path)
     except FileNotFoundError:
         raise ParamsError(f"{path}: no such params file") from None
-    except yaml.YAMLError as e:
-        raise ParamsError(f"{path}: not valid YAML: {e}") from None
+    except yaml12.YamlError as e:
+        raise ParamsError(str(e)) from None
     if raw is not None and not isinstance(raw, dict):
         raise ParamsError(f"{path}: the top level must be a mapping")
     return raw or {}
@@ -503,8 +477,8 @@ def _in_committed(path: Path, key: str) -> bool:
     if out.returncode != 0:
         return True
     try:
-        node = yaml.load(out.stdout, Loader=_Yaml12Bools)
-    except yaml.YAMLError:
+        node = yaml12.load(out.stdout, f"git HEAD:{path.name}")
+    except yaml12.YamlError:
         return True
     for part in key.split("."):
         if not isinstance(node, dict) or part not in node:

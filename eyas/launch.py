@@ -50,9 +50,9 @@ def nproc_from_params(path: str | Path = "params.yaml", section: str = "train"):
     p = Path(path)
     if not p.is_file():
         return None
-    import yaml
+    from eyas import yaml12
 
-    doc = yaml.safe_load(p.read_text()) or {}
+    doc = yaml12.load_file(p) or {}
     return (doc.get(section) or {}).get("nproc")
 
 

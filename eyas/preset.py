@@ -25,6 +25,7 @@ from pathlib import Path
 
 import yaml
 
+from eyas import yaml12
 from eyas.config import ParamsError, flatten, parse_params
 from eyas.files import write_text
 
@@ -36,11 +37,11 @@ def load_preset(path: str | Path) -> dict:
     YAML or not a mapping."""
     path = Path(path)
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = yaml12.load_file(path)
     except FileNotFoundError:
         raise ParamsError(f"{path}: no such preset") from None
-    except yaml.YAMLError as e:
-        raise ParamsError(f"{path}: not valid YAML: {e}") from None
+    except yaml12.YamlError as e:
+        raise ParamsError(str(e)) from None
     if not isinstance(raw, dict) or not raw:
         raise ParamsError(f"{path}: a preset is a non-empty mapping of params sections")
     return raw
@@ -94,14 +95,14 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     try:
         preset = load_preset(a.preset)
-        base = yaml.safe_load(Path(a.params).read_text()) or {}
+        base = yaml12.load_file(a.params) or {}
         merged = merge(base, preset, f"{a.params} + {a.preset}")
         args = set_args(preset)
     except ParamsError as e:
         sys.stderr.write(f"eyas.preset: error: {e}\n")
         return 2
     if a.write:
-        write_text(Path(a.write), yaml.safe_dump(merged, sort_keys=False))
+        write_text(Path(a.write), yaml12.dump(merged))
         sys.stderr.write(f"eyas.preset: wrote {a.write} ({len(args) // 2} keys from {a.preset})\n")
     else:
         sys.stdout.write(" ".join(args) + "\n")

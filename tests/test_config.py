@@ -28,7 +28,7 @@ def test_repo_params_yaml_is_valid():
 
 
 def test_dvc_written_float_string_is_read_as_float(tmp_path):
-    # `dvc exp run -S lr=5e-5` writes `lr: 5e-05`, which PyYAML (YAML 1.1) reads as a string
+    # `dvc exp run -S lr=5e-5` writes `lr: 5e-05`: PyYAML (YAML 1.1) reads a string, DVC and eyas a float
     f = tmp_path / "params.yaml"
     f.write_text("lr: 5e-05\ntrain:\n  grad_clip: 1e-1\n")
     assert yaml.safe_load(f.read_text())["lr"] == "5e-05"
@@ -53,12 +53,14 @@ def test_dvc_written_float_string_is_read_as_float(tmp_path):
     ({"extract": {"dtype": "int8"}}, "'extract.dtype' must be one of"),
     ({"data": {"val": 0}}, "'data.val' must be >= 1"),
     ({"eval": {"humaneval_prompts": 200}}, r"'eval.humaneval_prompts' must be in \[1, 164\]"),
-    ({"lr": "nan"}, r"^params\.yaml: 'lr' must be a finite number, got 'nan'$"),
+    ({"lr": float("nan")}, r"^params\.yaml: 'lr' must be a finite number, got nan$"),
+    ({"lr": "5e-5"}, r"^params\.yaml: 'lr' must be a number, got '5e-5'$"),  # quoted: a string to DVC too
     ({"eval": {"temperatures": [0.7, -1.0]}}, r"'eval.temperatures' must be a non-empty list of distinct numbers >= 0"),
     # a repeated temperature decoded every prompt twice and overwrote the same row
     ({"eval": {"temperatures": [0.7, 0.7]}},
      r"^params\.yaml: 'eval.temperatures' must be .*distinct.*, got \[0.7, 0.7\]$"),
-    ({"eval": {"temperatures": [0.0, "inf"]}}, r"^params\.yaml: 'eval.temperatures\[1\]' must be a finite number"),
+    ({"eval": {"temperatures": [0.0, float("inf")]}},
+     r"^params\.yaml: 'eval.temperatures\[1\]' must be a finite number"),
     # torch.Generator.manual_seed overflows past a signed 64-bit integer
     ({"eval": {"seeds": [0, 2 ** 64]}}, r"^params\.yaml: 'eval.seeds' must be .* in \[0, 2\*\*63\), got \[0, "),
     ({"eval": {"seeds": [-1]}}, r"'eval.seeds' must be .* in \[0, 2\*\*63\)"),
@@ -67,7 +69,7 @@ def test_dvc_written_float_string_is_read_as_float(tmp_path):
      r"^params\.yaml: 'eval.tree_topk' \(4097\) must be <= 'vocab.draft_vocab_size' \(4096\)"),
     ({"train": {"weight_decay": float("inf")}},  # YAML's .inf
      r"^params\.yaml: 'train.weight_decay' must be a finite number, got inf$"),
-    ({"train": {"grad_clip": "inf"}}, r"^params\.yaml: 'train.grad_clip' must be a finite number, got 'inf'$"),
+    ({"train": {"grad_clip": -float("inf")}}, r"^params\.yaml: 'train.grad_clip' must be a finite number, got -inf$"),
     ({"train_finetune": {"gate_margin": float("nan")}},
      r"^params\.yaml: 'train_finetune.gate_margin' must be a finite number, got nan$"),
     # '' is Path('') = the working directory: it passed as a local directory
@@ -126,7 +128,7 @@ def test_bad_server_params_name_the_key_and_file(tmp_path, server, message):
         load_params(f)
 
 
-@pytest.mark.parametrize("timeout", [float("inf"), "inf", float("nan")])
+@pytest.mark.parametrize("timeout", [float("inf"), -float("inf"), float("nan")])
 def test_a_non_finite_server_timeout_is_refused_as_every_float_is(tmp_path, timeout):
     f = tmp_path / "params.yaml"
     f.write_text(yaml.safe_dump(_served(timeout=timeout)))
