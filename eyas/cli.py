@@ -15,11 +15,12 @@ Subcommands:
         The latest pipeline runs (DVC experiments) side by side from MLflow: key params, val acc_0,
         accept_len per benchmark and the n-gram floor, as Markdown (eyas/compare.py). Exit status
         2 when there is no store or no such experiment, 1 when it holds no pipeline run, else 0.
-    eyas push DIR --repo ORG/NAME [--revision BRANCH] [--public] [--dry-run]
-        Publish an exported drafter (config.json + model.safetensors, checked loadable first) to a
-        Hugging Face Hub model repo (eyas/push.py); prints the plan (files, bytes, sha256) and,
-        unless --dry-run, the commit. Exit status 2 when the directory is not a servable drafter
-        or the hub refuses, else 0.
+    eyas push DIR --repo ORG/NAME [--target T [--target-gguf F]] [--revision BRANCH] [--public] [--dry-run]
+        Publish an exported drafter (config.json + model.safetensors, checked loadable first and, with
+        --target, against that target as `eyas inspect --target` checks it) to a Hugging Face Hub
+        model repo (eyas/push.py); prints the plan (files, bytes, sha256) and, unless --dry-run, the
+        commit. Exit status 2 when the repo id is invalid, the directory is not a servable drafter
+        (for that target), or the hub refuses, else 0.
 """
 
 from __future__ import annotations
@@ -66,10 +67,17 @@ def _compare(args) -> int:
 
 
 def _push(args) -> int:
+    from eyas.inspector import target_summary
     from eyas.push import PushError, push
 
     try:
-        out = push(args.path, args.repo, revision=args.revision, private=not args.public, dry_run=args.dry_run)
+        target = None if args.target is None else target_summary(args.target, args.target_gguf)
+    except Exception as e:  # noqa: BLE001 -- an unreadable target is a refusal (exit 2), never a traceback
+        sys.stderr.write(f"eyas push: error: cannot read the target {args.target}: {type(e).__name__}: {e}\n")
+        return 2
+    try:
+        out = push(args.path, args.repo, revision=args.revision, private=not args.public, dry_run=args.dry_run,
+                   target=target)
     except PushError as e:
         sys.stderr.write(f"eyas push: error: {e}\n")
         return 2
@@ -110,6 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
     push = sub.add_parser("push", help="publish an exported drafter to a Hugging Face Hub model repo")
     push.add_argument("path", help="the exported drafter directory (e.g. models/scratch)")
     push.add_argument("--repo", required=True, help="the hub repo id, org/name (created private if missing)")
+    push.add_argument("--target", default=None,
+                      help="the target the drafter is published for (as eyas inspect --target): checked against it")
+    push.add_argument("--target-gguf", default=None, help="the GGUF file inside --target's directory")
     push.add_argument("--revision", default=None, help="the branch to commit to (default main)")
     push.add_argument("--public", action="store_true", help="create the repo public (default private)")
     push.add_argument("--dry-run", action="store_true", help="check and print the plan; upload nothing")

@@ -4,7 +4,9 @@ What goes up is what SGLang and vLLM load from a drafter repository (``--specula
 / ``speculative_config.model``): ``config.json`` and ``model.safetensors``, nothing else (no
 fingerprint, no pickles). The directory is loaded with :func:`eyas.formats.load.load_drafter` first, so a
 checkpoint eyas would refuse to serve (wrong keys, shapes, a variant no engine runs) is never
-published. ``dry_run`` does everything but the upload: no token and no network needed.
+published, nor one :func:`eyas.inspector.inspect_checkpoint` reports errors for (what SGLang or vLLM
+would misread), nor a repository id the hub would refuse. ``dry_run`` does everything but the
+upload: no token and no network needed.
 """
 
 from __future__ import annotations
@@ -21,14 +23,21 @@ class PushError(ValueError):
     """The directory is not a servable drafter, or the upload failed."""
 
 
-def push_plan(drafter_dir: str | Path) -> list[dict]:
+def push_plan(drafter_dir: str | Path, target: dict | None = None) -> list[dict]:
     """The files :func:`push` uploads: ``[{"file", "bytes", "sha256"}]`` in :data:`PUSH_FILES` order.
 
+    Args:
+        drafter_dir: an exported drafter directory.
+        target: the target it is published for (:func:`eyas.inspector.target_summary`): its
+            context length, RoPE, vocab, hidden size and aux layers are checked against the drafter's
+            as ``eyas inspect --target`` does (a drafter made for another target version is refused).
+
     Raises:
-        PushError: a file is missing, or :func:`eyas.formats.load.load_drafter` refuses the checkpoint
-            (its message is kept).
+        PushError: a file is missing, :func:`eyas.formats.load.load_drafter` refuses the checkpoint
+            (its message is kept), or ``eyas inspect`` finds errors (each is listed).
     """
     from eyas.formats.load import load_drafter
+    from eyas.inspector import inspect_checkpoint
 
     d = Path(drafter_dir)
     missing = [f for f in PUSH_FILES if not (d / f).is_file()]
@@ -38,6 +47,10 @@ def push_plan(drafter_dir: str | Path) -> list[dict]:
         load_drafter(d)
     except Exception as e:  # noqa: BLE001 -- ExportError, ValueError, KeyError from a foreign config
         raise PushError(f"{d}: not a drafter eyas would serve: {type(e).__name__}: {e}") from None
+    errors = inspect_checkpoint(d, target=target)["errors"]
+    if errors:
+        with_target = "" if target is None else " --target ..."
+        raise PushError(f"{d}: `eyas inspect {d}{with_target}` finds errors for serving: " + "; ".join(errors))
     out = []
     for f in PUSH_FILES:
         h = hashlib.sha256()
@@ -49,7 +62,7 @@ def push_plan(drafter_dir: str | Path) -> list[dict]:
 
 
 def push(drafter_dir: str | Path, repo_id: str, *, revision: str | None = None, private: bool = True,
-         dry_run: bool = False) -> dict:
+         dry_run: bool = False, target: dict | None = None) -> dict:
     """Upload :data:`PUSH_FILES` of ``drafter_dir`` to ``repo_id`` in one commit.
 
     Args:
@@ -57,13 +70,24 @@ def push(drafter_dir: str | Path, repo_id: str, *, revision: str | None = None, 
         repo_id: ``org/name``; the repository is created (``private``) when it does not exist.
         revision: the branch to commit to (default ``main``).
         dry_run: check and describe, upload nothing.
+        target: as :func:`push_plan`.
     Returns:
         ``{"repo", "revision", "files": push_plan(...), "dry_run"}`` plus, after an upload,
         ``"commit"`` (its sha) and ``"url"``.
     Raises:
-        PushError: as :func:`push_plan`, or the hub refused (no token, no permission).
+        PushError: ``repo_id`` is not a valid hub id (``huggingface_hub.utils.validate_repo_id``,
+            checked in a dry run too), as :func:`push_plan`, or the hub refused (no token, no permission).
     """
-    plan = push_plan(drafter_dir)
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as e:
+        raise PushError(f"--repo {repo_id!r}: {e}") from None
+    if "/" not in repo_id:
+        raise PushError(f"--repo {repo_id!r}: give the owner too, as org/name (a bare name goes to the token's user)")
+    plan = push_plan(drafter_dir, target)
     out = {"repo": repo_id, "revision": revision or "main", "files": plan, "dry_run": dry_run}
     if dry_run:
         return out

@@ -229,3 +229,33 @@ def test_push_dry_run_checks_the_drafter_and_plans_exactly_the_served_files(hub_
     r = subprocess.run([sys.executable, "-m", "eyas.cli", "push", str(d), "--repo", "org/x", "--dry-run"],
                        capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert r.returncode == 2 and "missing ['model.safetensors']" in r.stderr
+
+
+def _push(d: Path, *args: str, cache: Path | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", **({"HF_HUB_CACHE": str(cache)} if cache else {})}
+    return subprocess.run([sys.executable, "-m", "eyas.cli", "push", str(d), "--dry-run", *args],
+                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+
+
+def test_push_checks_the_drafter_against_the_target_it_is_published_for(hub_cache):
+    d = hub_cache / "models--eyas-test--drafter" / "snapshots" / OTHER_SHA  # 4 layers, hidden 16
+    ok = _push(d, "--repo", "org/d", "--target", "eyas-test/tiny-chat", cache=hub_cache)
+    assert ok.returncode == 0, ok.stderr
+    # the embedded SmolLM2 target: 30 layers, hidden 576, vocab 49,152 (its GGUF's metadata)
+    r = _push(d, "--repo", "org/d", "--target", "embedded")
+    assert r.returncode == 2
+    for wrong in ("hidden_size (target_hidden_size) 16 (drafter) != 576 (target)",
+                  "num_target_layers 4 (drafter) != 30 (target)"):
+        assert wrong in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("repo, message", [
+    ("bad name/x", "must use alphanumeric chars"),
+    ("a/b/c", "in the form 'repo_name' or 'namespace/repo_name'"),
+    ("org/x--y", "Cannot have -- or .."),
+    ("x", "give the owner too, as org/name"),
+])
+def test_a_repo_id_the_hub_would_refuse_fails_the_dry_run(hub_cache, repo, message):
+    d = hub_cache / "models--eyas-test--drafter" / "snapshots" / OTHER_SHA
+    r = _push(d, "--repo", repo)
+    assert r.returncode == 2 and f"--repo {repo!r}: " in r.stderr and message in r.stderr, r.stderr
