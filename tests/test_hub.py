@@ -255,7 +255,10 @@ def test_push_checks_the_drafter_against_the_target_it_is_published_for(hub_cach
     ("org/x--y", "Cannot have -- or .."),
     ("x", "give the owner too, as org/name"),
 ])
-def test_a_repo_id_the_hub_would_refuse_fails_the_dry_run(hub_cache, repo, message):
+def test_a_repo_id_the_hub_would_refuse_fails_the_dry_run(hub_cache, repo, message, capsys):
+    from eyas.cli import main
+
     d = hub_cache / "models--eyas-test--drafter" / "snapshots" / OTHER_SHA
-    r = _push(d, "--repo", repo)
-    assert r.returncode == 2 and f"--repo {repo!r}: " in r.stderr and message in r.stderr, r.stderr
+    assert main(["push", str(d), "--repo", repo, "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert f"--repo {repo!r}: " in err and message in err, err
