@@ -52,7 +52,7 @@ def run_one(world: int, strategy: str, steps: int, lr: float, out: Path) -> tupl
     wall = time.perf_counter() - t0
     if r.returncode != 0:
         raise RuntimeError(f"W={world} {strategy} failed (rc {r.returncode}):\n{r.stderr[-3000:]}")
-    shown = " ".join(["python3"] + cmd[1:-1] + [out.name])
+    shown = " ".join(["python3"] + cmd[1:-1] + [f"TMPDIR/{out.name}"])  # a temporary file, read back here
     return json.loads(out.read_text()), shown, wall
 
 
