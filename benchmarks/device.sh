@@ -13,7 +13,8 @@
 #   online            bench_online.py: train.mode online vs extract + train (2 GPUs: + target on cuda:1) -> online_h200.json
 #   scale N [PART]    (N = 2, 4 or 8 GPUs) PART ddp or fsdp: bench_ddp.py at W = 1, 2, .., N (weak scaling at
 #                     8,192 tokens/GPU, then 10 losses of one 8-row global batch) -> scale_<PART>_w<W>.json;
-#                     PART extract: bench_extract_multi.py data-sharded at W = 1 and N -> scale_extract_w{1,N}.json.
+#                     PART extract: bench_extract_multi.py data-sharded at W = 1 and N -> scale_extract_w{1,N}.json,
+#                     and (N >= 4) a 70B-shaped target split over 4 GPUs -> scale_extract_split70b.json.
 #                     No PART: all three (over 10 min at N = 8: one call per part there)
 #   profile STEP ...  the GPU profile of presets/h200.yaml (benchmarks/h200_profile.sh: park, setup, run)
 #
@@ -98,7 +99,11 @@ case "$recipe" in
         extract)
           step 60 python3 benchmarks/bench_extract_multi.py --mode data --out scale_extract_w1.json
           step 120 python3 -m torch.distributed.run --standalone --nproc-per-node "$N" \
-            benchmarks/bench_extract_multi.py --mode data --out "scale_extract_w$N.json" ;;
+            benchmarks/bench_extract_multi.py --mode data --out "scale_extract_w$N.json"
+          if [ "$N" -ge 4 ]; then
+            step 150 python3 benchmarks/bench_extract_multi.py --mode split --shape 70b --gpus 4 \
+              --out scale_extract_split70b.json
+          fi ;;
         *) echo "scale: PART must be ddp, fsdp or extract, got $part" >&2; exit 2 ;;
       esac
     done ;;
