@@ -24,6 +24,8 @@ gradient norms are compared across world sizes and strategies. After it, each ra
 state in bytes, counted from the tensors it holds (FSDP: its local shards): trainable weights,
 their gradients, the AdamW state, and the frozen (replicated) embedding.
 
+``--reference`` names this script's W = 1 result of the same call: the output then also holds
+``vs_reference`` (scaling efficiency, loss and gradient-norm max abs/rel differences).
 ``--device cpu --tiny`` runs the same code on gloo CPU processes with a tiny drafter
 (benchmarks/scale_cpu.py drives it at 1, 2, 4 and 8 processes). ``--out`` is a file name under
 benchmarks/results/ (and $OUT), or an absolute path.
@@ -32,6 +34,7 @@ benchmarks/results/ (and $OUT), or an absolute path.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -40,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from benchmarks.bench_train import DOCS, TINY_DOCS, config, make_batch  # noqa: E402
-from benchmarks.common import median, timed, write_result  # noqa: E402
+from benchmarks.common import RESULTS, median, timed, write_result  # noqa: E402
 from eyas import distributed as du  # noqa: E402
 from eyas.config import load_params  # noqa: E402
 from eyas.drafter import Eagle3Drafter  # noqa: E402
@@ -132,6 +135,29 @@ def state_bytes(model, opt) -> list[float]:
             float(sum(_local_bytes(p) for p in frozen))]
 
 
+def against(doc: dict, reference: str) -> dict:
+    """Scaling efficiency (tokens/s per GPU over the reference's) and the max abs/rel differences
+    of the phase-2 losses and gradient norms from a W = 1 ``reference`` result file. A missing
+    reference, or one whose phase 2 ran another global batch, is said in ``"not_compared"``
+    (this run's own figures are written either way)."""
+    path = RESULTS / reference
+    out = {"file": reference}
+    if not path.is_file():
+        return {**out, "not_compared": f"no such file {path}"}
+    ref = json.loads(path.read_text())
+    if "scaling" in doc and "scaling" in ref:
+        out["scaling_efficiency"] = doc["scaling"]["tokens_per_s_per_gpu"] / ref["scaling"]["tokens_per_s_per_gpu"]
+    keys = ("global_rows", "global_tokens")
+    if "equiv" not in ref or [ref["equiv"].get(k) for k in keys] != [doc["equiv"][k] for k in keys] \
+            or len(ref["equiv"]["losses"]) != len(doc["equiv"]["losses"]):
+        return {**out, "not_compared": "the reference's phase 2 ran another global batch or step count"}
+    for key in ("losses", "grad_norms"):
+        a, b = doc["equiv"][key], ref["equiv"][key]
+        out[f"{key}_max_abs"] = max(abs(x - y) for x, y in zip(a, b))
+        out[f"{key}_max_rel"] = max(abs(x - y) / abs(y) for x, y in zip(a, b))
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ttt", type=int, default=7)
@@ -145,6 +171,9 @@ def main():
                     help="phase 2's global batch in rows (the 4 rows of 2048 tokens, cycled); a multiple of W")
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--tiny", action="store_true", help="a tiny drafter and 128-token rows (CPU runs)")
+    ap.add_argument("--reference", default=None,
+                    help="a W = 1 result of this script (under benchmarks/results/, or a path): adds the scaling "
+                         "efficiency and the loss / gradient-norm differences against it")
     ap.add_argument("--out", default="ddp.json")
     a = ap.parse_args()
     if a.device == "cpu":
@@ -199,6 +228,9 @@ def main():
                     "peak_alloc_GiB_per_rank": peak_per_rank(dev, world) if dev.type == "cuda" else None}
     if rank == 0:
         print("equiv losses", losses, flush=True)
+        if a.reference:
+            doc["vs_reference"] = against(doc, a.reference)
+            print("vs reference", doc["vs_reference"], flush=True)
         write_result(a.out, doc)
     du.destroy()
 

@@ -94,7 +94,8 @@ case "$recipe" in
           for W in 1 2 4 8; do
             [ "$W" -le "$N" ] || break
             step 140 python3 -m torch.distributed.run --standalone --nproc-per-node "$W" benchmarks/bench_ddp.py \
-              --strategy "$part" --global-rows 8 --out "scale_${part}_w$W.json"
+              --strategy "$part" --global-rows 8 --out "scale_${part}_w$W.json" \
+              $([ "$W" -gt 1 ] && echo --reference "scale_${part}_w1.json")
           done ;;
         extract)
           step 60 python3 benchmarks/bench_extract_multi.py --mode data --out scale_extract_w1.json
