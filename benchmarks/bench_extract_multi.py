@@ -7,13 +7,17 @@ the machine's one local disk. Total tokens/s = all ranks' tokens / slowest rank'
 (stages/extract.py itself is single-process: this measures what sharding the data over ranks
 would give.)
 
-Mode ``split``: one process, the target's layers split over 2 GPUs with accelerate's
-dispatch_model (what ``device_map="auto"`` does), 16 layers each: bare forward and capture
-tokens/s, captured shapes; whether eyas.target.Target.capture works unchanged on it.
+Mode ``split``: one process, the target's layers split over ``--gpus`` GPUs in sequence with
+accelerate's dispatch_model (what ``device_map="auto"`` does): bare forward and capture tokens/s,
+captured shapes, weights and peak memory per GPU; whether eyas.target.Target.capture works
+unchanged on it. ``--shape 70b`` is Llama-3.1-70B's shape (141 GB of bf16 weights: 4 GPUs); the
+weights are made on the meta device and materialised piece by piece on their GPU (random, normal
+std 0.02, norms 1, as transformers initialises Llama), so no GPU ever holds the whole target.
 
     python benchmarks/bench_extract_multi.py --mode data --out extract_w1.json
     torchrun --standalone --nproc-per-node 2 benchmarks/bench_extract_multi.py --mode data --out extract_w2.json
     python benchmarks/bench_extract_multi.py --mode split --out extract_split.json
+    python benchmarks/bench_extract_multi.py --mode split --shape 70b --gpus 4 --out scale_extract_split70b.json
 """
 
 from __future__ import annotations
@@ -68,22 +72,77 @@ def data_mode(a) -> dict:
             "bytes_per_token_written": r["bytes_per_token_written"]}
 
 
-def split_mode(a) -> dict:
-    from accelerate import dispatch_model
+SHAPES = {  # Llama-3.1 shapes (their config.json on the hub); the tiny one for CPU checks
+    "8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+               num_key_value_heads=8, vocab_size=128256, max_position_embeddings=8192, rope_theta=500000.0),
+    "70b": dict(hidden_size=8192, intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64,
+                num_key_value_heads=8, vocab_size=128256, max_position_embeddings=8192, rope_theta=500000.0),
+    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=8, num_attention_heads=4,
+                 num_key_value_heads=2, vocab_size=1000, max_position_embeddings=4096)}
 
+
+def build_split(shape: str, gpus: int):
+    """A random bf16 Llama of ``shape``, layers split in sequence over ``gpus`` GPUs (CPU when
+    there is none: the same code path in fp32 for checks), each piece materialised on its own
+    device. Returns (model with accelerate's hooks, config, {module name: device index})."""
+    from accelerate import dispatch_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    cfg = LlamaConfig(**SHAPES[shape])
+    cfg._attn_implementation = "sdpa"
+    cuda = torch.cuda.is_available()
+    if cuda and torch.cuda.device_count() < gpus:
+        raise SystemExit(f"--gpus {gpus}: only {torch.cuda.device_count()} GPUs here")
+    dev = (lambda g: torch.device("cuda", g)) if cuda else (lambda g: torch.device("cpu"))
+    dtype = torch.bfloat16 if cuda else torch.float32
+    L = cfg.num_hidden_layers
+    per = -(-L // gpus)
+    dm = {"model.embed_tokens": 0, "model.rotary_emb": 0, "model.norm": gpus - 1, "lm_head": gpus - 1}
+    dm.update({f"model.layers.{i}": i // per for i in range(L)})
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device("meta"):
+            model = LlamaForCausalLM(cfg).eval()
+        for name, g in dm.items():
+            mod = model.get_submodule(name)
+            if name == "model.rotary_emb":  # buffers computed at construction: build it again there
+                with torch.device(dev(g)):
+                    model.model.rotary_emb = LlamaRotaryEmbedding(config=cfg)
+                continue
+            mod.to_empty(device=dev(g))
+            with torch.no_grad():
+                for p in mod.parameters():
+                    if p.dim() > 1:  # linear and embedding weights
+                        p.normal_(0.0, 0.02)
+                    else:  # RMSNorm weights
+                        p.fill_(1.0)
+    finally:
+        torch.set_default_dtype(torch.float32)
+    left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
+    if left:
+        raise RuntimeError(f"not materialised: {left[:5]}")
+    dm = {k: (v if cuda else "cpu") for k, v in dm.items()}
+    return dispatch_model(model, device_map=dm), cfg, dm
+
+
+def split_mode(a) -> dict:
     from eyas.target import Target
 
-    target, cfg = build(a.tiny)  # whole model on cuda:0 first (16 GB), then half moved to cuda:1
-    L = cfg.num_hidden_layers
-    dm = {"model.embed_tokens": 0, "model.rotary_emb": 0, "model.norm": 1, "lm_head": 1}
-    dm.update({f"model.layers.{i}": (0 if i < L // 2 else 1) for i in range(L)})
-    model = dispatch_model(target.model, device_map=dm)
+    shape = "tiny" if a.tiny else a.shape
+    model, cfg, dm = build_split(shape, a.gpus)
     target = Target(model, None, {})
-    mem = [torch.cuda.memory_allocated(i) / 2**30 for i in range(torch.cuda.device_count())]
+    L = cfg.num_hidden_layers
+    n_dev = torch.cuda.device_count()
+    mem = [torch.cuda.memory_allocated(i) / 2**30 for i in range(n_dev)]
     aux = [2, L // 2, L - 3]
     B, T = a.batch, a.seq
-    x = torch.randint(0, cfg.vocab_size, (B, T), generator=torch.Generator().manual_seed(0)).to("cuda:0")
-    out = {"device_map": "layers 0-%d + embed on cuda:0, layers %d-%d + norm + lm_head on cuda:1" % (L // 2 - 1, L // 2, L - 1),
+    x = torch.randint(0, cfg.vocab_size, (B, T), generator=torch.Generator().manual_seed(0)).to(
+        model.model.embed_tokens.weight.device)
+    per = -(-L // a.gpus)
+    out = {"shape": shape, "gpus": a.gpus,
+           "device_map": ", ".join(f"layers {g * per}-{min(L, (g + 1) * per) - 1} on GPU {g}" for g in range(a.gpus))
+           + f"; embed on GPU 0, norm + lm_head on GPU {a.gpus - 1}",
            "weights_GiB_per_gpu": mem, "batch": B, "seq": T}
 
     def syn():
@@ -118,7 +177,7 @@ def split_mode(a) -> dict:
                             and list(r["final_hidden"].shape) == [B, T, cfg.hidden_size]
                             and list(r["target_argmax"].shape) == [B, T])
         out["finite"] = bool(torch.isfinite(r["aux_hidden"]).all() and torch.isfinite(r["final_hidden"]).all())
-    out["peak_alloc_GiB_per_gpu"] = [torch.cuda.max_memory_allocated(i) / 2**30 for i in range(torch.cuda.device_count())]
+    out["peak_alloc_GiB_per_gpu"] = [torch.cuda.max_memory_allocated(i) / 2**30 for i in range(n_dev)]
     return out
 
 
@@ -130,10 +189,13 @@ def main():
     ap.add_argument("--batches", type=int, default=16)
     ap.add_argument("--shard-samples", type=int, default=16)
     ap.add_argument("--tiny", action="store_true")
+    ap.add_argument("--shape", choices=("8b", "70b"), default="8b", help="split mode: the target's shape")
+    ap.add_argument("--gpus", type=int, default=2, help="split mode: GPUs the layers are split over")
     ap.add_argument("--out", default="extract_multi.json")
     a = ap.parse_args()
     res = data_mode(a) if a.mode == "data" else split_mode(a)
-    res["what"] = f"extraction on several GPUs, mode {a.mode}, 8B-shaped Llama, random bf16 weights"
+    shape = "tiny" if a.tiny else "70B" if a.mode == "split" and a.shape == "70b" else "8B"
+    res["what"] = f"extraction on several GPUs, mode {a.mode}, {shape}-shaped Llama, random bf16 weights"
     print(res, flush=True)
     if du.is_main():
         write_result(a.out, res)

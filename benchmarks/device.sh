@@ -11,6 +11,11 @@
 #   eval              bench_eval.py (chain step vs decode), profile_eval_gpu.py     -> eval_step.json, eval_profile.json
 #   ddp               (2 GPUs) DDP weak scaling and multi-GPU extraction            -> ddp_w{1,2}.json, extract_{w1,w2,split}.json
 #   online            bench_online.py: train.mode online vs extract + train (2 GPUs: + target on cuda:1) -> online_h200.json
+#   scale N [PART]    (N = 2, 4 or 8 GPUs) PART ddp or fsdp: bench_ddp.py at W = 1, 2, .., N (weak scaling at
+#                     8,192 tokens/GPU, then 10 losses of one 8-row global batch) -> scale_<PART>_w<W>.json;
+#                     PART extract: bench_extract_multi.py data-sharded at W = 1 and N -> scale_extract_w{1,N}.json,
+#                     and (N >= 4) a 70B-shaped target split over 4 GPUs -> scale_extract_split70b.json.
+#                     No PART: all three (over 10 min at N = 8: one call per part there)
 #   profile STEP ...  the GPU profile of presets/h200.yaml (benchmarks/h200_profile.sh: park, setup, run)
 #
 # Carried files (the device `run` tool's `carry`; git-ignored, made on the workstation):
@@ -77,6 +82,32 @@ case "$recipe" in
     step 45 python3 benchmarks/bench_extract_multi.py --mode split --out extract_split.json ;;
   online)
     step 560 python3 benchmarks/bench_online.py --out online_h200.json ;;
+  scale)
+    N=${1:?usage: device.sh scale 2|4|8 [ddp|fsdp|extract]}; shift || true
+    case "$N" in 2|4|8) ;; *) echo "scale: N must be 2, 4 or 8 GPUs, got $N" >&2; exit 2 ;; esac
+    have=$(nvidia-smi -L | wc -l)
+    [ "$have" -ge "$N" ] || { echo "scale $N: only $have GPUs here" | tee -a "$LOG"; exit 2; }
+    parts=("$@"); [ ${#parts[@]} -gt 0 ] || parts=(ddp fsdp extract)
+    for part in "${parts[@]}"; do
+      case "$part" in
+        ddp|fsdp)  # W = 1 in the same call: efficiencies are ratios within one call
+          for W in 1 2 4 8; do
+            [ "$W" -le "$N" ] || break
+            step 140 python3 -m torch.distributed.run --standalone --nproc-per-node "$W" benchmarks/bench_ddp.py \
+              --strategy "$part" --global-rows 8 --out "scale_${part}_w$W.json" \
+              $([ "$W" -gt 1 ] && echo --reference "scale_${part}_w1.json")
+          done ;;
+        extract)
+          step 60 python3 benchmarks/bench_extract_multi.py --mode data --out scale_extract_w1.json
+          step 120 python3 -m torch.distributed.run --standalone --nproc-per-node "$N" \
+            benchmarks/bench_extract_multi.py --mode data --out "scale_extract_w$N.json"
+          if [ "$N" -ge 4 ]; then
+            step 150 python3 benchmarks/bench_extract_multi.py --mode split --shape 70b --gpus 4 \
+              --out scale_extract_split70b.json
+          fi ;;
+        *) echo "scale: PART must be ddp, fsdp or extract, got $part" >&2; exit 2 ;;
+      esac
+    done ;;
   profile)
     exec bash benchmarks/h200_profile.sh "$@" ;;
   *)
