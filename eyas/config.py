@@ -222,7 +222,9 @@ def _coerce(value: Any, tp: Any, path: str, source: str) -> Any:
         return number
     if tp is str:
         if not isinstance(value, str):
-            raise ParamsError(f"{source}: '{path}' must be a string, got {value!r}")
+            kind = "null" if value is None else type(value).__name__
+            note = "" if isinstance(value, (dict, list)) else f" (YAML reads it as {kind}: write it in quotes)"
+            raise ParamsError(f"{source}: '{path}' must be a string, got {value!r}{note}")
         return value
     raise TypeError(f"unsupported schema type {tp!r} at {path}")  # a bug in this module
 
@@ -230,7 +232,7 @@ def _coerce(value: Any, tp: Any, path: str, source: str) -> Any:
 def _build(cls: type, raw: dict, prefix: str, source: str) -> Any:
     hints = typing.get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
-    unknown = sorted(set(raw) - set(names))
+    unknown = sorted(set(raw) - set(names), key=str)  # YAML keys may be ints, dates or None too
     if unknown:
         keys = [f"{prefix + '.' if prefix else ''}{k}" for k in unknown]
         where = ", ".join(f"'{k}'" for k in keys)

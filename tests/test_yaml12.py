@@ -4,6 +4,7 @@ ruamel.yaml) disagree gets DVC's value in the stage's typed params, in a preset,
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -71,3 +72,53 @@ def test_nproc_is_read_as_dvc_reads_it(tmp_path):
     f = tmp_path / "params.yaml"
     f.write_text("train:\n  nproc: 010\n")
     assert launch.nproc_from_params(f) == 10 == parse_yaml(f.read_text(), str(f))["train"]["nproc"]
+
+
+# text -> the message's file, line and cause: every way a params file can fail to load names them
+# (ruamel.yaml raises ValueError/TypeError/KeyError without a line for some scalars; DVC reads UTF-8)
+UNREADABLE = {
+    "a: 1\nb:\n  c: [1, 2]\n  d: 2026-13-45\n": r"month must be in 1\.\.12 at line 4, column 6",
+    "a: 1\nb: !!int x\n": r"invalid literal for int.* at line 2, column 4",
+    "a: 1\nb: !!bool x\n": r"KeyError: 'x' at line 2, column 4",
+    "a: 1\n? [a, [b]]\n: 1\n": r"unhashable type: 'list' at line 1, column 1",
+    "a: 1\ntrain:\n  epochs: 2\n  epochs: 3\n": r"duplicate key \"epochs\".* at line 4, column 3 "
+                                               r"\(while constructing a mapping at line 3\)$",
+    "a: 1\n---\nb: 2\n": r"but found another document at line 2, column 1",
+    "train:\n\tepochs: 2\n": r"found character '\\t' that cannot start any token at line 2, column 1",
+    "a: 1\r\nb: caf\xe9\r\n": r"not UTF-8 text \(DVC reads params as UTF-8\): byte 0xe9 at line 2$",
+}
+
+
+@pytest.mark.parametrize("text", UNREADABLE)
+def test_an_unreadable_params_file_is_refused_naming_the_file_and_line(tmp_path, text):
+    f = tmp_path / "params.yaml"
+    f.write_bytes(text.encode("latin-1"))
+    with pytest.raises(ParamsError, match=rf"(?s)^{f}: .*{UNREADABLE[text]}") as e:
+        load_params(f)
+    assert "suppress" not in str(e.value)  # ruamel.yaml's advice to turn the duplicate check off
+    with pytest.raises(yaml12.YamlError, match=UNREADABLE[text]):
+        yaml12.load_file(f)
+
+
+@pytest.mark.parametrize("text, value, kind", [
+    ("2026-12-01", "datetime.date(2026, 12, 1)", "date"),
+    ("12345e7", "123450000000.0", "float"),   # a short commit sha of digits and one e
+    ("0123456", "123456", "int"),              # and one of digits: leading zeros dropped
+    ("!!binary aGk=", "b'hi'", "bytes"),
+])
+def test_a_string_param_yaml_reads_as_another_type_says_to_quote_it(tmp_path, text, value, kind):
+    f = tmp_path / "params.yaml"
+    f.write_text(f"target:\n  revision: {text}\n")
+    assert repr(parse_yaml(f.read_text(), str(f))["target"]["revision"]) == value  # DVC's reading too
+    with pytest.raises(ParamsError, match=rf"^{f}: 'target.revision' must be a string, got {re.escape(value)} "
+                                          rf"\(YAML reads it as {kind}: write it in quotes\)$"):
+        load_params(f)
+    f.write_text(f"target:\n  revision: '{text}'\n")
+    assert load_params(f).target.revision == text
+
+
+def test_keys_of_several_yaml_types_are_named_as_unknown_not_a_crash(tmp_path):
+    f = tmp_path / "params.yaml"
+    f.write_text("train:\n  1: a\n  2026-12-01: b\n  ~: c\n")
+    with pytest.raises(ParamsError, match=r"unknown key 'train\.1', 'train\.2026-12-01', 'train\.None'"):
+        load_params(f)
