@@ -9,9 +9,9 @@ experiment, the run is recorded like any other (``dvc exp show``, MLflow, ``eyas
 Where DVC is not installed (e.g. a GPU machine without a registry), ``--write params.yaml``
 merges the preset into the file instead and the stages run in DAG order by hand
 (``scripts/gpu_profile.sh``). Either way the merged params pass the schema (eyas/config.py) first,
-so a misspelt preset key fails before any compute. DVC parses each ``-S`` value as YAML (Hydra's
-override grammar: ``[a,b]`` lists, ``null``), so values are written in YAML flow style without
-spaces.
+so a misspelt preset key fails before any compute. DVC parses each ``-S`` value with Hydra's
+override grammar, not YAML, so values are written in it (strings quoted: ``'12345e7'`` stays a
+string), and ``dvc exp run`` gets the preset's own values.
 
 Run: ``python -m eyas.preset PRESET [--params params.yaml] [--write FILE]``.
 """
@@ -20,10 +20,9 @@ from __future__ import annotations
 
 import argparse
 import copy
+import re
 import sys
 from pathlib import Path
-
-import yaml
 
 from eyas import yaml12
 from eyas.config import ParamsError, flatten, parse_params
@@ -69,21 +68,45 @@ def merge(base: dict, preset: dict, source: str) -> dict:
     return out
 
 
-def _flow(v) -> str:
-    s = yaml.safe_dump(v, default_flow_style=True, width=10**9).strip()
-    s = s.removesuffix("\n...").strip()
+def _hydra(v, key: str) -> str:
+    """``v`` in Hydra's override grammar, which DVC parses each ``-S`` value with
+    (``dvc/utils/hydra.py`` ``apply_overrides``; grammar: hydra ``OverrideParser.g4``). A string is
+    always quoted: unquoted, Hydra reads ``12345e7``, ``nan``, ``nUll`` or ``tRue`` as a number,
+    null or boolean, and a comma or ``=`` is syntax. In a quoted value a quote is escaped and so is
+    a run of backslashes before a quote or the end.
+
+    Raises:
+        ParamsError: naming ``key``, for whitespace (the value could not travel as one shell word),
+            ``${`` (Hydra interpolates it even in quotes) or a type Hydra has no literal for (a date).
+    """
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if v is None:
+        return "null"
+    if isinstance(v, (int, float)):
+        return repr(v)  # 5e-05, 1e+16, inf, nan: Hydra's int and float literals
     if isinstance(v, list):
-        s = s.replace(", ", ",")
-    if any(c.isspace() for c in s):
-        raise ParamsError(f"preset value {v!r} has whitespace: it cannot travel as one -S argument")
-    return s
+        return "[" + ",".join(_hydra(x, key) for x in v) + "]"
+    if not isinstance(v, str):
+        raise ParamsError(f"preset key '{key}': {v!r} ({type(v).__name__}) has no dvc exp run -S form: quote it")
+    if any(c.isspace() for c in v):
+        raise ParamsError(f"preset key '{key}': {v!r} has whitespace: it cannot travel as one -S argument")
+    if "${" in v:
+        raise ParamsError(f"preset key '{key}': {v!r} has '${{': DVC (Hydra) would interpolate it")
+    v = re.sub(r"(\\+)(?='|$)", lambda m: m.group(1) * 2, v)
+    return "'" + v.replace("'", "\\'") + "'"
 
 
 def set_args(preset: dict) -> list[str]:
-    """``["-S", "key=value", ...]`` for ``dvc exp run``, one pair per leaf key of the preset."""
+    """``["-S", "key=value", ...]`` for ``dvc exp run``, one pair per leaf key of the preset, each
+    value in Hydra's override grammar (:func:`_hydra`) so DVC writes the preset's own value.
+
+    Raises:
+        ParamsError: a value that cannot travel as a ``-S`` argument (:func:`_hydra`).
+    """
     out: list[str] = []
     for k, v in flatten(preset).items():
-        out += ["-S", f"{k}={_flow(v)}"]
+        out += ["-S", f"{k}={_hydra(v, k)}"]
     return out
 
 

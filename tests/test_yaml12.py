@@ -4,6 +4,7 @@ ruamel.yaml) disagree gets DVC's value in the stage's typed params, in a preset,
 
 from __future__ import annotations
 
+import datetime
 import re
 from pathlib import Path
 
@@ -122,3 +123,49 @@ def test_keys_of_several_yaml_types_are_named_as_unknown_not_a_crash(tmp_path):
     f.write_text("train:\n  1: a\n  2026-12-01: b\n  ~: c\n")
     with pytest.raises(ParamsError, match=r"unknown key 'train\.1', 'train\.2026-12-01', 'train\.None'"):
         load_params(f)
+
+
+def _dvc_set(params: Path, args: list[str]) -> dict:
+    """``params`` after DVC applies ``-S`` arguments (what ``dvc exp run -S`` writes before a run),
+    read back by DVC's own parser."""
+    from dvc.utils.hydra import apply_overrides
+
+    apply_overrides(params, args[1::2])
+    return parse_yaml(params.read_text(), str(params))
+
+
+def test_the_repo_presets_reach_dvc_as_eyas_checked_them(tmp_path):
+    for pre in sorted((ROOT / "presets").glob("*.yaml")):
+        base = tmp_path / "params.yaml"
+        base.write_text((ROOT / "params.yaml").read_text())
+        merged = preset.merge(yaml12.load_file(base), preset.load_preset(pre), pre.name)
+        assert _dvc_set(base, preset.set_args(preset.load_preset(pre))) == merged, pre.name
+
+
+# strings Hydra (DVC's -S parser) reads as another type or as syntax when unquoted, or that PyYAML's
+# flow style escapes in a way Hydra does not undo (é became the 4 characters \xE9)
+TRICKY_STRINGS = ["12345e7", "1e3", "nan", "inf", "nUll", "tRue", "yes", "a,b", "a=b", "it's", "x\\", "x\\'y",
+                  "é", "0o12", "2026-12-01", "", "[a]"]
+
+
+@pytest.mark.parametrize("value", TRICKY_STRINGS)
+def test_a_preset_string_reaches_dvc_as_that_string(tmp_path, value):
+    f = tmp_path / "params.yaml"
+    f.write_text("target:\n  revision: main\n")
+    args = preset.set_args({"target": {"revision": value}})
+    assert _dvc_set(f, args) == {"target": {"revision": value}}, args
+
+
+@pytest.mark.parametrize("value", [5e-05, 1e-07, 1e16, -0.0, 3, True, None, [0, 1, 2], ["train", "yes"]])
+def test_a_preset_number_bool_null_or_list_reaches_dvc_as_that_value(tmp_path, value):
+    f = tmp_path / "params.yaml"
+    f.write_text("k: placeholder\n")
+    got = _dvc_set(f, preset.set_args({"k": value}))["k"]
+    assert got == value and type(got) is type(value)
+
+
+@pytest.mark.parametrize("value, why", [("a b", "has whitespace"), ("${x}", r"DVC \(Hydra\) would interpolate it"),
+                                        (datetime.date(2026, 12, 1), "has no dvc exp run -S form")])
+def test_a_preset_value_that_cannot_travel_as_one_s_argument_is_refused_naming_the_key(value, why):
+    with pytest.raises(ParamsError, match=rf"^preset key 'target\.revision': .*{why}"):
+        preset.set_args({"target": {"revision": value}})
