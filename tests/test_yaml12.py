@@ -169,3 +169,20 @@ def test_a_preset_number_bool_null_or_list_reaches_dvc_as_that_value(tmp_path, v
 def test_a_preset_value_that_cannot_travel_as_one_s_argument_is_refused_naming_the_key(value, why):
     with pytest.raises(ParamsError, match=rf"^preset key 'target\.revision': .*{why}"):
         preset.set_args({"target": {"revision": value}})
+
+
+@pytest.mark.parametrize("text, message", [
+    ("train:\n  nproc: auto\n", r"'train\.nproc' must be an integer \(0 = one per CUDA device\), got 'auto'"),
+    ("train:\n  nproc: '8'\n", r"'train\.nproc' must be an integer \(0 = one per CUDA device\), got '8'"),
+    ("train:\n  nproc: ~\n", r"'train\.nproc' must be an integer \(0 = one per CUDA device\), got None"),
+    ("train: [1]\n", r"'train' must be a mapping, got \[1\]"),
+    ("- 1\n", r"the top level must be a mapping, got \[1\]"),
+    ("train:\n  nproc: 2\ntrain:\n  nproc: 3\n", r"not valid YAML: found duplicate key \"train\".* at line 3"),
+])
+def test_launch_refuses_an_nproc_the_stage_would_refuse_before_starting_processes(tmp_path, text, message):
+    f = tmp_path / "params.yaml"
+    f.write_text(text)
+    with pytest.raises(ParamsError):  # what the stage, under torchrun, would then say in every rank
+        load_params(f)
+    with pytest.raises(ValueError, match=rf"^{f}: {message}"):
+        launch.nproc_from_params(f)
