@@ -34,16 +34,24 @@ __all__ = ["load_preset", "merge", "set_args"]
 def load_preset(path: str | Path) -> dict:
     """The preset's nested mapping. Raises ParamsError naming the file when it is missing, not
     YAML or not a mapping."""
-    path = Path(path)
+    raw = _read_mapping(Path(path), "preset")
+    if not raw:
+        raise ParamsError(f"{path}: a preset is a non-empty mapping of params sections")
+    return raw
+
+
+def _read_mapping(path: Path, what: str) -> dict:
+    """The YAML mapping in ``path`` (``{}`` for an empty file); ParamsError naming the file (and
+    line, :mod:`eyas.yaml12`) when it is missing, not YAML or not a mapping at the top level."""
     try:
         raw = yaml12.load_file(path)
     except FileNotFoundError:
-        raise ParamsError(f"{path}: no such preset") from None
+        raise ParamsError(f"{path}: no such {what}") from None
     except yaml12.YamlError as e:
         raise ParamsError(str(e)) from None
-    if not isinstance(raw, dict) or not raw:
-        raise ParamsError(f"{path}: a preset is a non-empty mapping of params sections")
-    return raw
+    if raw is not None and not isinstance(raw, dict):
+        raise ParamsError(f"{path}: a {what} is a mapping of params sections, got {type(raw).__name__}")
+    return raw or {}
 
 
 def merge(base: dict, preset: dict, source: str) -> dict:
@@ -118,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     try:
         preset = load_preset(a.preset)
-        base = yaml12.load_file(a.params) or {}
+        base = _read_mapping(Path(a.params), "params file")
         merged = merge(base, preset, f"{a.params} + {a.preset}")
         args = set_args(preset)
     except ParamsError as e:

@@ -206,3 +206,45 @@ def test_compare_metrics_names_the_broken_file_beside_the_metrics(tmp_path, name
     (d / name).write_bytes(data)
     with pytest.raises(CompareError, match=rf"(?s)^{d}: " + message.format(p=re.escape(str(d / name)))):
         compare_dirs([str(d)])
+
+
+def test_preset_write_changes_for_dvc_only_the_keys_the_preset_sets(tmp_path):
+    import json
+    import subprocess
+
+    def sh(*cmd):
+        return subprocess.run(cmd, cwd=tmp_path, check=True, capture_output=True, text=True, timeout=120).stdout
+
+    sh("git", "init", "-q")
+    sh("dvc", "init", "-q")
+    (tmp_path / "params.yaml").write_text((ROOT / "params.yaml").read_text())
+    (tmp_path / "dvc.yaml").write_text("stages:\n  s:\n    cmd: echo\n    params: [lr, train, data]\n")
+    sh("git", "add", "-A")
+    sh("git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "params")
+    base = parse_yaml((tmp_path / "params.yaml").read_text(), "params.yaml")
+    pre = tmp_path / "p.yaml"
+    pre.write_text("lr: 5e-5\ntrain:\n  epochs: 0o7\n  nproc: 1_0\ndata:\n  max_conversations: 0300\n")
+    f = tmp_path / "params.yaml"
+    assert preset.main([str(pre), "--params", str(f), "--write", str(f)]) == 0
+    diff = json.loads(sh("dvc", "params", "diff", "--json"))["params.yaml"]
+    assert {k: (v["old"], v["new"]) for k, v in diff.items()} == {
+        "lr": (base["lr"], 5e-5), "train.epochs": (base["train"]["epochs"], 7),
+        "train.nproc": (base["train"]["nproc"], 10), "data.max_conversations": (base["data"]["max_conversations"], 300)}
+    p = load_params(f)
+    assert (p.lr, p.train.epochs, p.train.nproc, p.data.max_conversations) == (5e-5, 7, 10, 300)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("a: 1\na: 2\n", r"not valid YAML: found duplicate key \"a\".* at line 2, column 1"),
+    ("- 1\n", r"a params file is a mapping of params sections, got list"),
+    (None, r"no such params file"),
+])
+def test_preset_names_a_broken_params_file_it_merges_into(tmp_path, capsys, text, message):
+    f = tmp_path / "params.yaml"
+    if text is not None:
+        f.write_text(text)
+    pre = tmp_path / "p.yaml"
+    pre.write_text("train:\n  epochs: 3\n")
+    assert preset.main([str(pre), "--params", str(f), "--write", str(tmp_path / "out.yaml")]) == 2
+    assert re.match(rf"^eyas\.preset: error: {f}: {message}", capsys.readouterr().err)
+    assert not (tmp_path / "out.yaml").exists()
