@@ -16,6 +16,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import re
 import subprocess
 import types
 import typing
@@ -452,10 +453,22 @@ def load_params(path: str | Path = "params.yaml") -> Params:
     """Read and validate ``params.yaml`` (keys it leaves out come from :data:`DEFAULTS_FILE`).
 
     Raises:
-        ParamsError: the file is missing, is not YAML, or fails :func:`parse_params`.
+        ParamsError: the file is missing, is not YAML, or fails :func:`parse_params`; an error about
+            a key the file sets ends with its line (``(line 12 of params.yaml)``).
     """
     path = Path(path)
     raw = _read_yaml(path)
+    try:
+        return _parse_file(raw, path)
+    except ParamsError as e:  # the schema names the key; say where the file writes it
+        named = re.match(rf"{re.escape(str(path))}: (?:unknown key )?'([^']+)'", str(e))
+        line = named and yaml12.key_line(path.read_text(encoding="utf-8"), named.group(1))
+        if line:
+            e.args = (f"{e} (line {line} of {path.name})", *e.args[1:])
+        raise
+
+
+def _parse_file(raw: dict, path: Path) -> Params:
     try:
         return parse_params(raw, str(path))
     except UnknownKeyError as e:

@@ -23,13 +23,14 @@ A file is read as UTF-8, as DVC reads it (``dvc/utils/serialize/_common.py``).
 from __future__ import annotations
 
 import io
+import re
 from pathlib import Path
 
 from ruamel.yaml import YAML
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
 from ruamel.yaml.nodes import MappingNode, Node, SequenceNode
 
-__all__ = ["YamlError", "dump", "load", "load_file"]
+__all__ = ["YamlError", "dump", "key_line", "load", "load_file"]
 
 
 class YamlError(ValueError):
@@ -113,6 +114,33 @@ def load_file(path: str | Path) -> object:
         raise YamlError(f"{path}: not UTF-8 text (DVC reads params as UTF-8): byte {data[e.start]:#04x} "
                         f"at line {line}") from None
     return load(text, str(path))
+
+
+def key_line(text: str, key: str) -> int | None:
+    """The 1-based line of dotted ``key`` (``train.lr``, ``eval.seeds[1]``) in the YAML ``text``:
+    the line of the key itself, or of the list item; None when the text does not set it or is not
+    YAML. For error messages: the schema names a key, this names where it is written.
+    """
+    try:
+        node = YAML(typ="safe").compose(text)
+    except YAMLError:
+        return None
+    line = None
+    for part in key.split("."):
+        m = re.fullmatch(r"(.*?)((?:\[\d+\])*)", part)
+        if not isinstance(node, MappingNode):
+            return None
+        hits = [(k, v) for k, v in node.value if str(k.value) == m.group(1)]
+        if not hits:
+            return None
+        k, node = hits[-1]
+        line = k.start_mark.line + 1
+        for i in re.findall(r"\[(\d+)\]", m.group(2)):
+            if not isinstance(node, SequenceNode) or int(i) >= len(node.value):
+                return line
+            node = node.value[int(i)]
+            line = node.start_mark.line + 1
+    return line
 
 
 def dump(obj: object) -> str:

@@ -112,7 +112,8 @@ def test_a_string_param_yaml_reads_as_another_type_says_to_quote_it(tmp_path, te
     f.write_text(f"target:\n  revision: {text}\n")
     assert repr(parse_yaml(f.read_text(), str(f))["target"]["revision"]) == value  # DVC's reading too
     with pytest.raises(ParamsError, match=rf"^{f}: 'target.revision' must be a string, got {re.escape(value)} "
-                                          rf"\(YAML reads it as {kind}: write it in quotes\)$"):
+                                          rf"\(YAML reads it as {kind}: write it in quotes\) "
+                                          r"\(line 2 of params\.yaml\)$"):
         load_params(f)
     f.write_text(f"target:\n  revision: '{text}'\n")
     assert load_params(f).target.revision == text
@@ -248,3 +249,18 @@ def test_preset_names_a_broken_params_file_it_merges_into(tmp_path, capsys, text
     assert preset.main([str(pre), "--params", str(f), "--write", str(tmp_path / "out.yaml")]) == 2
     assert re.match(rf"^eyas\.preset: error: {f}: {message}", capsys.readouterr().err)
     assert not (tmp_path / "out.yaml").exists()
+
+
+@pytest.mark.parametrize("text, message", [
+    ("lr: 3.0e-4\ntrain:\n  epochs: x\n", r"'train\.epochs' must be an integer, got 'x' \(line 3 of params\.yaml\)$"),
+    ("eval:\n  seeds:\n    - 0\n    - x\n",
+     r"'eval\.seeds\[1\]' must be an integer, got 'x' \(line 4 of params\.yaml\)$"),
+    ("lr: 2\n", r"'lr' must be in \(0, 1\), got 2\.0 \(line 1 of params\.yaml\)$"),
+    ("\n\ntrain:\n  lrr: 1\n", r"unknown key 'train\.lrr' \(allowed: .*\) \(line 4 of params\.yaml\)$"),
+    ("target:\n  revision: 2026-12-01\n", r"'target\.revision' must be a string, .* \(line 2 of params\.yaml\)$"),
+])
+def test_a_params_error_names_the_line_that_sets_the_key(tmp_path, text, message):
+    f = tmp_path / "params.yaml"
+    f.write_text(text)
+    with pytest.raises(ParamsError, match=rf"^{f}: {message}"):
+        load_params(f)
