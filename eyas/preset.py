@@ -130,7 +130,11 @@ def main(argv: list[str] | None = None) -> int:
         merged = merge(base, preset, f"{a.params} + {a.preset}")
         args = set_args(preset)
     except ParamsError as e:
-        sys.stderr.write(f"eyas.preset: error: {e}\n")
+        named = re.search(r"(?:preset key |: |unknown key )'([^']+)'", str(e))  # the key the error is about
+        line = named and Path(a.preset).is_file() and yaml12.key_line(
+            Path(a.preset).read_text(encoding="utf-8", errors="replace"), named.group(1))
+        at = f" (line {line} of {a.preset})" if line else ""
+        sys.stderr.write(f"eyas.preset: error: {e}{at}\n")
         return 2
     if a.write:
         write_text(Path(a.write), yaml12.dump(merged))

@@ -264,3 +264,17 @@ def test_a_params_error_names_the_line_that_sets_the_key(tmp_path, text, message
     f.write_text(text)
     with pytest.raises(ParamsError, match=rf"^{f}: {message}"):
         load_params(f)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("data:\n  val: 3\ntrain:\n  epochs: x\n", r"'train\.epochs' must be an integer, got 'x'"),
+    ("data:\n  val: 3\ntrain:\n  epochz: 2\n", r"unknown key 'train\.epochz' \(allowed: .*\)"),
+    ("data:\n  val: 3\ntarget:\n  revision: 'a b'\n", r"preset key 'target\.revision': 'a b' has whitespace.*"),
+])
+def test_a_preset_error_names_the_presets_line(tmp_path, capsys, text, message):
+    base = tmp_path / "params.yaml"
+    base.write_text((ROOT / "params.yaml").read_text())
+    pre = tmp_path / "p.yaml"
+    pre.write_text(text)
+    assert preset.main([str(pre), "--params", str(base)]) == 2
+    assert re.match(rf"^eyas\.preset: error: .*{message} \(line 4 of {pre}\)$", capsys.readouterr().err.strip())
