@@ -474,7 +474,8 @@ def target_summary(path: str, gguf_file: str | None = None) -> dict:
         FileNotFoundError: ``path`` is neither on disk nor a hub id (``a/b/c``, ``./x``: checked by
             ``huggingface_hub.utils.validate_repo_id``), a directory with neither ``config.json``
             nor ``manifest.json``, or ``gguf_file`` is not in it; each names the path.
-        ValueError: a ``manifest.json`` without ``target_config``, or a file that is none of these.
+        ValueError: a ``manifest.json`` without ``target_config``, a file that is none of these, or a
+            GGUF file transformers cannot parse (truncated, not GGUF).
         OSError: transformers cannot read it (a hub id offline or not found).
     """
     from huggingface_hub.errors import HFValidationError
@@ -510,7 +511,13 @@ def target_summary(path: str, gguf_file: str | None = None) -> dict:
     from transformers import AutoConfig
 
     kw = {"gguf_file": gguf_file} if gguf_file else {}
-    cfg = AutoConfig.from_pretrained(path, **kw)
+    try:
+        cfg = AutoConfig.from_pretrained(path, **kw)
+    except Exception as e:  # noqa: BLE001 -- transformers' GGUF reader raises struct.error on a truncated file
+        if not gguf_file or isinstance(e, OSError):
+            raise
+        raise ValueError(f"{Path(path) / gguf_file}: not a GGUF file transformers can read "
+                         f"({type(e).__name__}: {e})") from None
     cfg = getattr(cfg, "text_config", None) or cfg
     return summarise_config(cfg)
 

@@ -295,8 +295,10 @@ def _not_a_target(t: Path, kind: str) -> str:
         (t / "manifest.json").write_text('{"splits": []}')
     if kind == "file":
         (t / "x.safetensors").write_bytes(b"")
-    return {"missing": str(t / "missing"), "relative": "data/features/nope", "file": str(t / "x.safetensors")}.get(
-        kind, str(t))
+    if kind == "gguf":
+        (t / "x.gguf").write_bytes(b"GGUF\x03\x00")  # the magic and a truncated header
+    return {"missing": str(t / "missing"), "relative": "data/features/nope", "file": str(t / "x.safetensors"),
+            "gguf": str(t / "x.gguf")}.get(kind, str(t))
 
 
 @pytest.mark.parametrize("kind, message", [
@@ -305,6 +307,7 @@ def _not_a_target(t: Path, kind: str) -> str:
     ("empty", "{t}: a directory with neither config.json (an HF target) nor manifest.json"),
     ("manifest", "{t}/manifest.json: no target_config mapping (not an eyas feature manifest)"),
     ("file", "{t}/x.safetensors: not a target"),
+    ("gguf", "{t}/x.gguf: not a GGUF file transformers can read"),
 ])
 def test_push_and_inspect_name_a_target_that_is_not_one(hub_cache, tmp_path, kind, message, capsys):
     from eyas.cli import main
