@@ -43,7 +43,8 @@ import time
 from pathlib import Path
 
 import psutil
-import yaml
+
+from eyas import yaml12
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results"
@@ -165,9 +166,9 @@ def extract_growth(work: Path, n: int, shard_samples: int) -> dict:
     source = work / "data" / "distilled"
     (grow / "data" / "distilled").mkdir(parents=True)
     work = grow
-    params = yaml.safe_load((work / "params.yaml").read_text())
+    params = yaml12.load_file(work / "params.yaml")  # as DVC reads it, and written back so it reads the same
     params["extract"]["shard_samples"] = shard_samples
-    (work / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    (work / "params.yaml").write_text(yaml12.dump(params))
     runs = []
     for size in (n, 4 * n):
         counts = {split: _cut_jsonl(source / f"{split}.jsonl", work / "data" / "distilled" / f"{split}.jsonl",

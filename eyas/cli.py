@@ -35,6 +35,10 @@ def _inspect(args) -> int:
 
     try:
         target = None if args.target is None else target_summary(args.target, args.target_gguf)
+    except Exception as e:  # noqa: BLE001 -- an unreadable target is a refusal (exit 2), never a traceback
+        sys.stderr.write(f"eyas inspect: error: cannot read the target {args.target}: {type(e).__name__}: {e}\n")
+        return 2
+    try:
         report = inspect_checkpoint(args.path, vocab_dir=args.vocab, num_target_layers=args.num_target_layers,
                                     target=target)
     except Exception as e:  # noqa: BLE001 -- anything unreadable is "cannot inspect" (exit 2), never a traceback
@@ -81,6 +85,8 @@ def _push(args) -> int:
     except PushError as e:
         sys.stderr.write(f"eyas push: error: {e}\n")
         return 2
+    for w in out["warnings"]:  # context length or RoPE unlike the target's: the user decides
+        sys.stderr.write(f"eyas push: warning: {w}\n")
     sys.stdout.write(json.dumps(out, indent=2) + "\n")
     return 0
 

@@ -330,10 +330,18 @@ def compare_dirs(dirs: list[str], params_default: str | Path = "params.yaml") ->
             raise CompareError(f"{d}: no such metrics directory")
         pfile = path / "params.yaml" if (path / "params.yaml").is_file() else Path(params_default)
         try:
-            params = flatten(yaml12.load_file(pfile) or {}) if pfile.is_file() else {}
-            files = {f.name: json.loads(f.read_text()) for f in path.glob("*.json")}
-        except ValueError as e:  # yaml12.YamlError, json.JSONDecodeError
-            raise CompareError(f"{d}: cannot read its metrics or params: {e}") from None
+            raw = yaml12.load_file(pfile) if pfile.is_file() else {}
+        except yaml12.YamlError as e:  # names the file and line
+            raise CompareError(f"{d}: cannot read its params: {e}") from None
+        if raw is not None and not isinstance(raw, dict):
+            raise CompareError(f"{d}: cannot read its params: {pfile}: the top level must be a mapping")
+        params = flatten(raw or {})
+        files = {}
+        for f in sorted(path.glob("*.json")):
+            try:
+                files[f.name] = json.loads(f.read_text(encoding="utf-8"))
+            except ValueError as e:  # json.JSONDecodeError, UnicodeDecodeError
+                raise CompareError(f"{d}: cannot read {f}: {e}") from None
         cols.append((d, pfile if pfile.is_file() else None, params, files))
     lines = ["| | " + " | ".join(f"**{_cell(d)}**" for d, *_ in cols) + " |", "|---|" + "---:|" * len(cols)]
     lines.append("| params file | " + " | ".join(_cell(str(p) if p else "–") for _, p, _, _ in cols) + " |")

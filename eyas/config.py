@@ -16,6 +16,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import re
 import subprocess
 import types
 import typing
@@ -222,7 +223,9 @@ def _coerce(value: Any, tp: Any, path: str, source: str) -> Any:
         return number
     if tp is str:
         if not isinstance(value, str):
-            raise ParamsError(f"{source}: '{path}' must be a string, got {value!r}")
+            kind = "null" if value is None else type(value).__name__
+            note = "" if isinstance(value, (dict, list)) else f" (YAML reads it as {kind}: write it in quotes)"
+            raise ParamsError(f"{source}: '{path}' must be a string, got {value!r}{note}")
         return value
     raise TypeError(f"unsupported schema type {tp!r} at {path}")  # a bug in this module
 
@@ -230,7 +233,7 @@ def _coerce(value: Any, tp: Any, path: str, source: str) -> Any:
 def _build(cls: type, raw: dict, prefix: str, source: str) -> Any:
     hints = typing.get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
-    unknown = sorted(set(raw) - set(names))
+    unknown = sorted(set(raw) - set(names), key=str)  # YAML keys may be ints, dates or None too
     if unknown:
         keys = [f"{prefix + '.' if prefix else ''}{k}" for k in unknown]
         where = ", ".join(f"'{k}'" for k in keys)
@@ -450,10 +453,22 @@ def load_params(path: str | Path = "params.yaml") -> Params:
     """Read and validate ``params.yaml`` (keys it leaves out come from :data:`DEFAULTS_FILE`).
 
     Raises:
-        ParamsError: the file is missing, is not YAML, or fails :func:`parse_params`.
+        ParamsError: the file is missing, is not YAML, or fails :func:`parse_params`; an error about
+            a key the file sets ends with its line (``(line 12 of params.yaml)``).
     """
     path = Path(path)
     raw = _read_yaml(path)
+    try:
+        return _parse_file(raw, path)
+    except ParamsError as e:  # the schema names the key; say where the file writes it
+        named = re.match(rf"{re.escape(str(path))}: (?:unknown key )?'([^']+)'", str(e))
+        line = named and yaml12.key_line(path.read_text(encoding="utf-8"), named.group(1))
+        if line:
+            e.args = (f"{e} (line {line} of {path.name})", *e.args[1:])
+        raise
+
+
+def _parse_file(raw: dict, path: Path) -> Params:
     try:
         return parse_params(raw, str(path))
     except UnknownKeyError as e:

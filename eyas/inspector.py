@@ -471,22 +471,53 @@ def target_summary(path: str, gguf_file: str | None = None) -> dict:
             HF directory or a hub id (read with transformers' AutoConfig; no weights load).
         gguf_file: the GGUF file inside ``path``.
     Raises:
-        FileNotFoundError / OSError: nothing readable there.
+        FileNotFoundError: ``path`` is neither on disk nor a hub id (``a/b/c``, ``./x``: checked by
+            ``huggingface_hub.utils.validate_repo_id``), a directory with neither ``config.json``
+            nor ``manifest.json``, or ``gguf_file`` is not in it; each names the path.
+        ValueError: a ``manifest.json`` without ``target_config``, a file that is none of these, or a
+            GGUF file transformers cannot parse (truncated, not GGUF).
+        OSError: transformers cannot read it (a hub id offline or not found).
     """
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
     from eyas.target import embedded_target, summarise_config
 
     p = Path(path)
     manifest = p / "manifest.json" if p.is_dir() else p
     if manifest.name == "manifest.json" and manifest.is_file():
-        return dict(read_json(manifest)["target_config"])
+        summary = read_json(manifest).get("target_config")
+        if not isinstance(summary, dict):
+            raise ValueError(f"{manifest}: no target_config mapping (not an eyas feature manifest)")
+        return dict(summary)
     if path == "embedded":
         path, gguf_file = embedded_target()
     elif p.suffix == ".gguf" and p.is_file():
         path, gguf_file = str(p.parent), p.name
+    elif p.is_dir():
+        if gguf_file is not None and not (p / gguf_file).is_file():
+            raise FileNotFoundError(f"{p / gguf_file}: no such GGUF file in the target directory")
+        if gguf_file is None and not (p / "config.json").is_file():
+            raise FileNotFoundError(f"{path}: a directory with neither config.json (an HF target) nor "
+                                    "manifest.json (a feature manifest); for a GGUF give the .gguf file")
+    elif p.exists() and p.suffix != ".json":  # transformers reads a config .json file itself
+        raise ValueError(f"{path}: not a target: give an HF directory, a .gguf file, a feature manifest "
+                         "(manifest.json or its directory), 'embedded' or a hub id")
+    else:
+        try:
+            validate_repo_id(path)
+        except HFValidationError:
+            raise FileNotFoundError(f"{path}: no such file or directory (nor a hub id, org/name)") from None
     from transformers import AutoConfig
 
     kw = {"gguf_file": gguf_file} if gguf_file else {}
-    cfg = AutoConfig.from_pretrained(path, **kw)
+    try:
+        cfg = AutoConfig.from_pretrained(path, **kw)
+    except Exception as e:  # noqa: BLE001 -- transformers' GGUF reader raises struct.error on a truncated file
+        if not gguf_file or isinstance(e, OSError):
+            raise
+        raise ValueError(f"{Path(path) / gguf_file}: not a GGUF file transformers can read "
+                         f"({type(e).__name__}: {e})") from None
     cfg = getattr(cfg, "text_config", None) or cfg
     return summarise_config(cfg)
 

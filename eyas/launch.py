@@ -46,14 +46,32 @@ def resolve_nproc(value, source: str = "nproc") -> int:
     return n
 
 
-def nproc_from_params(path: str | Path = "params.yaml", section: str = "train"):
+def nproc_from_params(path: str | Path = "params.yaml", section: str = "train") -> int | None:
+    """``section.nproc`` of the params file at ``path`` as DVC reads it (:mod:`eyas.yaml12`), or
+    None when the file or the key is absent (the stage then takes params.yaml's default).
+
+    Raises:
+        ValueError: the file is not valid YAML (:class:`eyas.yaml12.YamlError`, naming its line), the
+            top level or ``section`` is not a mapping, or ``nproc`` is not an integer (the params
+            schema's type, :class:`eyas.config.TrainParams`: ``auto``, ``'8'`` or null would launch
+            processes whose stage then refuses the params); each names the file and key.
+    """
     p = Path(path)
     if not p.is_file():
         return None
     from eyas import yaml12
 
     doc = yaml12.load_file(p) or {}
-    return (doc.get(section) or {}).get("nproc")
+    sec = doc.get(section, {}) if isinstance(doc, dict) else doc
+    if not isinstance(sec, dict):
+        where = f"'{section}'" if isinstance(doc, dict) else "the top level"
+        raise ValueError(f"{p}: {where} must be a mapping, got {sec!r}")
+    if "nproc" not in sec:
+        return None
+    n = sec["nproc"]
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise ValueError(f"{p}: '{section}.nproc' must be an integer (0 = one per CUDA device), got {n!r}")
+    return n
 
 
 def torchrun_argv(nproc: int, module: str, args: list[str]) -> list[str]:

@@ -23,8 +23,11 @@ class PushError(ValueError):
     """The directory is not a servable drafter, or the upload failed."""
 
 
-def push_plan(drafter_dir: str | Path, target: dict | None = None) -> list[dict]:
-    """The files :func:`push` uploads: ``[{"file", "bytes", "sha256"}]`` in :data:`PUSH_FILES` order.
+def push_plan(drafter_dir: str | Path, target: dict | None = None) -> dict:
+    """The files :func:`push` uploads and what ``eyas inspect`` warns about them:
+    ``{"files": [{"file", "bytes", "sha256"}] in PUSH_FILES order, "warnings": [str]}``. With a
+    ``target``, a context length or RoPE that differs from the target's is a warning (served as
+    configured, not as the target runs), as ``eyas inspect --target`` reports it.
 
     Args:
         drafter_dir: an exported drafter directory.
@@ -47,7 +50,8 @@ def push_plan(drafter_dir: str | Path, target: dict | None = None) -> list[dict]
         load_drafter(d)
     except Exception as e:  # noqa: BLE001 -- ExportError, ValueError, KeyError from a foreign config
         raise PushError(f"{d}: not a drafter eyas would serve: {type(e).__name__}: {e}") from None
-    errors = inspect_checkpoint(d, target=target)["errors"]
+    report = inspect_checkpoint(d, target=target)
+    errors = report["errors"]
     if errors:
         with_target = "" if target is None else " --target ..."
         raise PushError(f"{d}: `eyas inspect {d}{with_target}` finds errors for serving: " + "; ".join(errors))
@@ -58,7 +62,7 @@ def push_plan(drafter_dir: str | Path, target: dict | None = None) -> list[dict]
             for block in iter(lambda: fh.read(1 << 20), b""):
                 h.update(block)
         out.append({"file": f, "bytes": (d / f).stat().st_size, "sha256": h.hexdigest()})
-    return out
+    return {"files": out, "warnings": list(report["warnings"])}
 
 
 def push(drafter_dir: str | Path, repo_id: str, *, revision: str | None = None, private: bool = True,
@@ -72,7 +76,8 @@ def push(drafter_dir: str | Path, repo_id: str, *, revision: str | None = None, 
         dry_run: check and describe, upload nothing.
         target: as :func:`push_plan`.
     Returns:
-        ``{"repo", "revision", "files": push_plan(...), "dry_run"}`` plus, after an upload,
+        ``{"repo", "revision", "files", "warnings", "dry_run"}`` (``files`` and ``warnings`` from
+        :func:`push_plan`) plus, after an upload,
         ``"commit"`` (its sha) and ``"url"``.
     Raises:
         PushError: ``repo_id`` is not a valid hub id (``huggingface_hub.utils.validate_repo_id``,
@@ -88,7 +93,7 @@ def push(drafter_dir: str | Path, repo_id: str, *, revision: str | None = None, 
     if "/" not in repo_id:
         raise PushError(f"--repo {repo_id!r}: give the owner too, as org/name (a bare name goes to the token's user)")
     plan = push_plan(drafter_dir, target)
-    out = {"repo": repo_id, "revision": revision or "main", "files": plan, "dry_run": dry_run}
+    out = {"repo": repo_id, "revision": revision or "main", **plan, "dry_run": dry_run}
     if dry_run:
         return out
     from huggingface_hub import HfApi

@@ -17,17 +17,20 @@ text        YAML 1.2 (DVC)      YAML 1.1 (PyYAML)
 Every reader of a params or preset file in eyas calls :func:`load`, so the value a stage runs with is
 the value DVC hashed into ``dvc.lock`` and MLflow logged (one reading, never a silent disagreement).
 ruamel.yaml also refuses a key given twice in one mapping, where PyYAML keeps the last silently.
+A file is read as UTF-8, as DVC reads it (``dvc/utils/serialize/_common.py``).
 """
 
 from __future__ import annotations
 
 import io
+import re
 from pathlib import Path
 
 from ruamel.yaml import YAML
-from ruamel.yaml.error import YAMLError
+from ruamel.yaml.error import MarkedYAMLError, YAMLError
+from ruamel.yaml.nodes import MappingNode, Node, SequenceNode
 
-__all__ = ["YamlError", "dump", "load", "load_file"]
+__all__ = ["YamlError", "dump", "key_line", "load", "load_file"]
 
 
 class YamlError(ValueError):
@@ -42,26 +45,102 @@ def load(text: str, source: str) -> object:
         source: what to name in an error (a path, or ``"git HEAD:params.yaml"``).
 
     Returns:
-        Plain Python objects (dict, list, str, int, float, bool, None); an empty document is None.
+        Python objects as ruamel.yaml's safe constructor makes them: dict, list, str, int, float,
+        bool, None, and for the scalars and tags YAML 1.2 also resolves, ``datetime.date`` /
+        ``datetime.datetime`` (an unquoted ``2026-12-01``), ``bytes`` (``!!binary``), ``set``
+        (``!!set``); an empty document (or only comments) is None. A schema that wants a string
+        refuses the others by type (:mod:`eyas.config`).
 
     Raises:
-        YamlError: not valid YAML or a duplicate key, naming ``source`` and the line.
+        YamlError: not valid YAML, a duplicate key, several documents, or a scalar its tag or form
+            cannot construct (``2026-13-45``, ``!!int x``), naming ``source`` and the line.
     """
     try:
         return YAML(typ="safe").load(text)
+    except MarkedYAMLError as e:
+        raise YamlError(f"{source}: not valid YAML: {_describe(e)}") from None
     except YAMLError as e:
         raise YamlError(f"{source}: not valid YAML: {e}") from None
+    except (ValueError, TypeError, KeyError) as e:  # raised by a scalar's constructor, without a line
+        where = _failing_node(text)
+        at = "" if where is None else f" at line {where.line + 1}, column {where.column + 1}"
+        raise YamlError(f"{source}: not valid YAML: {type(e).__name__}: {e}{at}") from None
+
+
+def _describe(e: MarkedYAMLError) -> str:
+    """ruamel.yaml's problem and context with 1-based lines, without its advice to turn checks off."""
+    out = e.problem or str(e)
+    if e.problem_mark is not None:
+        out += f" at line {e.problem_mark.line + 1}, column {e.problem_mark.column + 1}"
+    if e.context:
+        out += f" ({e.context}" + ("" if e.context_mark is None else f" at line {e.context_mark.line + 1}") + ")"
+    return out
+
+
+def _failing_node(text: str):
+    """The start mark of the first node (children first) that ruamel.yaml's safe constructor
+    refuses, or None; only called once loading has failed, so its cost is no concern."""
+    def walk(node: Node):
+        kids = ([n for pair in node.value for n in pair] if isinstance(node, MappingNode)
+                else node.value if isinstance(node, SequenceNode) else [])
+        for k in kids:
+            if (m := walk(k)) is not None:
+                return m
+        try:
+            YAML(typ="safe").constructor.construct_document(node)
+        except Exception:  # noqa: BLE001 -- any refusal locates the node
+            return node.start_mark
+        return None
+    try:
+        root = YAML(typ="safe").compose(text)
+    except YAMLError:
+        return None
+    return None if root is None else walk(root)
 
 
 def load_file(path: str | Path) -> object:
-    """:func:`load` of the file at ``path``.
+    """:func:`load` of the file at ``path``, read as UTF-8 (a byte-order mark is skipped).
 
     Raises:
         FileNotFoundError: no such file.
-        YamlError: as :func:`load`, naming ``path``.
+        YamlError: as :func:`load`, naming ``path``; or not UTF-8 (naming the line).
     """
     path = Path(path)
-    return load(path.read_text(), str(path))
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[:e.start].count(b"\n") + 1
+        raise YamlError(f"{path}: not UTF-8 text (DVC reads params as UTF-8): byte {data[e.start]:#04x} "
+                        f"at line {line}") from None
+    return load(text, str(path))
+
+
+def key_line(text: str, key: str) -> int | None:
+    """The 1-based line of dotted ``key`` (``train.lr``, ``eval.seeds[1]``) in the YAML ``text``:
+    the line of the key itself, or of the list item; None when the text does not set it or is not
+    YAML. For error messages: the schema names a key, this names where it is written.
+    """
+    try:
+        node = YAML(typ="safe").compose(text)
+    except YAMLError:
+        return None
+    line = None
+    for part in key.split("."):
+        m = re.fullmatch(r"(.*?)((?:\[\d+\])*)", part)
+        if not isinstance(node, MappingNode):
+            return None
+        hits = [(k, v) for k, v in node.value if str(k.value) == m.group(1)]
+        if not hits:
+            return None
+        k, node = hits[-1]
+        line = k.start_mark.line + 1
+        for i in re.findall(r"\[(\d+)\]", m.group(2)):
+            if not isinstance(node, SequenceNode) or int(i) >= len(node.value):
+                return line
+            node = node.value[int(i)]
+            line = node.start_mark.line + 1
+    return line
 
 
 def dump(obj: object) -> str:

@@ -306,5 +306,6 @@ def test_stage_enabled_regenerates_listed_splits_only(tmp_path):
 
 
 def test_unknown_split_is_refused_with_the_params_before_the_stage(tmp_path):
-    with pytest.raises(ParamsError, match=r"params\.yaml: 'distill\.splits' must be .* among .*'test'\]$"):
+    with pytest.raises(ParamsError, match=r"params\.yaml: 'distill\.splits' must be .* among .*'test'\] "
+                                          r"\(line \d+ of params\.yaml\)$"):
         _workspace(tmp_path, {"splits": ["train", "test"]})

@@ -260,7 +260,8 @@ def test_launch_main_names_where_a_bad_nproc_came_from(tmp_path, monkeypatch):
     monkeypatch.delenv("EYAS_NPROC", raising=False)
     monkeypatch.setenv("RANK", "0")  # as if inside torchrun: never exec torchrun, whatever nproc resolves to
     (tmp_path / "params.yaml").write_text("train:\n  nproc: 2.5\n")
-    with pytest.raises(ValueError, match=r"^params\.yaml train\.nproc must be an integer or 'auto', got 2\.5$"):
+    with pytest.raises(ValueError, match=r"^params\.yaml: 'train\.nproc' must be an integer "
+                                         r"\(0 = one per CUDA device\), got 2\.5$"):
         launch.main(["no_such_module_eyas"])
     monkeypatch.setenv("EYAS_NPROC", "two")
     with pytest.raises(ValueError, match="^EYAS_NPROC must be an integer or 'auto', got 'two'$"):

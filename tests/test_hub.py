@@ -262,3 +262,60 @@ def test_a_repo_id_the_hub_would_refuse_fails_the_dry_run(hub_cache, repo, messa
     assert main(["push", str(d), "--repo", repo, "--dry-run"]) == 2
     err = capsys.readouterr().err
     assert f"--repo {repo!r}: " in err and message in err, err
+
+
+def test_push_shows_the_context_and_rope_warnings_of_a_drafter_the_target_runs_otherwise(hub_cache, tmp_path, capsys):
+    import shutil
+
+    from eyas.cli import main
+
+    target = hub_cache / "models--eyas-test--tiny-chat" / "snapshots" / SHA  # max_position_embeddings 256
+    d = tmp_path / "drafter"
+    shutil.copytree(hub_cache / "models--eyas-test--drafter" / "snapshots" / OTHER_SHA, d)
+    assert main(["push", str(d), "--repo", "org/d", "--target", str(target), "--dry-run"]) == 0
+    before = json.loads(capsys.readouterr().out)["warnings"]  # the fixture's own (aux layer ids, context)
+    assert not [w for w in before if "RoPE" in w or "< the target's" in w], before
+    cfg = json.loads((d / "config.json").read_text())
+    theta = cfg.get("rope_theta") or cfg["rope_parameters"]["rope_theta"]
+    cfg.update(max_position_embeddings=128, rope_theta=theta * 2)
+    cfg.pop("rope_parameters", None)
+    (d / "config.json").write_text(json.dumps(cfg))
+    assert main(["push", str(d), "--repo", "org/d", "--target", str(target), "--dry-run"]) == 0
+    out = capsys.readouterr()
+    warnings = json.loads(out.out)["warnings"]
+    context = [w for w in warnings if "max_position_embeddings 128 < the target's 256" in w]
+    rope = [w for w in warnings if f"RoPE theta {theta * 2:g}" in w and f"!= theta {theta:g}" in w]
+    assert len(context) == 1 and len(rope) == 1, warnings
+    assert out.err.splitlines() == [f"eyas push: warning: {w}" for w in warnings]
+
+
+def _not_a_target(t: Path, kind: str) -> str:
+    """A ``--target`` argument of ``kind`` under ``t`` (created as needed)."""
+    if kind == "manifest":
+        (t / "manifest.json").write_text('{"splits": []}')
+    if kind == "file":
+        (t / "x.safetensors").write_bytes(b"")
+    if kind == "gguf":
+        (t / "x.gguf").write_bytes(b"GGUF\x03\x00")  # the magic and a truncated header
+    return {"missing": str(t / "missing"), "relative": "data/features/nope", "file": str(t / "x.safetensors"),
+            "gguf": str(t / "x.gguf")}.get(kind, str(t))
+
+
+@pytest.mark.parametrize("kind, message", [
+    ("missing", "{t}/missing: no such file or directory (nor a hub id, org/name)"),
+    ("relative", "data/features/nope: no such file or directory (nor a hub id, org/name)"),
+    ("empty", "{t}: a directory with neither config.json (an HF target) nor manifest.json"),
+    ("manifest", "{t}/manifest.json: no target_config mapping (not an eyas feature manifest)"),
+    ("file", "{t}/x.safetensors: not a target"),
+    ("gguf", "{t}/x.gguf: not a GGUF file transformers can read"),
+])
+def test_push_and_inspect_name_a_target_that_is_not_one(hub_cache, tmp_path, kind, message, capsys):
+    from eyas.cli import main
+
+    d = hub_cache / "models--eyas-test--drafter" / "snapshots" / OTHER_SHA
+    target = _not_a_target(tmp_path, kind)
+    for cmd in (["push", str(d), "--repo", "org/d", "--dry-run"], ["inspect", str(d)]):
+        assert main([*cmd, "--target", target]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"eyas {cmd[0]}: error: cannot read the target {target}: ")
+        assert message.format(t=tmp_path) in err, err
