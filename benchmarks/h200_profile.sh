@@ -15,7 +15,7 @@
 #   C                      bash benchmarks/device.sh profile run train-scratch stand-in-drafter remap train-finetune
 #   D1, D2                 bash benchmarks/device.sh profile run eval-accept-len@scratch  (then @finetune: one
 #                          drafter per call keeps each under the 600 s call limit)
-# Each call copies metrics/*.json and the stage logs to $OUT.
+# Each call leaves $OUT/results.tgz (metrics/ and plots/ as they stand) and the stage log.
 set -uo pipefail
 REPO=$(pwd)
 # Scratch space on the GPU machine (not this checkout): it survives between calls while the
@@ -41,6 +41,7 @@ case "$1" in
     cd $W && bash scripts/gpu_profile.sh "$@" 2>&1 | tee -a "$DEV"/log.txt | grep -v "it/s\]\|s/it\]" ;;
 esac
 rc=$?
-cp $W/metrics/*.json "$OUT"/ 2>/dev/null; cp "$DEV"/log.txt "$OUT"/log.txt 2>/dev/null
+# one archive: $OUT returns at most 8 files, and metrics/ alone holds 11 JSONs after the evals
+tar czf "$OUT"/results.tgz -C $W metrics plots 2>/dev/null; cp "$DEV"/log.txt "$OUT"/log.txt 2>/dev/null
 du -sh $W/data/* $W/models/* 2>/dev/null
 exit $rc
