@@ -11,6 +11,8 @@ column per parent (latest first) and one row per key param / stage metric:
 - ``train-scratch`` / ``train-finetune``: the final val ``acc_0`` (metric ``final/acc_0``);
 - ``eval-accept-len@<drafter>``: ``chat/accept_len``, ``humaneval/accept_len``; the n-gram
   floor (``<bench>/ngram_accept_len``, independent of the drafter) from either eval child;
+  ``<bench>/worth_serving`` (1: the drafter beats the n-gram floor and greedy decoding,
+  eyas.eval_checks.serving_verdict);
 - the served table (eyas/served.py): every ``<bench>/served/<row>/accept_len`` an eval child
   logged (greedy chain, greedy tree, sampled chain per temperature; the n-gram rows from either
   eval child), with its 95% interval (``ci95_low`` / ``ci95_high``) in brackets.
@@ -47,6 +49,8 @@ STAGE_METRICS: list[tuple[str, str | None, str]] = [
     *[(f"scratch {b} accept_len", "eval-accept-len@scratch", f"{b}/accept_len") for b in BENCHES],
     *[(f"finetune {b} accept_len", "eval-accept-len@finetune", f"{b}/accept_len") for b in BENCHES],
     *[(f"n-gram floor {b} accept_len", None, f"{b}/ngram_accept_len") for b in BENCHES],
+    *[(f"{d} {b} worth serving (1 = beats the n-gram floor and greedy)", f"eval-accept-len@{d}", f"{b}/worth_serving")
+      for d in ("scratch", "finetune") for b in BENCHES],
 ]
 
 
@@ -293,6 +297,8 @@ DIR_ROWS: list[tuple[str, str, tuple]] = [
         (f"finetune {b} accept_len k=4", "eval_finetune.json", (b, "accept_len_by_chain_length", "4")),
         (f"n-gram floor {b} accept_len", "eval_scratch.json", ("ngram", b, "accept_len")),
         (f"n-gram floor {b} accept_len k=4", "eval_scratch.json", ("ngram", b, "accept_len_by_chain_length", "4")),
+        (f"scratch {b} worth serving", "eval_scratch.json", (b, "serving_verdict", "worth_serving")),
+        (f"finetune {b} worth serving", "eval_finetune.json", (b, "serving_verdict", "worth_serving")),
     )],
 ]
 DIR_PARAMS = ("data.max_conversations", "data.code_prompts", "distill.turns", "distill.max_new_tokens",

@@ -8,6 +8,9 @@
   position-0 acceptance rate below 2%) is what a broken setup gives: aux hidden-state capture off,
   a zeroed or wrong d2t, the wrong algorithm name in the engine. It is flagged, not reported as a
   drafter's quality.
+- :func:`serving_verdict`: whether the drafter is worth serving at all: it must commit more tokens
+  per verify step than prompt lookup, the training-free n-gram floor the engines ship, and decode
+  faster than plain greedy on the device that measured it.
 """
 
 from __future__ import annotations
@@ -64,3 +67,37 @@ def misconfiguration(result: dict) -> dict:
         reasons.append(f"position-0 acceptance rate {rates[0]:.3f} < {SUSPECT_POSITION0_RATE}: the first draft "
                        f"token is almost never the target's")
     return {"suspected": bool(reasons), "reasons": reasons}
+
+
+def serving_verdict(result: dict, ngram: dict) -> dict:
+    """Whether a drafter is worth serving on one benchmark, as a team choosing a proposer decides.
+
+    Prompt lookup (the n-gram floor) needs no training and costs next to nothing per step; the
+    engines ship it (vLLM ``--speculative-config '{"method": "ngram"}'``,
+    ``vllm-project/vllm: vllm/v1/spec_decode/ngram_proposer.py``; SGLang
+    ``--speculative-algorithm NGRAM``). A drafter that accepts no more tokens per verify step than
+    it does, or that decodes slower than plain greedy, is not worth its training or its serving.
+
+    Args:
+        result: the drafter's benchmark dict of ``metrics/eval_<drafter>.json`` (``accept_len``:
+            committed tokens per verify step, bonus included; ``speedup``: median over the timed
+            prompts of greedy seconds / speculative seconds, or None).
+        ngram: the n-gram floor's dict for the same prompts and k (``accept_len``).
+    Returns:
+        ``{"beats_ngram_floor", "faster_than_greedy", "worth_serving"}`` (bool, or None where a
+        figure is missing; ``worth_serving`` is True only when both are True),
+        ``"accept_len_over_ngram"`` (drafter minus floor, tokens per verify step, or None) and
+        ``"reasons"`` ([str]: why it is not worth serving).
+    """
+    a, floor, speedup = result.get("accept_len"), ngram.get("accept_len"), result.get("speedup")
+    beats = None if a is None or floor is None else a > floor
+    faster = None if speedup is None else speedup > 1.0
+    reasons = []
+    if beats is False:
+        reasons.append(f"accept_len {a:.3f} <= the n-gram floor's {floor:.3f} (prompt lookup, no training): "
+                       f"serve prompt lookup instead, or train on more data")
+    if faster is False:
+        reasons.append(f"median speedup {speedup:.3f} <= 1: slower than plain greedy decoding on this device")
+    worth = None if beats is None or faster is None else beats and faster
+    return {"beats_ngram_floor": beats, "faster_than_greedy": faster, "worth_serving": worth,
+            "accept_len_over_ngram": None if beats is None else round(a - floor, 4), "reasons": reasons}

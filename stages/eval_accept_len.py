@@ -20,6 +20,8 @@ With `eval.served_prompts` > 0 it also writes the chain-vs-tree-vs-sampled table
 benchmark (`served.<bench>`: greedy chain, greedy static tree, speculative sampling at `eval.temperatures` /
 `eval.top_p` over `eval.seeds`, with 95% bootstrap intervals; eyas/served.py), logged to MLflow as
 `<bench>/served/<row>/accept_len`.
+Each benchmark's `serving_verdict` says whether the drafter beats the n-gram floor and greedy decoding
+(eyas/eval_checks.py), logged as `<bench>/worth_serving` and warned about when it does not.
 Run: `python -m stages.eval_accept_len scratch`.
 """
 
@@ -79,7 +81,9 @@ def main(name: str) -> None:
             r["settings"]["prompts_shortened"] = sum(f is not None and len(f[0]) < len(m) for f, m in zip(fits, chats))
             r["settings"]["prompts_dropped_too_long"] = sum(f is None for f in fits)
             r["positions"], r["suspected_misconfiguration"] = pos, eval_checks.misconfiguration(r)  # issue 16
-            for w in ([pos["warning"]] if pos["warning"] else []) + r["suspected_misconfiguration"]["reasons"]:
+            r["serving_verdict"] = eval_checks.serving_verdict(r, n)
+            for w in ([pos["warning"]] if pos["warning"] else []) + r["suspected_misconfiguration"]["reasons"] + \
+                    [f"not worth serving: {x}" for x in r["serving_verdict"]["reasons"]]:
                 print(f"eval {name} {bench}: WARNING {w}")
             tracker.log_metrics({key: v for key, v in {
                 f"{bench}/accept_len": r["accept_len"], f"{bench}/speedup": r["speedup"],
@@ -88,6 +92,8 @@ def main(name: str) -> None:
                 f"{bench}/accept_len_non_looping": r["repetition"]["accept_len_non_looping"],
                 f"{bench}/ngram_accept_len_non_looping": n["repetition"]["accept_len_non_looping"],
                 f"{bench}/suspected_misconfiguration": float(r["suspected_misconfiguration"]["suspected"]),
+                f"{bench}/worth_serving": (None if r["serving_verdict"]["worth_serving"] is None
+                                           else float(r["serving_verdict"]["worth_serving"])),
                 f"{bench}/prompts_past_max_position": float(pos["prompts_past_limit"])}.items()
                 if v is not None})
             print(f"eval {name} {bench}: accept_len {r['accept_len']} (n-gram {n['accept_len']}), "

@@ -333,3 +333,22 @@ def test_inspect_prints_the_convert_command_for_custom_aux_ids(tmp_path):
     assert any("no embed_tokens.weight" in x for x in s["convert_changes"])
     save_drafter(make_drafter(), tmp_path / "d")
     assert "--algorithm-kwargs" not in inspect_checkpoint(tmp_path / "d")["engines"]["speculators"]["convert_command"]
+
+
+def test_serving_verdict_against_the_ngram_floor_and_greedy():
+    # the committed CPU default before the recipe change: scratch chat 1.594 vs the floor's 1.910
+    below = eval_checks.serving_verdict({"accept_len": 1.59375, "speedup": 1.30}, {"accept_len": 1.9101123595505618})
+    assert below["beats_ngram_floor"] is False and below["faster_than_greedy"] is True
+    assert below["worth_serving"] is False and below["accept_len_over_ngram"] == -0.3164
+    assert len(below["reasons"]) == 1 and "n-gram floor's 1.910" in below["reasons"][0]
+    # above the floor but slower than greedy (HumanEval on 2 cores, speedup 0.78x): not worth serving either
+    slow = eval_checks.serving_verdict({"accept_len": 1.8, "speedup": 0.78}, {"accept_len": 1.54})
+    assert (slow["beats_ngram_floor"], slow["faster_than_greedy"], slow["worth_serving"]) == (True, False, False)
+    assert "0.780 <= 1" in slow["reasons"][0]
+    # a tie is not a win: prompt lookup costs nothing to train or run
+    assert eval_checks.serving_verdict({"accept_len": 1.5, "speedup": 2.0}, {"accept_len": 1.5})["worth_serving"] is False
+    ok = eval_checks.serving_verdict({"accept_len": 3.19, "speedup": 3.1}, {"accept_len": 1.95})
+    assert ok == {"beats_ngram_floor": True, "faster_than_greedy": True, "worth_serving": True,
+                  "accept_len_over_ngram": 1.24, "reasons": []}
+    # no timing (nothing timed): unknown, not a verdict
+    assert eval_checks.serving_verdict({"accept_len": 3.0, "speedup": None}, {"accept_len": 1.9})["worth_serving"] is None

@@ -77,6 +77,8 @@ def test_dvc_repro_end_to_end(tmp_path):
             assert ev[bench]["lossless"] is True  # speculative greedy == plain greedy
             assert 1.0 <= ev[bench]["accept_len"] <= 4.0
             assert ev[bench]["settings"]["num_draft_tokens"] == 3
+            verdict = ev[bench]["serving_verdict"]  # against this benchmark's own n-gram floor
+            assert verdict["beats_ngram_floor"] == (ev[bench]["accept_len"] > ev["ngram"][bench]["accept_len"])
             rows = ev["served"][bench]["rows"]  # the served table (eyas/served.py)
             assert set(rows) == {"eagle/chain/T0", "ngram/chain/T0", "eagle/chain/T1", "ngram/chain/T1",
                                  "eagle/tree/T0"}
