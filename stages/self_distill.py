@@ -89,6 +89,12 @@ def run(p, in_dir: Path = IN_DIR, out_dir: Path = OUT_DIR, metrics_path: Path = 
                                         max_prompt_tokens=prompt_budget(p), on_bad_line=p.data.on_bad_line)
             print(f"self-distill {split}: {plans[split][1]['prompts']} prompts from "
                   f"{plans[split][1]['conversations']} conversations")
+            dropped = plans[split][1]["dropped_long_prompt"]
+            if dropped:  # a single-turn prompt (every code prompt) cannot lose earlier turns: it is lost
+                print(f"self-distill {split}: WARNING {dropped} of {dropped + plans[split][1]['prompts']} prompts "
+                      f"dropped: even their last user turn is longer than the prompt budget of {prompt_budget(p)} "
+                      f"tokens (distill.max_prompt_tokens; 0 = extract.max_length - distill.max_new_tokens), so "
+                      f"the drafter never trains on prompts like them")
         if d.backend == "server":  # the engine holds the weights: only the stop set is needed here
             stop_ids = stop_token_ids(tokenizer, load_generation_config(
                 p.target.path, p.target.gguf_file, p.target.trust_remote_code, revision=p.target.revision))

@@ -309,3 +309,17 @@ def test_unknown_split_is_refused_with_the_params_before_the_stage(tmp_path):
     with pytest.raises(ParamsError, match=r"params\.yaml: 'distill\.splits' must be .* among .*'test'\] "
                                           r"\(line \d+ of params\.yaml\)$"):
         _workspace(tmp_path, {"splits": ["train", "test"]})
+
+
+def test_stage_warns_when_the_budget_drops_prompts(tmp_path, capsys):
+    # max_prompt_tokens 3: of the 5 train conversations only c4's last user turn 'zz|' fits
+    # (test_plan_applies_the_prompt_budget), so 4 prompts are lost; the stage says so and why
+    p, conv, out, m = _workspace(tmp_path, {"splits": ["train"], "max_new_tokens": 4, "max_prompt_tokens": 3})
+    t = _stub_target(_conversations(), eos_from=1)
+    metrics = self_distill.run(p, conv, out, m, load_target=lambda *a, **k: t, work_dir=tmp_path / "work",
+                               load_tokenizer=lambda *a, **k: (t.tokenizer, None))
+    assert metrics["splits"]["train"]["dropped_long_prompt"] == 4
+    warned = [line for line in capsys.readouterr().out.splitlines() if "WARNING" in line]
+    assert warned == ["self-distill train: WARNING 4 of 5 prompts dropped: even their last user turn is longer than "
+                      "the prompt budget of 3 tokens (distill.max_prompt_tokens; 0 = extract.max_length - "
+                      "distill.max_new_tokens), so the drafter never trains on prompts like them"]

@@ -110,3 +110,28 @@ def test_extract_names_the_conversation_a_template_refuses(tok, tmp_path):
     rendered, truncated, empty, refused = render_split(_Refusing(tok), [good, bad, good], tmp_path / "train", 64,
                                                        on_bad_line="skip")
     assert refused == ["sys-7"] and len(rendered) == 2 and empty == 0
+
+
+def test_the_default_trains_on_the_prompts_it_is_evaluated_on(tok):
+    """The default's prompt budget must cover the prompts the eval decodes. At 128 tokens (the
+    budget before this test) self-distill kept 179 of the 320 code prompts (a single-turn prompt
+    cannot lose earlier turns: the rest were dropped) and trained on no context longer than 128
+    tokens, while 142 of the 164 HumanEval problems, as the eval renders them, and the chat
+    prompts (cut at eval.max_prompt_tokens, 256) are longer."""
+    from eyas.code_data import code_conversations
+    from eyas.config import default_params
+    from eyas.data import humaneval_prompts, prompt_messages
+    from stages.self_distill import prompt_budget
+
+    p = default_params()
+    budget = prompt_budget(p)
+    assert budget + p.distill.max_new_tokens <= p.extract.max_length  # the reply is never cut away
+    assert budget >= p.eval.max_prompt_tokens > 0  # chat: the eval's context fits the training one
+
+    def within(prompts):
+        return sum(len(render_prompt(tok, m)) <= budget for m in prompts)
+
+    code, _ = code_conversations(p.data.code_prompts, p.seed)
+    assert (budget, len(code)) == (256, 320)
+    assert within([prompt_messages(c["messages"]) for c in code]) == 319  # self-distill keeps them
+    assert within(humaneval_prompts(164)) == 141  # HumanEval: whole problems, as the eval decodes them
