@@ -71,7 +71,8 @@ def test_bootstrap_ci_hand_worked():
 
 
 def test_compare_shows_the_served_table(tmp_path, monkeypatch):
-    """`eyas compare` (MLflow) and `eyas compare --metrics` (metrics dirs) both show every row."""
+    """`eyas compare` (MLflow) and `eyas compare --metrics` (metrics dirs) both show every row
+    of the served table and the serving verdict."""
     import json
 
     from eyas import compare, tracking
@@ -88,9 +89,9 @@ def test_compare_shows_the_served_table(tmp_path, monkeypatch):
     logged = {"eval-accept-len@scratch": {"chat/served/eagle/chain/T0.7/accept_len": 1.8,
                                           "chat/served/eagle/chain/T0.7/ci95_low": 1.5,
                                           "chat/served/eagle/chain/T0.7/ci95_high": 2.1,
-                                          "chat/served/ngram/chain/T0.7/accept_len": 1.3},
+                                          "chat/served/ngram/chain/T0.7/accept_len": 1.3, "chat/worth_serving": 0.0},
               "eval-accept-len@finetune": {"chat/served/eagle/tree/T0/accept_len": 2.5,
-                                           "chat/served/ngram/chain/T0.7/accept_len": 1.3}}
+                                           "chat/served/ngram/chain/T0.7/accept_len": 1.3, "chat/worth_serving": 1.0}}
     for stage, metrics in logged.items():
         monkeypatch.setenv("DVC_STAGE", stage)
         with tracking.start_stage_run(stage, parse_params({})) as t:
@@ -100,12 +101,16 @@ def test_compare_shows_the_served_table(tmp_path, monkeypatch):
     assert "| finetune chat served eagle/tree/T0 accept_len [95% CI] | 2.5 |" in lines
     assert sum("served ngram/chain/T0.7" in line for line in lines) == 1
     assert "| n-gram floor chat served ngram/chain/T0.7 accept_len [95% CI] | 1.3 |" in lines
+    assert "| scratch chat worth serving (1 = beats the n-gram floor and greedy) | 0 |" in lines
+    assert "| finetune chat worth serving (1 = beats the n-gram floor and greedy) | 1 |" in lines
 
     d = tmp_path / "metrics"
     d.mkdir()
     table = {"rows": {"eagle/chain/T1": {"accept_len": 1.7, "ci95": [1.4, 2.0]},
                       "ngram/chain/T1": {"accept_len": 1.2, "ci95": None}}}
-    (d / "eval_scratch.json").write_text(json.dumps({"served": {"humaneval": table}}))
+    (d / "eval_scratch.json").write_text(json.dumps({"served": {"humaneval": table},
+                                                     "chat": {"serving_verdict": {"worth_serving": False}}}))
     lines = compare.compare_dirs([str(d)]).splitlines()
     assert "| scratch humaneval served eagle/chain/T1 accept_len [95% CI] | 1.7 [1.4, 2] |" in lines
     assert "| n-gram floor humaneval served ngram/chain/T1 accept_len [95% CI] | 1.2 |" in lines
+    assert "| scratch chat worth serving | False |" in lines
