@@ -10,10 +10,13 @@
   drafter's quality.
 - :func:`serving_verdict`: whether the drafter is worth serving at all: it must commit more tokens
   per verify step than prompt lookup, the training-free n-gram floor the engines ship, and decode
-  faster than plain greedy on the device that measured it.
+  faster than plain greedy on the device that measured it; :func:`sampled_verdict` makes the same
+  comparison at each sampling temperature of the served table, where users serve.
 """
 
 from __future__ import annotations
+
+import math
 
 SUSPECT_ACCEPT_LEN = 1.1
 SUSPECT_POSITION0_RATE = 0.02
@@ -85,11 +88,13 @@ def serving_verdict(result: dict, ngram: dict) -> dict:
         ngram: the n-gram floor's dict for the same prompts and k (``accept_len``).
     Returns:
         ``{"beats_ngram_floor", "faster_than_greedy", "worth_serving"}`` (bool, or None where a
-        figure is missing; ``worth_serving`` is True only when both are True),
+        figure is missing or not finite; ``worth_serving`` is False when either is False, True
+        when both are True, else None),
         ``"accept_len_over_ngram"`` (drafter minus floor, tokens per verify step, or None) and
         ``"reasons"`` ([str]: why it is not worth serving).
     """
-    a, floor, speedup = result.get("accept_len"), ngram.get("accept_len"), result.get("speedup")
+    a, floor, speedup = (_finite(result.get("accept_len")), _finite(ngram.get("accept_len")),
+                         _finite(result.get("speedup")))
     beats = None if a is None or floor is None else a > floor
     faster = None if speedup is None else speedup > 1.0
     reasons = []
@@ -98,6 +103,42 @@ def serving_verdict(result: dict, ngram: dict) -> dict:
                        f"serve prompt lookup instead, or train on more data")
     if faster is False:
         reasons.append(f"median speedup {speedup:.3f} <= 1: slower than plain greedy decoding on this device")
-    worth = None if beats is None or faster is None else beats and faster
+    # one failed test settles it; unknown only while no test failed and one could not be made
+    worth = False if False in (beats, faster) else None if None in (beats, faster) else True
     return {"beats_ngram_floor": beats, "faster_than_greedy": faster, "worth_serving": worth,
             "accept_len_over_ngram": None if beats is None else round(a - floor, 4), "reasons": reasons}
+
+
+def _finite(x) -> float | None:
+    """``x`` as a float when it is a finite number, else None (a missing or NaN figure is unknown)."""
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) else None
+
+
+def sampled_verdict(rows: dict) -> dict:
+    """The drafter against the n-gram floor at each sampling temperature of the served table.
+
+    Engines serve at temperature 0.6-1.0 with top-p, where prompt lookup's exact-match drafts are
+    rejected far more often than at greedy, so a drafter below the floor greedily may be above it
+    as served (and the other way round).
+
+    Args:
+        rows: ``served[bench]["rows"]`` of ``metrics/eval_<drafter>.json`` (eyas/served.py): keys
+            ``<proposer>/chain/T<t>`` with ``accept_len`` (tokens per verify step) and ``ci95``
+            (``[low, high]`` or None).
+    Returns:
+        per temperature > 0 present for both proposers, keyed ``T<t>`` as in the rows:
+        ``{"accept_len", "ngram_accept_len", "beats_ngram_floor"`` (bool), ``"separated"``
+        (True when the drafter's 95% interval lies wholly above the floor's, None when either
+        has no interval)``}``.
+    """
+    out = {}
+    for key, eagle in rows.items():
+        proposer, mode, temp = key.split("/")
+        ngram = rows.get(f"ngram/{mode}/{temp}")
+        if proposer != "eagle" or mode != "chain" or temp == "T0" or ngram is None:
+            continue
+        a, b = eagle["accept_len"], ngram["accept_len"]
+        lo, hi = (eagle.get("ci95") or [None])[0], (ngram.get("ci95") or [None, None])[1]
+        out[temp] = {"accept_len": a, "ngram_accept_len": b, "beats_ngram_floor": a > b,
+                     "separated": None if lo is None or hi is None else lo > hi}
+    return out

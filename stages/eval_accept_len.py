@@ -21,7 +21,8 @@ benchmark (`served.<bench>`: greedy chain, greedy static tree, speculative sampl
 `eval.top_p` over `eval.seeds`, with 95% bootstrap intervals; eyas/served.py), logged to MLflow as
 `<bench>/served/<row>/accept_len`.
 Each benchmark's `serving_verdict` says whether the drafter beats the n-gram floor and greedy decoding
-(eyas/eval_checks.py), logged as `<bench>/worth_serving` and warned about when it does not.
+(eyas/eval_checks.py), logged as `<bench>/worth_serving` and warned about when it does not, and with
+the served table (`sampled`) whether it beats the floor at each sampling temperature.
 Run: `python -m stages.eval_accept_len scratch`.
 """
 
@@ -109,6 +110,9 @@ def main(name: str) -> None:
                     seeds=e.seeds, tree_topk=e.tree_topk, tree_num_steps=e.tree_num_steps,
                     tree_num_draft_tokens=e.tree_num_draft_tokens)
                 metrics.setdefault("served", {})[bench] = served
+                sampled = r["serving_verdict"]["sampled"] = eval_checks.sampled_verdict(served["rows"])
+                beats = {t: v["beats_ngram_floor"] for t, v in sampled.items()}
+                print(f"eval {name} {bench}: beats the n-gram floor as sampled: {beats}")
                 for row, v in served["rows"].items():
                     tracker.log_metrics({f"{bench}/served/{row}/{key}": x for key, x in (
                         ("accept_len", v["accept_len"]), *zip(("ci95_low", "ci95_high"), v["ci95"] or ()))

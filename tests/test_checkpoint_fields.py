@@ -346,9 +346,37 @@ def test_serving_verdict_against_the_ngram_floor_and_greedy():
     assert (slow["beats_ngram_floor"], slow["faster_than_greedy"], slow["worth_serving"]) == (True, False, False)
     assert "0.780 <= 1" in slow["reasons"][0]
     # a tie is not a win: prompt lookup costs nothing to train or run
-    assert eval_checks.serving_verdict({"accept_len": 1.5, "speedup": 2.0}, {"accept_len": 1.5})["worth_serving"] is False
+    tie = eval_checks.serving_verdict({"accept_len": 1.5, "speedup": 2.0}, {"accept_len": 1.5})
+    assert tie["worth_serving"] is False
     ok = eval_checks.serving_verdict({"accept_len": 3.19, "speedup": 3.1}, {"accept_len": 1.95})
     assert ok == {"beats_ngram_floor": True, "faster_than_greedy": True, "worth_serving": True,
                   "accept_len_over_ngram": 1.24, "reasons": []}
     # no timing (nothing timed): unknown, not a verdict
-    assert eval_checks.serving_verdict({"accept_len": 3.0, "speedup": None}, {"accept_len": 1.9})["worth_serving"] is None
+    untimed = eval_checks.serving_verdict({"accept_len": 3.0, "speedup": None}, {"accept_len": 1.9})
+    assert untimed["worth_serving"] is None
+    # ... unless the other test already failed: below the floor settles it, timed or not
+    assert eval_checks.serving_verdict({"accept_len": 1.5, "speedup": None}, {"accept_len": 2.0})["worth_serving"] \
+        is False
+    # a NaN figure is unknown, not a failed test
+    nan = eval_checks.serving_verdict({"accept_len": float("nan"), "speedup": 2.0}, {"accept_len": 1.5})
+    assert (nan["beats_ngram_floor"], nan["worth_serving"], nan["reasons"]) == (None, None, [])
+
+
+def test_sampled_verdict_per_temperature_of_the_served_table():
+    # the committed CPU run's scratch chat rows: below the floor greedily over 10 prompts, above it sampled
+    rows = {"eagle/chain/T0": {"accept_len": 3.0, "ci95": [2.5, 3.75]},
+            "ngram/chain/T0": {"accept_len": 1.667, "ci95": [1.364, 2.143]},
+            "eagle/tree/T0": {"accept_len": 3.333, "ci95": [3.0, 3.75], "matches_greedy": True},
+            "eagle/chain/T0.7": {"accept_len": 1.622, "ci95": [1.5, 1.765]},
+            "ngram/chain/T0.7": {"accept_len": 1.2, "ci95": [1.071, 1.364]},
+            "eagle/chain/T1": {"accept_len": 1.3, "ci95": [1.3, 1.3]},
+            "ngram/chain/T1": {"accept_len": 1.333, "ci95": [1.111, 1.667]}}
+    v = eval_checks.sampled_verdict(rows)
+    assert set(v) == {"T0.7", "T1"}  # greedy rows and the tree are not sampled rows
+    assert v["T0.7"] == {"accept_len": 1.622, "ngram_accept_len": 1.2, "beats_ngram_floor": True, "separated": True}
+    assert v["T1"]["beats_ngram_floor"] is False and v["T1"]["separated"] is False
+    # an interval missing: no claim about separation; a temperature without its n-gram row: left out
+    rows["ngram/chain/T0.7"]["ci95"] = None
+    del rows["ngram/chain/T1"]
+    assert eval_checks.sampled_verdict(rows) == {"T0.7": {"accept_len": 1.622, "ngram_accept_len": 1.2,
+                                                          "beats_ngram_floor": True, "separated": None}}

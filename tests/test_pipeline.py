@@ -79,6 +79,7 @@ def test_dvc_repro_end_to_end(tmp_path):
             assert ev[bench]["settings"]["num_draft_tokens"] == 3
             verdict = ev[bench]["serving_verdict"]  # against this benchmark's own n-gram floor
             assert verdict["beats_ngram_floor"] == (ev[bench]["accept_len"] > ev["ngram"][bench]["accept_len"])
+            assert set(verdict["sampled"]) == {"T1"}  # the served table's one temperature > 0
             rows = ev["served"][bench]["rows"]  # the served table (eyas/served.py)
             assert set(rows) == {"eagle/chain/T0", "ngram/chain/T0", "eagle/chain/T1", "ngram/chain/T1",
                                  "eagle/tree/T0"}
