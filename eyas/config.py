@@ -117,6 +117,9 @@ class RemapParams:
     min_shared_fraction: float
 
 
+LOSS_TOKENS = ("assistant", "all")  # train.loss_tokens (eyas.ttt.supervised)
+
+
 @dataclass(kw_only=True)
 class TrainParams:
     ttt_length: int
@@ -133,6 +136,7 @@ class TrainParams:
     strategy: str  # data parallelism with nproc > 1: 'ddp' (replicas) or 'fsdp' (FSDP2 shards)
     mode: str  # 'offline': hidden states from extract's shards; 'online': the target computes them
     #            batch by batch, extract stores tokens only (eyas/online.py)
+    loss_tokens: str  # positions the TTT loss supervises: 'assistant' or 'all' (eyas.ttt.supervised)
     backend: Backend  # the TTT unroll's kernels (eyas/backend.py)
 
 
@@ -379,6 +383,9 @@ _RANGES = [
     ("train.mode", lambda v: v in ("offline", "online"),
      "'offline' (extract stores the aux hidden states) or 'online' (extract stores tokens only; the train "
      "stages run the target batch by batch: eyas/online.py)"),
+    ("train.loss_tokens", lambda v: v in LOSS_TOKENS,
+     "'assistant' (assistant turns only, as EAGLE-3 and SpecForge) or 'all' (every token: the teacher is the "
+     "target's own distribution, prompt tokens included: eyas.ttt.supervised)"),
     ("train.max_steps", lambda v: v >= 0, ">= 0 (0 = epochs decide)"),
     ("train.checkpoint_every", lambda v: v >= 0, ">= 0 (0 = no checkpoints)"),
     ("train.nproc", lambda v: v >= 0, ">= 0 (0 = one per CUDA device)"),

@@ -16,7 +16,7 @@ optimizer step (eager, unchanged), so a non-finite loss still stops training bef
 The caller must not replace ``.grad`` (``zero_grad(set_to_none=True)``) between steps: the
 optimizer must read the tensors the graph writes.
 
-One graph (one batch shape) at a time: :func:`pad_batch` pads batches to a fixed shape with rows
+One graph (one batch shape) at a time: :func:`eyas.ttt.pad_batch` pads batches to a fixed shape with rows
 that carry no loss and attend only to themselves, so a training run captures once.
 """
 
@@ -24,33 +24,8 @@ from __future__ import annotations
 
 import torch
 
-from eyas.ttt import Batch, autocast, counts_from_stats, summarise
+from eyas.ttt import TENSOR_FIELDS, Batch, autocast, counts_from_stats, summarise
 from eyas.unroll import TTTUnroll
-
-_TENSOR_FIELDS = ("input_ids", "loss_mask", "aux_hidden", "final_hidden", "target_argmax", "positions", "doc_ids")
-
-
-def pad_batch(batch: Batch, rows: int, tokens: int) -> Batch:
-    """``batch`` [B, T] right-padded to [rows, tokens] (rows >= B, tokens >= T): padding has
-    loss_mask False, doc id -1, ids/positions 0 and zero hidden states, exactly as
-    :func:`eyas.ttt.pack` pads, so losses and counts are unchanged.
-
-    Raises:
-        ValueError: when the batch is larger than [rows, tokens].
-    """
-    B, T = batch.input_ids.shape
-    if B > rows or T > tokens:
-        raise ValueError(f"batch of shape [{B}, {T}] does not fit the static shape [{rows}, {tokens}]")
-    if (B, T) == (rows, tokens):
-        return batch
-    kw = {}
-    for name in _TENSOR_FIELDS:
-        x = getattr(batch, name)
-        out = x.new_full((rows, tokens, *x.shape[2:]), -1 if name == "doc_ids" else 0)
-        out[:B, :T] = x
-        kw[name] = out
-    return Batch(**kw, sample_ids=batch.sample_ids)
-
 
 class GraphedTTT:
     """Forward + backward of the TTT loss over a batch as one CUDA graph replay.
@@ -82,12 +57,12 @@ class GraphedTTT:
         return loss.detach(), stats
 
     def _load(self, batch: Batch) -> None:
-        for name in _TENSOR_FIELDS:
+        for name in TENSOR_FIELDS:
             getattr(self.static, name).copy_(getattr(batch, name), non_blocking=True)
 
     def _capture(self, batch: Batch) -> None:
         self.graph = self.loss = self.stats = None
-        self.static = Batch(**{n: getattr(batch, n).clone() for n in _TENSOR_FIELDS}, sample_ids=[])
+        self.static = Batch(**{n: getattr(batch, n).clone() for n in TENSOR_FIELDS}, sample_ids=[])
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):

@@ -24,9 +24,10 @@ from eyas import distributed as dist_utils
 from eyas.config import TrainParams
 from eyas.drafter import Eagle3Drafter
 from eyas.features import FeatureStore
-from eyas.graphed import GraphedTTT, pad_batch
+from eyas.graphed import GraphedTTT
 from eyas.online import loader_for
-from eyas.ttt import Batch, add_counts, autocast, counts_from_stats, head_rows_for, summarise
+from eyas.ttt import (Batch, add_counts, autocast, counts_from_stats, head_rows_for, pad_batch, static_shape,
+                      summarise, supervised)
 from eyas.unroll import TTTUnroll, evaluate, supervised_counts
 
 log = logging.getLogger(__name__)
@@ -164,10 +165,10 @@ class Trainer:
         # CUDA: the fused AdamW kernel (one launch per step instead of a dozen foreach passes)
         self.opt = torch.optim.AdamW(self.params, lr=self.lr, betas=(0.9, 0.95), weight_decay=tp.weight_decay,
                                      fused=device.type == "cuda")
-        # CUDA, one process: forward + backward replayed as one CUDA graph (eyas/graphed.py), every
-        # batch padded to one static shape (rows of the loader's row length, rounded up to 128)
+        # CUDA, one process: forward + backward replayed as one CUDA graph (eyas/graphed.py)
         self.graphed = GraphedTTT(unroll) if self.backend.graphs(device, self.world) else None
-        self.static_shape = (train_loader.rows_per_batch, -(-train_loader.row_tokens // 128) * 128)
+        # compiled code (and the graph) sees one batch shape: every batch padded to it (eyas.ttt.static_shape)
+        self.static_shape = static_shape(train_loader) if device.type == "cuda" and self.backend.compile else None
         per_epoch = [train_loader.num_batches(e, self.world) for e in range(tp.epochs)]
         self.total = sum(per_epoch) if tp.max_steps <= 0 else min(tp.max_steps, sum(per_epoch))
         self.sched = get_cosine_schedule_with_warmup(self.opt, math.ceil(tp.warmup_ratio * self.total), self.total)
@@ -225,16 +226,17 @@ class Trainer:
                 samples and the last good checkpoint.
         """
         tp, world = self.tp, self.world
-        batch = batch.to(self.device)
+        batch = supervised(batch.to(self.device), tp.loss_tokens)
         norms = None
         if world > 1:  # normalise by the GLOBAL supervised count: DDP's mean is then exact
             n_glob = dist_utils.all_reduce_sum(supervised_counts(batch, tp.ttt_length))
             norms = n_glob.clamp(min=1).to(torch.float32) / world
+        padded = batch if self.static_shape is None else pad_batch(batch, *self.static_shape)
         if self.graphed is not None:  # gradients are already in p.grad
-            loss, metrics, counts = self.graphed.step(pad_batch(batch, *self.static_shape))
+            loss, metrics, counts = self.graphed.step(padded)
         else:
             with autocast(self.device):
-                loss, stats = self.model(batch, norms)
+                loss, stats = self.model(padded, norms)
             counts = counts_from_stats(stats)
             metrics = dict(summarise(counts, tp.ttt_length))
         loss_g = loss.detach() if world == 1 else dist_utils.all_reduce_sum(loss.detach()) / world

@@ -10,6 +10,7 @@ over many batches and ranks are exact.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from typing import Iterator
 import torch
 from safetensors import safe_open
 
+from eyas.config import LOSS_TOKENS
 from eyas.drafter import Eagle3Drafter
 from eyas.features import FeatureError, FeatureStore, read_tensors
 
@@ -70,6 +72,64 @@ def pack(rows: list[list[dict]], sample_ids: list) -> Batch:
                  aux_hidden=t["aux_hidden"], final_hidden=t["final_hidden"],
                  target_argmax=t["target_argmax"].long(), positions=t["positions"],
                  doc_ids=t["doc_ids"], sample_ids=list(sample_ids))
+
+
+TENSOR_FIELDS = BATCH_KEYS + ("positions", "doc_ids")  # a Batch's [B, T(, D)] tensors
+
+
+def pad_batch(batch: Batch, rows: int, tokens: int) -> Batch:
+    """``batch`` [B, T] right-padded to [rows, tokens] (rows >= B, tokens >= T): padding has
+    loss_mask False, doc id -1, ids/positions 0 and zero hidden states, exactly as :func:`pack`
+    pads, so losses and counts are unchanged.
+
+    Raises:
+        ValueError: when the batch is larger than [rows, tokens].
+    """
+    B, T = batch.input_ids.shape
+    if B > rows or T > tokens:
+        raise ValueError(f"batch of shape [{B}, {T}] does not fit the static shape [{rows}, {tokens}]")
+    if (B, T) == (rows, tokens):
+        return batch
+    kw = {}
+    for name in TENSOR_FIELDS:
+        x = getattr(batch, name)
+        out = x.new_full((rows, tokens, *x.shape[2:]), -1 if name == "doc_ids" else 0)
+        out[:B, :T] = x
+        kw[name] = out
+    return Batch(**kw, sample_ids=batch.sample_ids)
+
+
+def supervised(batch: Batch, loss_tokens: str) -> Batch:
+    """``batch`` with the positions the TTT loss supervises (``train.loss_tokens``) as its loss_mask.
+
+    ``assistant``: the extracted mask, assistant turns only, as EAGLE-3 and SpecForge train
+    (``SafeAILab/EAGLE: eagle/traineagle3/cnets.py``, ``sgl-project/SpecForge:
+    specforge/data/preprocessing.py``). ``all``: every token of every packed document (not the
+    padding). The teacher is the target's own distribution at each position
+    (:func:`eyas.unroll.teacher_logits`), as defined at a prompt token as at a reply token, so
+    prompt positions are supervision the features already hold: on the CPU default they are ~3/4
+    of the tokens extracted (README, "The data recipe").
+
+    Raises:
+        ValueError: ``loss_tokens`` is not one of :data:`eyas.config.LOSS_TOKENS`.
+    """
+    if loss_tokens == "assistant":
+        return batch
+    if loss_tokens != "all":
+        raise ValueError(f"train.loss_tokens must be one of {LOSS_TOKENS}, got {loss_tokens!r}")
+    return dataclasses.replace(batch, loss_mask=batch.doc_ids >= 0)
+
+
+def static_shape(loader) -> tuple[int, int]:
+    """The one shape [rows, tokens] that every batch of ``loader`` (a :class:`PackedLoader` or an
+    online loader, eyas/online.py: both have ``rows_per_batch`` and ``row_tokens``) fits under
+    :func:`pad_batch`: its rows per batch, of its row length rounded up to a multiple of 128.
+
+    Compiled code sees this shape only: torch.compile specialises on shapes, and a packed batch
+    is only as long as its longest row, so unpadded batches recompile the layer halves and
+    the head norm once per length until Dynamo's recompile limit (8) leaves them eager.
+    """
+    return loader.rows_per_batch, -(-loader.row_tokens // 128) * 128
 
 
 class PackedLoader:

@@ -34,7 +34,8 @@ from eyas.backend import REFERENCE, Backend
 from eyas.compiling import compiled
 from eyas.drafter import Eagle3Drafter, rms_norm
 from eyas.head_loss import head_loss
-from eyas.ttt import Batch, PackedLoader, add_counts, autocast, counts_from_stats, shift_left, summarise
+from eyas.ttt import (Batch, PackedLoader, add_counts, autocast, counts_from_stats, pad_batch, shift_left,
+                      static_shape, summarise)
 
 
 def teacher_logits(final_hidden: torch.Tensor, head_rows: torch.Tensor, pad: int = 0
@@ -200,11 +201,15 @@ def evaluate(unroll: TTTUnroll, loader: PackedLoader, device, max_batches: int |
     was_training = unroll.training
     unroll.eval()
     counts: dict = {}
+    # compiled kernels see one shape (eyas.ttt.static_shape): val batches are as long as their
+    # longest row, and each new length would recompile them
+    shape = static_shape(loader) if torch.device(device).type == "cuda" and unroll.backend.compile else None
     for i, batch in enumerate(loader.batches(0, rank=rank, world=world, even=False)):
         if max_batches is not None and i * max(world, 1) + rank >= max_batches:
             break
+        batch = batch.to(device)
         with autocast(device):
-            _, stats = unroll(batch.to(device))
+            _, stats = unroll(batch if shape is None else pad_batch(batch, *shape))
         add_counts(counts, counts_from_stats(stats))
     if world > 1:
         from eyas.distributed import all_reduce_counts

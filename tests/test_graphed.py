@@ -11,8 +11,8 @@ import torch
 
 from eyas.backend import Backend
 from eyas.drafter import DrafterConfig, Eagle3Drafter
-from eyas.graphed import GraphedTTT, pad_batch
-from eyas.ttt import Batch, autocast
+from eyas.graphed import GraphedTTT
+from eyas.ttt import Batch, autocast, pad_batch
 from eyas.unroll import TTTUnroll, ttt_forward
 
 CFG = DrafterConfig(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
@@ -130,3 +130,39 @@ def test_training_stage_with_graphs_matches_eager(tmp_path, monkeypatch):
         assert a == pytest.approx(b, rel=2e-3)
     assert v1["loss_0"] == pytest.approx(v0["loss_0"], rel=2e-3)
     assert float((w1 - w0).norm()) <= 2e-3 * float(w0.norm())
+
+
+class _Loader:
+    """The two attributes and the method :func:`eyas.unroll.evaluate` reads of a loader."""
+
+    def __init__(self, batches: list[Batch], rows: int, row_tokens: int):
+        self.bs, self.rows_per_batch, self.row_tokens = batches, rows, row_tokens
+
+    def batches(self, epoch, rank=0, world=1, even=True):
+        return iter(self.bs)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="compiled kernels run on CUDA only")
+def test_validation_compiles_once_for_batches_of_every_length():
+    """Val batches are as long as their longest row; padded to the loader's static shape, the
+    compiled pieces compile once for four lengths (unpadded: a recompile per length, and past
+    Dynamo's limit of 8 they ran eager for the training after), and the metrics equal the
+    reference backend's."""
+    from torch._dynamo.utils import counters
+
+    from eyas.backend import REFERENCE
+    from eyas.unroll import evaluate
+
+    d, head = drafter("cuda")
+    bs = [batch(rows, seed=s) for s, rows in enumerate([[[40, 20]], [[30, 42], [16]], [[70], [50, 38]], [[96]]])]
+    graphs = []
+    for n in (1, len(bs)):
+        torch._dynamo.reset()
+        counters.clear()
+        got = evaluate(TTTUnroll(d, head, 3, 0.8, FAST), _Loader(bs[:n], 2, 100), "cuda")
+        graphs.append(counters["stats"]["unique_graphs"])
+    ref = evaluate(TTTUnroll(d, head, 3, 0.8, REFERENCE), _Loader(bs, 2, 100), "cuda")
+    assert graphs[0] > 0 and graphs[1] == graphs[0]
+    assert got["loss_0"] == pytest.approx(ref["loss_0"], rel=2e-3)
+    assert got["loss_2"] == pytest.approx(ref["loss_2"], rel=2e-3)

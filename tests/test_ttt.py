@@ -9,7 +9,7 @@ import torch
 
 from eyas.backend import REFERENCE
 from eyas.drafter import DrafterConfig, Eagle3Drafter, KVCache
-from eyas.ttt import Batch, shift_left
+from eyas.ttt import Batch, shift_left, supervised
 from eyas.unroll import ttt_forward
 
 V, H = 64, 32
@@ -120,6 +120,28 @@ def test_inputs_teacher_reference_and_mask_shift_together(monkeypatch):
     # reference: step 0 correct at t = 0 and 5 of {0, 1, 2, 5}
     assert counts["correct_0"] == 2
     assert metrics["acc_0"] == pytest.approx(0.5)
+
+
+def test_loss_tokens_all_supervises_every_token_of_each_document():
+    """train.loss_tokens: 'all' supervises t whenever t+2+k lies in t's document, prompt tokens
+    included, and its loss is the loss of the same batch extracted with an all-ones mask. By hand
+    for DOCS (lengths 5 and 3) with only t = 4 and 7 assistant tokens: 'all' k=0 -> t in 0,1,2 and 5;
+    k=1 -> 0,1; k=2 -> 0. 'assistant' k=0 -> t = 2 (predicts 4) and 5 (7); k=1 -> 1; k=2 -> 0."""
+    d = make_drafter()
+    b = make_batch()
+    b.loss_mask = torch.tensor([[0, 0, 0, 0, 1, 0, 0, 1]], dtype=torch.bool)
+    head = torch.randn(V, H, generator=torch.Generator().manual_seed(3))
+    _, _, c_asst = ttt_forward(d, supervised(b, "assistant"), head, 3, 0.8, backend=REFERENCE)
+    loss_all, _, c_all = ttt_forward(d, supervised(b, "all"), head, 3, 0.8, backend=REFERENCE)
+    ones = make_batch()
+    ones.loss_mask = torch.ones_like(ones.loss_mask)
+    loss_ones, _, _ = ttt_forward(d, ones, head, 3, 0.8, backend=REFERENCE)
+    assert [c_all[f"tokens_{k}"] for k in range(3)] == [4, 2, 1]
+    assert [c_asst[f"tokens_{k}"] for k in range(3)] == [2, 1, 1]
+    assert float(loss_all) == pytest.approx(float(loss_ones), rel=1e-6)
+    assert supervised(b, "assistant") is b and int(b.loss_mask.sum()) == 2  # the extracted mask untouched
+    with pytest.raises(ValueError, match="train.loss_tokens.*'prompt'"):
+        supervised(b, "prompt")
 
 
 def test_step1_reference_is_target_argmax_at_t_plus_2(monkeypatch):
