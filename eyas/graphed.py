@@ -27,6 +27,7 @@ import torch
 from eyas.ttt import TENSOR_FIELDS, Batch, autocast, counts_from_stats, summarise
 from eyas.unroll import TTTUnroll
 
+
 class GraphedTTT:
     """Forward + backward of the TTT loss over a batch as one CUDA graph replay.
 

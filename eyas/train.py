@@ -26,8 +26,17 @@ from eyas.drafter import Eagle3Drafter
 from eyas.features import FeatureStore
 from eyas.graphed import GraphedTTT
 from eyas.online import loader_for
-from eyas.ttt import (Batch, add_counts, autocast, counts_from_stats, head_rows_for, pad_batch, static_shape,
-                      summarise, supervised)
+from eyas.ttt import (
+    Batch,
+    add_counts,
+    autocast,
+    counts_from_stats,
+    head_rows_for,
+    pad_batch,
+    static_shape,
+    summarise,
+    supervised,
+)
 from eyas.unroll import TTTUnroll, evaluate, supervised_counts
 
 log = logging.getLogger(__name__)

@@ -34,8 +34,17 @@ from eyas.backend import REFERENCE, Backend
 from eyas.compiling import compiled
 from eyas.drafter import Eagle3Drafter, rms_norm
 from eyas.head_loss import head_loss
-from eyas.ttt import (Batch, PackedLoader, add_counts, autocast, counts_from_stats, pad_batch, shift_left,
-                      static_shape, summarise)
+from eyas.ttt import (
+    Batch,
+    PackedLoader,
+    add_counts,
+    autocast,
+    counts_from_stats,
+    pad_batch,
+    shift_left,
+    static_shape,
+    summarise,
+)
 
 
 def teacher_logits(final_hidden: torch.Tensor, head_rows: torch.Tensor, pad: int = 0

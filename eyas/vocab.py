@@ -53,7 +53,8 @@ def count_tokens(input_ids: torch.Tensor, loss_mask: torch.Tensor, vocab_size: i
     return torch.bincount(ids, minlength=vocab_size)[:vocab_size]
 
 
-def build_mapping(counts: torch.Tensor, draft_vocab_size: int, order: str = "target_id"):
+def build_mapping(counts: torch.Tensor, draft_vocab_size: int, order: str = "target_id",
+                  fill_counts: torch.Tensor | None = None):
     """Take the ``draft_vocab_size`` most frequent target ids.
 
     Args:
@@ -61,28 +62,45 @@ def build_mapping(counts: torch.Tensor, draft_vocab_size: int, order: str = "tar
         draft_vocab_size: number of draft ids.
         order: ``"target_id"`` (draft ids ascend with target id, eyas' default) or ``"frequency"``
             (draft id 0 = most frequent, as some published drafters are ordered).
+        fill_counts: optional [vocab] int64 counts of every token of the same data (prompt tokens
+            included): among ids of equal ``counts`` the more frequent here ranks first. It decides
+            only when the assistant tokens hold fewer distinct ids than ``draft_vocab_size``: the
+            rest of the draft vocab is then the tokens the data uses most, not arbitrary ids.
     Returns:
         (VocabMapping, info) where info has ``coverage`` (share of assistant tokens whose target id
-        is in the draft vocab), ``distinct_tokens`` and ``padded`` (ids added with zero count).
-        Ties are broken by lower target id. When the data holds fewer distinct tokens than
-        ``draft_vocab_size``, the rest is padded with the lowest unseen target ids (deterministic)
-        and a warning says so.
+        is in the draft vocab), ``distinct_tokens``, ``filled`` (ids taken for their
+        ``fill_counts`` alone) and ``padded`` (ids added with zero count in both). Remaining ties
+        are broken by lower target id: ids unseen in both are the lowest ones (deterministic), and
+        a warning says how many.
     Raises:
-        VocabError: ``draft_vocab_size`` exceeds the vocab, or ``order`` is unknown.
+        VocabError: ``draft_vocab_size`` exceeds the vocab, ``order`` is unknown, or
+            ``fill_counts`` has another shape than ``counts``.
     """
     vocab_size = counts.numel()
     if not 0 < draft_vocab_size <= vocab_size:
         raise VocabError(f"draft_vocab_size {draft_vocab_size} must be in [1, vocab size {vocab_size}]")
     if order not in ("target_id", "frequency"):
         raise VocabError(f"vocab order {order!r}: use 'target_id' or 'frequency'")
-    # stable sort by descending count keeps lower target ids first among equal counts
-    ranked = torch.sort(counts.to(torch.int64), descending=True, stable=True).indices
+    if fill_counts is not None and fill_counts.shape != counts.shape:
+        raise VocabError(f"fill_counts has shape {tuple(fill_counts.shape)}, counts {tuple(counts.shape)}")
+    # stable sorts by descending count keep lower target ids first among equal counts; sorting by
+    # fill_counts first makes it the tie-break of the assistant counts
+    ranked = torch.arange(vocab_size)
+    if fill_counts is not None:
+        ranked = torch.sort(fill_counts.to(torch.int64), descending=True, stable=True).indices
+    ranked = ranked[torch.sort(counts.to(torch.int64)[ranked], descending=True, stable=True).indices]
     chosen = ranked[:draft_vocab_size]
     distinct = int((counts > 0).sum())
-    padded = max(0, draft_vocab_size - distinct)
+    seen = counts > 0 if fill_counts is None else (counts > 0) | (fill_counts > 0)
+    filled = int((seen[chosen] & (counts[chosen] == 0)).sum())
+    padded = int((~seen[chosen]).sum())
+    if filled:
+        log.info("only %d distinct assistant tokens for a draft vocab of %d: the %d most frequent other "
+                 "tokens of the data fill it", distinct, draft_vocab_size, filled)
     if padded:
-        log.warning("only %d distinct assistant tokens for a draft vocab of %d: padding with the %d "
-                    "lowest unseen target ids", distinct, draft_vocab_size, padded)
+        log.warning("only %d distinct assistant tokens%s for a draft vocab of %d: padding with the %d lowest "
+                    "unseen target ids", distinct, f" (+{filled} other tokens of the data)" if filled else "",
+                    draft_vocab_size, padded)
     if order == "target_id":
         chosen = torch.sort(chosen).values
     d2t = chosen - torch.arange(draft_vocab_size, dtype=torch.int64)
@@ -93,6 +111,7 @@ def build_mapping(counts: torch.Tensor, draft_vocab_size: int, order: str = "tar
         "vocab_size": vocab_size,
         "draft_vocab_size": draft_vocab_size,
         "distinct_tokens": distinct,
+        "filled": filled,
         "padded": padded,
         "assistant_tokens": total,
         "coverage": (float(counts[chosen].sum()) / total) if total else 0.0,

@@ -23,26 +23,42 @@ benchmark (`served.<bench>`: greedy chain, greedy static tree, speculative sampl
 Each benchmark's `serving_verdict` says whether the drafter beats the n-gram floor and greedy decoding
 (eyas/eval_checks.py), logged as `<bench>/worth_serving` and warned about when it does not, and with
 the served table (`sampled`) whether it beats the floor at each sampling temperature.
+Resumable: each finished part (per benchmark the chain evaluation, with the settings, positions and
+verdict added here, then the served table) is saved at once, atomically, to
+`.eyas/work/eval_<drafter>/parts.json` (eyas.resume.Parts) under a resume key (`resume_key`: the
+drafter's files, params `eval` and `target`, the target's identity, the test split's sha256, the
+prompt ids). A killed run, rerun with the same key, prints `chain resumed from ...` / `served table
+resumed from ...` for each saved part instead of recomputing it, and goes on with the saved values
+(the same printed lines, warnings, MLflow metrics and metrics JSON as an uninterrupted run, whose
+parts go through the same file); another key, or an unreadable file, starts afresh and says so. The
+work file is deleted once `metrics/eval_<drafter>.json` is written.
 Run: `python -m stages.eval_accept_len scratch`.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import sys
+from pathlib import Path
 
 from eyas import eval_checks
 from eyas.acceptance import evaluate_benchmark
-from eyas.config import load_params
+from eyas.config import flatten, load_params
 from eyas.data import chat_prompts, humaneval_prompts, read_jsonl
 from eyas.distill import fit_prompt
-from eyas.files import write_json
+from eyas.files import sha256_file, write_json
 from eyas.formats.load import load_drafter
 from eyas.plots import accept_len_figure
-from eyas.provenance import check
+from eyas.provenance import check, digest, target_identity
+from eyas.resume import Parts
 from eyas.served import evaluate_served
 from eyas.target import load_target
 from eyas.tracking import start_stage_run
 from stages.common import CONVERSATIONS, METRICS
+
+# repo-relative: eval_<drafter>/parts.json, the parts of a run finished so far (resume)
+WORK = Path(".eyas", "work")
 
 
 def main(name: str) -> None:
@@ -60,70 +76,122 @@ def main(name: str) -> None:
                              f"vocab {target.config.vocab_size}")
         drafter.set_embedding(target.model.get_input_embeddings().weight)
         drafter.to(target.device).eval()
-        tok = target.tokenizer
         benchmarks = {
             "chat": chat_prompts(read_jsonl(CONVERSATIONS / "test.jsonl"), e.chat_prompts),
             "humaneval": humaneval_prompts(e.humaneval_prompts),
         }
-        k = e.num_draft_tokens
-        kw = dict(num_draft_tokens=k, max_new_tokens=e.max_new_tokens, stop_ids=target.stop_ids)
-        metrics: dict = {"drafter": name, "ngram": {}}
-        for bench, chats in benchmarks.items():
-            budget = (e.max_prompt_tokens or None) if bench == "chat" else None  # HumanEval: whole problems
-            fits = [fit_prompt(tok, m, budget) for m in chats]
-            prompts = [f[1] for f in fits if f is not None]
-            pos = eval_checks.position_check([len(x) for x in prompts], e.max_new_tokens, k,  # issue 16
-                                             drafter.config.max_position_embeddings)
-            r, n = evaluate_benchmark(target, drafter, prompts, aux_layer_ids=drafter.config.resolved_aux_layers(),
-                                      timed_prompts=e.timed_prompts, timing_repeats=e.timing_repeats,
-                                      batch_size=e.batch_size, **kw)
-            metrics[bench], metrics["ngram"][bench] = r, n
-            r["settings"]["max_prompt_tokens"] = e.max_prompt_tokens
-            r["settings"]["prompts_shortened"] = sum(f is not None and len(f[0]) < len(m) for f, m in zip(fits, chats))
-            r["settings"]["prompts_dropped_too_long"] = sum(f is None for f in fits)
-            r["positions"], r["suspected_misconfiguration"] = pos, eval_checks.misconfiguration(r)  # issue 16
-            r["serving_verdict"] = eval_checks.serving_verdict(r, n)
-            for w in ([pos["warning"]] if pos["warning"] else []) + r["suspected_misconfiguration"]["reasons"] + \
-                    [f"not worth serving: {x}" for x in r["serving_verdict"]["reasons"]]:
-                print(f"eval {name} {bench}: WARNING {w}")
-            tracker.log_metrics({key: v for key, v in {
-                f"{bench}/accept_len": r["accept_len"], f"{bench}/speedup": r["speedup"],
-                f"{bench}/speedup_predicted": r["speedup_predicted"],
-                f"{bench}/ngram_accept_len": n["accept_len"],
-                f"{bench}/accept_len_non_looping": r["repetition"]["accept_len_non_looping"],
-                f"{bench}/ngram_accept_len_non_looping": n["repetition"]["accept_len_non_looping"],
-                f"{bench}/suspected_misconfiguration": float(r["suspected_misconfiguration"]["suspected"]),
-                f"{bench}/worth_serving": (None if r["serving_verdict"]["worth_serving"] is None
-                                           else float(r["serving_verdict"]["worth_serving"])),
-                f"{bench}/prompts_past_max_position": float(pos["prompts_past_limit"])}.items()
-                if v is not None})
-            print(f"eval {name} {bench}: accept_len {r['accept_len']} (n-gram {n['accept_len']}), "
-                  f"lossless {r['lossless']}, speedup {r['speedup']} (IQR {r['speedup_iqr']}, predicted "
-                  f"{r['speedup_predicted']}, flagged {r['speedup_flagged']}); by chain length "
-                  f"{r['accept_len_by_chain_length']} (oracle matches real: {r['oracle_matches_real']}); "
-                  f"{r['repetition']['looping_prompts']} looping prompts")
-            if e.served_prompts:  # chain vs tree vs sampled on the first prompts (eyas/served.py)
-                served = evaluate_served(
-                    target, drafter, prompts[:e.served_prompts], num_draft_tokens=k,
+        run(name, p, target, drafter, fit_benchmarks(target.tokenizer, benchmarks, e.max_prompt_tokens), tracker)
+
+
+def fit_benchmarks(tok, benchmarks: dict[str, list[list[dict]]], max_prompt_tokens: int) -> dict[str, tuple]:
+    """Each benchmark's prompts as token ids, with the settings that count what the prompt budget
+    did: ``{bench: (prompts, {"max_prompt_tokens", "prompts_shortened", "prompts_dropped_too_long"})}``.
+    Chat prompts longer than ``max_prompt_tokens`` (0 = no budget) lose their earliest turns;
+    HumanEval problems are kept whole."""
+    out = {}
+    for bench, chats in benchmarks.items():
+        budget = (max_prompt_tokens or None) if bench == "chat" else None  # HumanEval: whole problems
+        fits = [fit_prompt(tok, m, budget) for m in chats]
+        out[bench] = ([f[1] for f in fits if f is not None], {
+            "max_prompt_tokens": max_prompt_tokens,
+            "prompts_shortened": sum(f is not None and len(f[0]) < len(m) for f, m in zip(fits, chats)),
+            "prompts_dropped_too_long": sum(f is None for f in fits)})
+    return out
+
+
+def resume_key(name: str, p, prompts: dict[str, list[list[int]]]) -> dict:
+    """What every part's result depends on: the drafter's files (its weights and `fingerprint.json`:
+    a retrained drafter can keep its fingerprint and change its weights), params `eval` and
+    `target`, the target's identity (eyas.provenance.target_identity, as `data/inputs/target.json`:
+    tokenizer, chat template, config, GGUF), the test split's sha256, and each benchmark's prompt
+    ids (which also change with the HumanEval package or the chat template)."""
+    flat = json.loads(json.dumps(flatten(p), default=str))
+    test = CONVERSATIONS / "test.jsonl"
+    return {"drafter": name, "drafter_digest": digest(Path("models") / name),
+            "params": {k: v for k, v in flat.items() if k.split(".")[0] in ("eval", "target")},
+            "target": target_identity(p.target),
+            "test_jsonl": sha256_file(test) if test.is_file() else None,
+            "prompt_ids": {b: hashlib.sha256(json.dumps(x).encode()).hexdigest() for b, x in prompts.items()}}
+
+
+def chain_part(target, drafter, prompts: list[list[int]], settings: dict, e) -> dict:
+    """One benchmark's chain evaluation (eyas.acceptance.evaluate_benchmark) with what the stage
+    adds to it: the prompt-budget ``settings``, ``positions``, ``suspected_misconfiguration``,
+    ``serving_verdict``. Returns ``{"eagle": ..., "ngram": ...}``."""
+    k = e.num_draft_tokens
+    pos = eval_checks.position_check([len(x) for x in prompts], e.max_new_tokens, k,  # issue 16
+                                     drafter.config.max_position_embeddings)
+    r, n = evaluate_benchmark(target, drafter, prompts, num_draft_tokens=k, max_new_tokens=e.max_new_tokens,
+                              stop_ids=target.stop_ids, aux_layer_ids=drafter.config.resolved_aux_layers(),
+                              timed_prompts=e.timed_prompts, timing_repeats=e.timing_repeats, batch_size=e.batch_size)
+    r["settings"].update(settings)
+    r["positions"], r["suspected_misconfiguration"] = pos, eval_checks.misconfiguration(r)  # issue 16
+    r["serving_verdict"] = eval_checks.serving_verdict(r, n)
+    return {"eagle": r, "ngram": n}
+
+
+def run(name: str, p, target, drafter, benchmarks: dict[str, tuple], tracker) -> dict:
+    """Evaluate ``drafter`` on ``benchmarks`` (:func:`fit_benchmarks`), resuming the parts a killed
+    run finished (:data:`WORK`), and write ``metrics/eval_<name>.json``; returns the metrics."""
+    e = p.eval
+    parts = Parts(WORK / f"eval_{name}" / "parts.json", resume_key(name, p, {b: x[0] for b, x in benchmarks.items()}))
+    if parts.discarded:
+        print(f"eval {name}: {parts.discarded}")
+    metrics: dict = {"drafter": name, "ngram": {}}
+    for bench, (prompts, settings) in benchmarks.items():
+        chain = parts.get(f"{bench}/chain")
+        if chain is None:
+            chain = parts.add(f"{bench}/chain", chain_part(target, drafter, prompts, settings, e))
+        else:
+            print(f"eval {name} {bench}: chain resumed from {parts.path}")
+        r, n, pos = chain["eagle"], chain["ngram"], chain["eagle"]["positions"]
+        metrics[bench], metrics["ngram"][bench] = r, n
+        for w in ([pos["warning"]] if pos["warning"] else []) + r["suspected_misconfiguration"]["reasons"] + \
+                [f"not worth serving: {x}" for x in r["serving_verdict"]["reasons"]]:
+            print(f"eval {name} {bench}: WARNING {w}")
+        tracker.log_metrics({key: v for key, v in {
+            f"{bench}/accept_len": r["accept_len"], f"{bench}/speedup": r["speedup"],
+            f"{bench}/speedup_predicted": r["speedup_predicted"],
+            f"{bench}/ngram_accept_len": n["accept_len"],
+            f"{bench}/accept_len_non_looping": r["repetition"]["accept_len_non_looping"],
+            f"{bench}/ngram_accept_len_non_looping": n["repetition"]["accept_len_non_looping"],
+            f"{bench}/suspected_misconfiguration": float(r["suspected_misconfiguration"]["suspected"]),
+            f"{bench}/worth_serving": (None if r["serving_verdict"]["worth_serving"] is None
+                                       else float(r["serving_verdict"]["worth_serving"])),
+            f"{bench}/prompts_past_max_position": float(pos["prompts_past_limit"])}.items()
+            if v is not None})
+        print(f"eval {name} {bench}: accept_len {r['accept_len']} (n-gram {n['accept_len']}), "
+              f"lossless {r['lossless']}, speedup {r['speedup']} (IQR {r['speedup_iqr']}, predicted "
+              f"{r['speedup_predicted']}, flagged {r['speedup_flagged']}); by chain length "
+              f"{r['accept_len_by_chain_length']} (oracle matches real: {r['oracle_matches_real']}); "
+              f"{r['repetition']['looping_prompts']} looping prompts")
+        if e.served_prompts:  # chain vs tree vs sampled on the first prompts (eyas/served.py)
+            served = parts.get(f"{bench}/served")
+            if served is None:
+                served = parts.add(f"{bench}/served", evaluate_served(
+                    target, drafter, prompts[:e.served_prompts], num_draft_tokens=e.num_draft_tokens,
                     max_new_tokens=e.served_max_new_tokens, stop_ids=target.stop_ids,
                     aux_layer_ids=drafter.config.resolved_aux_layers(), temperatures=e.temperatures, top_p=e.top_p,
                     seeds=e.seeds, tree_topk=e.tree_topk, tree_num_steps=e.tree_num_steps,
-                    tree_num_draft_tokens=e.tree_num_draft_tokens)
-                metrics.setdefault("served", {})[bench] = served
-                sampled = r["serving_verdict"]["sampled"] = eval_checks.sampled_verdict(served["rows"])
-                beats = {t: v["beats_ngram_floor"] for t, v in sampled.items()}
-                print(f"eval {name} {bench}: beats the n-gram floor as sampled: {beats}")
-                for row, v in served["rows"].items():
-                    tracker.log_metrics({f"{bench}/served/{row}/{key}": x for key, x in (
-                        ("accept_len", v["accept_len"]), *zip(("ci95_low", "ci95_high"), v["ci95"] or ()))
-                        if x is not None})
-                    print(f"eval {name} {bench} served {row}: accept_len {v['accept_len']} (95% CI {v['ci95']}, "
-                          f"per seed {v['accept_len_per_seed']})"
-                          + (f", matches greedy {v['matches_greedy']}" if "matches_greedy" in v else ""))
-        write_json(METRICS / f"eval_{name}.json", metrics)
-        tracker.log_dict(metrics, f"eval_{name}.json")
-        tracker.log_figure(accept_len_figure(metrics, title=f"eval-accept-len@{name}"),
-                           f"eval_{name}_accept_len.png")
+                    tree_num_draft_tokens=e.tree_num_draft_tokens))
+            else:
+                print(f"eval {name} {bench}: served table resumed from {parts.path}")
+            metrics.setdefault("served", {})[bench] = served
+            sampled = r["serving_verdict"]["sampled"] = eval_checks.sampled_verdict(served["rows"])
+            beats = {t: v["beats_ngram_floor"] for t, v in sampled.items()}
+            print(f"eval {name} {bench}: beats the n-gram floor as sampled: {beats}")
+            for row, v in served["rows"].items():
+                tracker.log_metrics({f"{bench}/served/{row}/{key}": x for key, x in (
+                    ("accept_len", v["accept_len"]), *zip(("ci95_low", "ci95_high"), v["ci95"] or ()))
+                    if x is not None})
+                print(f"eval {name} {bench} served {row}: accept_len {v['accept_len']} (95% CI {v['ci95']}, "
+                      f"per seed {v['accept_len_per_seed']})"
+                      + (f", matches greedy {v['matches_greedy']}" if "matches_greedy" in v else ""))
+    write_json(METRICS / f"eval_{name}.json", metrics)
+    parts.remove()
+    tracker.log_dict(metrics, f"eval_{name}.json")
+    tracker.log_figure(accept_len_figure(metrics, title=f"eval-accept-len@{name}"), f"eval_{name}_accept_len.png")
+    return metrics
 
 
 if __name__ == "__main__":

@@ -172,6 +172,27 @@ def test_too_few_distinct_tokens_warns_pads_and_records_coverage(caplog, tmp_pat
     assert json.loads((tmp_path / "v" / "vocab.json").read_text())["coverage"] == 1.0
 
 
+def test_fill_counts_fill_the_draft_vocab_with_the_datas_most_frequent_other_tokens(caplog):
+    """Fewer distinct assistant tokens than draft ids: the rest are the data's most frequent other
+    tokens (user token 15 three times, then 0 and 1 once each: the lower id first), and only ids
+    unseen in both are padded, lowest first (3). Assistant ids still come first: 8 draft ids hold
+    the 6 assistant ids, 15 and 0."""
+    ids = torch.tensor([2, 2, 2, 4, 6, 6, 8, 10, 12, 12, 12, 12, 12, 0, 1, 15, 15, 15])
+    lm = torch.tensor([1] * 13 + [0] * 5, dtype=torch.bool)
+    counts, every = count_tokens(ids, lm, 20), count_tokens(ids, torch.ones_like(lm), 20)
+    m, info = build_mapping(counts, 8, fill_counts=every)
+    assert m.target_ids().tolist() == [0, 2, 4, 6, 8, 10, 12, 15]
+    assert (info["distinct_tokens"], info["filled"], info["padded"]) == (6, 2, 0) and info["coverage"] == 1.0
+    with caplog.at_level(logging.WARNING, logger="eyas.vocab"):
+        m, info = build_mapping(counts, 10, order="frequency", fill_counts=every)
+    assert m.target_ids().tolist() == [12, 2, 6, 4, 8, 10, 15, 0, 1, 3]
+    assert (info["filled"], info["padded"]) == (3, 1)
+    assert "only 6 distinct assistant tokens (+3 other tokens of the data) for a draft vocab of 10" in caplog.text
+    validate_mapping(m.d2t, m.t2d, 20, 10)
+    with pytest.raises(VocabError, match="fill_counts has shape"):
+        build_mapping(counts, 8, fill_counts=every[:10])
+
+
 def test_load_mapping_refuses_absolute_file(tmp_path):
     bad = VocabMapping(d2t(1, 3, 5, 7), mask(1, 3, 5, 7))
     save_mapping(tmp_path / "v", bad, torch.zeros(V, dtype=torch.int64), {})
