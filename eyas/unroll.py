@@ -7,8 +7,9 @@ Alignment (one convention, used at every step k = 0 .. ttt_length-1; index t of 
 - the prediction is token ``x[t+2+k]``; the teacher is the target's distribution at position
   ``t+1+k`` (``softmax(lm_head(final_hidden[t+1+k]))`` restricted to the draft vocab and
   renormalised) and the accuracy reference is the target's full-vocab argmax at ``t+1+k``;
-- the loss mask is ``loss_mask[t+2+k]`` (the PREDICTED token is an assistant token), and index t
-  and ``t+2+k`` must lie in the same packed document.
+- the loss mask is ``loss_mask[t+2+k]`` (the PREDICTED token is supervised: an assistant token, or
+  any token with ``train.loss_tokens: all``, eyas.ttt.supervised), and index t and ``t+2+k`` must
+  lie in the same packed document.
 
 Inputs, teacher, reference and mask therefore shift together (EAGLE and SpecForge shift the mask by
 one step less: ``SafeAILab/EAGLE: eagle/traineagle3/cnets.py`` ``dataprepare``,

@@ -63,9 +63,9 @@ def build_mapping(counts: torch.Tensor, draft_vocab_size: int, order: str = "tar
         order: ``"target_id"`` (draft ids ascend with target id, eyas' default) or ``"frequency"``
             (draft id 0 = most frequent, as some published drafters are ordered).
         fill_counts: optional [vocab] int64 counts of every token of the same data (prompt tokens
-            included): among ids of equal ``counts`` the more frequent here ranks first. It decides
-            only when the assistant tokens hold fewer distinct ids than ``draft_vocab_size``: the
-            rest of the draft vocab is then the tokens the data uses most, not arbitrary ids.
+            included): it ranks the ids no assistant token uses, so it decides only when the
+            assistant tokens hold fewer distinct ids than ``draft_vocab_size``: the rest of the
+            draft vocab is then the tokens the data uses most, not arbitrary ids.
     Returns:
         (VocabMapping, info) where info has ``coverage`` (share of assistant tokens whose target id
         is in the draft vocab), ``distinct_tokens``, ``filled`` (ids taken for their
@@ -83,14 +83,14 @@ def build_mapping(counts: torch.Tensor, draft_vocab_size: int, order: str = "tar
         raise VocabError(f"vocab order {order!r}: use 'target_id' or 'frequency'")
     if fill_counts is not None and fill_counts.shape != counts.shape:
         raise VocabError(f"fill_counts has shape {tuple(fill_counts.shape)}, counts {tuple(counts.shape)}")
-    # stable sorts by descending count keep lower target ids first among equal counts; sorting by
-    # fill_counts first makes it the tie-break of the assistant counts
-    ranked = torch.arange(vocab_size)
-    if fill_counts is not None:
-        ranked = torch.sort(fill_counts.to(torch.int64), descending=True, stable=True).indices
-    ranked = ranked[torch.sort(counts.to(torch.int64)[ranked], descending=True, stable=True).indices]
-    chosen = ranked[:draft_vocab_size]
+    # a stable sort by descending count keeps lower target ids first among equal counts
+    ranked = torch.sort(counts.to(torch.int64), descending=True, stable=True).indices
     distinct = int((counts > 0).sum())
+    if fill_counts is not None:  # the ids no assistant token uses, by fill count (ties: lower id)
+        unseen = ranked[distinct:]
+        ranked = torch.cat([ranked[:distinct],
+                            unseen[torch.sort(fill_counts.to(torch.int64)[unseen], descending=True, stable=True).indices]])
+    chosen = ranked[:draft_vocab_size]
     seen = counts > 0 if fill_counts is None else (counts > 0) | (fill_counts > 0)
     filled = int((seen[chosen] & (counts[chosen] == 0)).sum())
     padded = int((~seen[chosen]).sum())

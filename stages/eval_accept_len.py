@@ -27,7 +27,8 @@ Resumable: each finished part (per benchmark the chain evaluation, with the sett
 verdict added here, then the served table) is saved at once, atomically, to
 `.eyas/work/eval_<drafter>/parts.json` (eyas.resume.Parts) under a resume key (`resume_key`: the
 drafter's files, params `eval` and `target`, the target's identity, the test split's sha256, the
-prompt ids). A killed run, rerun with the same key, prints `chain resumed from ...` / `served table
+prompt ids, the code the stage imports, torch's version and the device). Parts hold measurements
+only; the verdicts and checks are recomputed from them on every run. A killed run, rerun with the same key, prints `chain resumed from ...` / `served table
 resumed from ...` for each saved part instead of recomputing it, and goes on with the saved values
 (the same printed lines, warnings, MLflow metrics and metrics JSON as an uninterrupted run, whose
 parts go through the same file); another key, or an unreadable file, starts afresh and says so. The
@@ -42,6 +43,8 @@ import json
 import sys
 from pathlib import Path
 
+import torch
+
 from eyas import eval_checks
 from eyas.acceptance import evaluate_benchmark
 from eyas.config import flatten, load_params
@@ -53,12 +56,14 @@ from eyas.plots import accept_len_figure
 from eyas.provenance import check, digest, target_identity
 from eyas.resume import Parts
 from eyas.served import evaluate_served
+from eyas.stage_deps import closure
 from eyas.target import load_target
 from eyas.tracking import start_stage_run
 from stages.common import CONVERSATIONS, METRICS
 
 # repo-relative: eval_<drafter>/parts.json, the parts of a run finished so far (resume)
 WORK = Path(".eyas", "work")
+ROOT = Path(__file__).resolve().parents[1]  # the repository: the code digest of the resume key
 
 
 def main(name: str) -> None:
@@ -99,52 +104,69 @@ def fit_benchmarks(tok, benchmarks: dict[str, list[list[dict]]], max_prompt_toke
     return out
 
 
-def resume_key(name: str, p, prompts: dict[str, list[list[int]]]) -> dict:
-    """What every part's result depends on: the drafter's files (its weights and `fingerprint.json`:
-    a retrained drafter can keep its fingerprint and change its weights), params `eval` and
-    `target`, the target's identity (eyas.provenance.target_identity, as `data/inputs/target.json`:
-    tokenizer, chat template, config, GGUF), the test split's sha256, and each benchmark's prompt
-    ids (which also change with the HumanEval package or the chat template)."""
+def resume_key(name: str, p, prompts: dict[str, list[list[int]]], device) -> dict:
+    """What every part's measurements depend on: the drafter's files (its weights and
+    `fingerprint.json`: a retrained drafter can keep its fingerprint and change its weights), params
+    `eval` and `target`, the target's identity (eyas.provenance.target_identity, as
+    `data/inputs/target.json`: tokenizer, chat template, config, GGUF), the test split's sha256, each
+    benchmark's prompt ids (which also change with the HumanEval package or the chat template), the
+    code this stage runs (sha256 of every first-party file it imports: eyas.stage_deps.closure, the
+    files dvc.yaml lists as its deps), torch's version and the device (speedups are wall clock)."""
     flat = json.loads(json.dumps(flatten(p), default=str))
     test = CONVERSATIONS / "test.jsonl"
+    code = hashlib.sha256()
+    for f in closure(ROOT, ["stages.eval_accept_len"]):
+        code.update(f.encode() + b"\0" + (ROOT / f).read_bytes() + b"\0")
+    dev = torch.device(device)
     return {"drafter": name, "drafter_digest": digest(Path("models") / name),
             "params": {k: v for k, v in flat.items() if k.split(".")[0] in ("eval", "target")},
             "target": target_identity(p.target),
             "test_jsonl": sha256_file(test) if test.is_file() else None,
-            "prompt_ids": {b: hashlib.sha256(json.dumps(x).encode()).hexdigest() for b, x in prompts.items()}}
+            "prompt_ids": {b: hashlib.sha256(json.dumps(x).encode()).hexdigest() for b, x in prompts.items()},
+            "code": code.hexdigest(), "torch": torch.__version__,
+            "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else dev.type}
 
 
-def chain_part(target, drafter, prompts: list[list[int]], settings: dict, e) -> dict:
-    """One benchmark's chain evaluation (eyas.acceptance.evaluate_benchmark) with what the stage
-    adds to it: the prompt-budget ``settings``, ``positions``, ``suspected_misconfiguration``,
-    ``serving_verdict``. Returns ``{"eagle": ..., "ngram": ...}``."""
-    k = e.num_draft_tokens
-    pos = eval_checks.position_check([len(x) for x in prompts], e.max_new_tokens, k,  # issue 16
+def chain_part(target, drafter, prompts: list[list[int]], e) -> dict:
+    """One benchmark's chain evaluation, the measurement a part keeps:
+    ``{"eagle": r, "ngram": n}`` of eyas.acceptance.evaluate_benchmark."""
+    r, n = evaluate_benchmark(target, drafter, prompts, num_draft_tokens=e.num_draft_tokens,
+                              max_new_tokens=e.max_new_tokens, stop_ids=target.stop_ids,
+                              aux_layer_ids=drafter.config.resolved_aux_layers(), timed_prompts=e.timed_prompts,
+                              timing_repeats=e.timing_repeats, batch_size=e.batch_size)
+    return {"eagle": r, "ngram": n}
+
+
+def judge(r: dict, n: dict, prompts: list[list[int]], settings: dict, e, drafter) -> None:
+    """What the stage adds to a chain result ``r`` (in place), recomputed on every run from the
+    measurements (a resumed part is judged by the code that runs now): the prompt-budget
+    ``settings``, ``positions``, ``suspected_misconfiguration``, ``serving_verdict`` against the
+    n-gram floor ``n``."""
+    pos = eval_checks.position_check([len(x) for x in prompts], e.max_new_tokens, e.num_draft_tokens,  # issue 16
                                      drafter.config.max_position_embeddings)
-    r, n = evaluate_benchmark(target, drafter, prompts, num_draft_tokens=k, max_new_tokens=e.max_new_tokens,
-                              stop_ids=target.stop_ids, aux_layer_ids=drafter.config.resolved_aux_layers(),
-                              timed_prompts=e.timed_prompts, timing_repeats=e.timing_repeats, batch_size=e.batch_size)
     r["settings"].update(settings)
     r["positions"], r["suspected_misconfiguration"] = pos, eval_checks.misconfiguration(r)  # issue 16
     r["serving_verdict"] = eval_checks.serving_verdict(r, n)
-    return {"eagle": r, "ngram": n}
 
 
 def run(name: str, p, target, drafter, benchmarks: dict[str, tuple], tracker) -> dict:
     """Evaluate ``drafter`` on ``benchmarks`` (:func:`fit_benchmarks`), resuming the parts a killed
     run finished (:data:`WORK`), and write ``metrics/eval_<name>.json``; returns the metrics."""
     e = p.eval
-    parts = Parts(WORK / f"eval_{name}" / "parts.json", resume_key(name, p, {b: x[0] for b, x in benchmarks.items()}))
+    parts = Parts(WORK / f"eval_{name}" / "parts.json", resume_key(name, p, {b: x[0] for b, x in benchmarks.items()},
+                                                                      target.device))
     if parts.discarded:
         print(f"eval {name}: {parts.discarded}")
     metrics: dict = {"drafter": name, "ngram": {}}
     for bench, (prompts, settings) in benchmarks.items():
         chain = parts.get(f"{bench}/chain")
         if chain is None:
-            chain = parts.add(f"{bench}/chain", chain_part(target, drafter, prompts, settings, e))
+            chain = parts.add(f"{bench}/chain", chain_part(target, drafter, prompts, e))
         else:
             print(f"eval {name} {bench}: chain resumed from {parts.path}")
-        r, n, pos = chain["eagle"], chain["ngram"], chain["eagle"]["positions"]
+        r, n = chain["eagle"], chain["ngram"]
+        judge(r, n, prompts, settings, e, drafter)
+        pos = r["positions"]
         metrics[bench], metrics["ngram"][bench] = r, n
         for w in ([pos["warning"]] if pos["warning"] else []) + r["suspected_misconfiguration"]["reasons"] + \
                 [f"not worth serving: {x}" for x in r["serving_verdict"]["reasons"]]:

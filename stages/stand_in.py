@@ -2,6 +2,8 @@
 
 It is trained on a disjoint data slice (`publish`) with its own, differently sized vocab whose
 draft ids are ordered by frequency, as some published drafters are, so `remap` has real work to do.
+Like the EAGLE-3 and SpecForge drafters it stands for, it learns from assistant tokens only
+(`train.loss_tokens: assistant` whatever params.yaml says) and its vocab is padded as theirs.
 Reads params `seed`, `train`, `stand_in`, `target` (train.mode: online: the target runs here,
 eyas/online.py); reads `data/features/{publish,val}/`, `data/inputs/target.json`; writes
 `models/stand_in/` (servable checkpoint) and `metrics/stand_in.json`.
@@ -39,7 +41,7 @@ def main() -> None:
                                       s.draft_vocab_size, order=s.order)
         head = target_head()
         drafter = new_drafter(pub.manifest, mapping, head["embed_tokens"], p.seed + 1)
-        tp = dataclasses.replace(p.train, epochs=s.epochs)
+        tp = dataclasses.replace(p.train, epochs=s.epochs, loss_tokens="assistant")  # as published drafters train
         result = train_drafter(drafter, train_store=pub, val_store=val, lm_head=head["lm_head"], tp=tp,
                                lr=s.lr, seed=p.seed + 1, tracker=tracker, device=pick_device(),
                                checkpoint_dir=checkpoint_dir("stand-in"), capture=capture_for(p, pub))

@@ -9,7 +9,7 @@ import torch
 
 from eyas.backend import REFERENCE
 from eyas.drafter import DrafterConfig, Eagle3Drafter, KVCache
-from eyas.ttt import Batch, shift_left, supervised
+from eyas.ttt import Batch, pad_batch, shift_left, supervised
 from eyas.unroll import ttt_forward
 
 V, H = 64, 32
@@ -137,6 +137,9 @@ def test_loss_tokens_all_supervises_every_token_of_each_document():
     ones.loss_mask = torch.ones_like(ones.loss_mask)
     loss_ones, _, _ = ttt_forward(d, ones, head, 3, 0.8, backend=REFERENCE)
     assert [c_all[f"tokens_{k}"] for k in range(3)] == [4, 2, 1]
+    # padding (doc id -1) stays unsupervised: the same counts and loss in a [2, 16] padded batch
+    _, _, c_pad = ttt_forward(d, supervised(pad_batch(b, 2, 16), "all"), head, 3, 0.8, backend=REFERENCE)
+    assert [c_pad[f"tokens_{k}"] for k in range(3)] == [4, 2, 1]
     assert [c_asst[f"tokens_{k}"] for k in range(3)] == [2, 1, 1]
     assert float(loss_all) == pytest.approx(float(loss_ones), rel=1e-6)
     assert supervised(b, "assistant") is b and int(b.loss_mask.sum()) == 2  # the extracted mask untouched

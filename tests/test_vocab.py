@@ -191,6 +191,11 @@ def test_fill_counts_fill_the_draft_vocab_with_the_datas_most_frequent_other_tok
     validate_mapping(m.d2t, m.t2d, 20, 10)
     with pytest.raises(VocabError, match="fill_counts has shape"):
         build_mapping(counts, 8, fill_counts=every[:10])
+    # enough distinct assistant ids: fill_counts changes nothing, not even the tie at the cut
+    # (ids 1, 2, 3 have one assistant token each; id 3 is frequent elsewhere)
+    few, other = torch.tensor([0, 1, 1, 1, 5]), torch.tensor([0, 1, 1, 9, 5])
+    assert build_mapping(few, 3, fill_counts=other)[0].target_ids().tolist() == [1, 2, 4]
+    assert build_mapping(few, 3)[0].target_ids().tolist() == [1, 2, 4]
 
 
 def test_load_mapping_refuses_absolute_file(tmp_path):
