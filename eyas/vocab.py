@@ -88,8 +88,8 @@ def build_mapping(counts: torch.Tensor, draft_vocab_size: int, order: str = "tar
     distinct = int((counts > 0).sum())
     if fill_counts is not None:  # the ids no assistant token uses, by fill count (ties: lower id)
         unseen = ranked[distinct:]
-        ranked = torch.cat([ranked[:distinct],
-                            unseen[torch.sort(fill_counts.to(torch.int64)[unseen], descending=True, stable=True).indices]])
+        by_fill = torch.sort(fill_counts.to(torch.int64)[unseen], descending=True, stable=True).indices
+        ranked = torch.cat([ranked[:distinct], unseen[by_fill]])
     chosen = ranked[:draft_vocab_size]
     seen = counts > 0 if fill_counts is None else (counts > 0) | (fill_counts > 0)
     filled = int((seen[chosen] & (counts[chosen] == 0)).sum())

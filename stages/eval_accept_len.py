@@ -23,16 +23,16 @@ benchmark (`served.<bench>`: greedy chain, greedy static tree, speculative sampl
 Each benchmark's `serving_verdict` says whether the drafter beats the n-gram floor and greedy decoding
 (eyas/eval_checks.py), logged as `<bench>/worth_serving` and warned about when it does not, and with
 the served table (`sampled`) whether it beats the floor at each sampling temperature.
-Resumable: each finished part (per benchmark the chain evaluation, with the settings, positions and
-verdict added here, then the served table) is saved at once, atomically, to
-`.eyas/work/eval_<drafter>/parts.json` (eyas.resume.Parts) under a resume key (`resume_key`: the
-drafter's files, params `eval` and `target`, the target's identity, the test split's sha256, the
-prompt ids, the code the stage imports, torch's version and the device). Parts hold measurements
-only; the verdicts and checks are recomputed from them on every run. A killed run, rerun with the same key, prints `chain resumed from ...` / `served table
-resumed from ...` for each saved part instead of recomputing it, and goes on with the saved values
-(the same printed lines, warnings, MLflow metrics and metrics JSON as an uninterrupted run, whose
-parts go through the same file); another key, or an unreadable file, starts afresh and says so. The
-work file is deleted once `metrics/eval_<drafter>.json` is written.
+Resumable: each finished part (per benchmark the chain evaluation's measurements, then the served
+table) is saved at once, atomically, to `.eyas/work/eval_<drafter>/parts.json` (eyas.resume.Parts)
+under a resume key (`resume_key`: the drafter's files, params `eval` and `target`, the target's
+identity, the test split's sha256, the prompt ids, the code the stage imports, torch's version and
+the device). The prompt settings, checks and verdicts are recomputed from the measurements on every
+run (`judge`). A killed run, rerun with the same key, prints `chain resumed from ...` / `served
+table resumed from ...` for each saved part instead of recomputing it and goes on with the saved
+values (the same printed lines, warnings, MLflow metrics and metrics JSON as an uninterrupted run,
+whose parts go through the same file); another key, or an unreadable file, starts afresh and says
+so. The work file is deleted once `metrics/eval_<drafter>.json` is written.
 Run: `python -m stages.eval_accept_len scratch`.
 """
 
