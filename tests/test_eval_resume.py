@@ -20,9 +20,8 @@ import torch
 import stages.eval_accept_len as stage
 from eyas.config import default_params
 from eyas.resume import Parts
-from eyas.speculative import greedy_generate
 from eyas.tracking import Tracker
-from tests.tiny import VOCAB, tiny_target, trained_drafter
+from tests.tiny import trained_drafter
 
 K = 3
 WORK_FILE = Path(".eyas/work/eval_scratch/parts.json")
@@ -45,19 +44,14 @@ class Recorder(Tracker):
 
 
 @pytest.fixture(scope="module")
-def setup():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    target = tiny_target()
-    g = torch.Generator().manual_seed(5)
-    prompts = [torch.randint(0, VOCAB, (8,), generator=g).tolist() for _ in range(4)]
-    outputs = [greedy_generate(target, p, max_new_tokens=12, stop_ids=[]) for p in prompts]
+def setup(tiny_greedy):
+    """(target, drafter, benchmarks): conftest's tiny target and prompts, a briefly trained drafter,
+    two prompts per benchmark."""
+    target, prompts, outputs = tiny_greedy
     drafter = trained_drafter(target, prompts, outputs, K, steps=30).eval()
     drafter.config.max_position_embeddings = 20  # < 8 + 12 + K: every prompt warned about, deterministically
     settings = {"max_prompt_tokens": 0, "prompts_shortened": 0, "prompts_dropped_too_long": 0}
-    benchmarks = {"chat": (prompts[:2], settings), "humaneval": (prompts[2:], settings)}
-    yield target, drafter, benchmarks
-    torch.set_num_threads(threads)
+    return target, drafter, {"chat": (prompts[:2], settings), "humaneval": (prompts[2:], settings)}
 
 
 @pytest.fixture
