@@ -302,8 +302,8 @@ DIR_ROWS: list[tuple[str, str, tuple]] = [
     )],
 ]
 DIR_PARAMS = ("data.max_conversations", "data.code_prompts", "distill.turns", "distill.max_new_tokens",
-              "vocab.draft_vocab_size", "train.batch_tokens", "train.epochs", "eval.num_draft_tokens",
-              "eval.chat_prompts", "eval.humaneval_prompts")
+              "vocab.draft_vocab_size", "train.loss_tokens", "train.batch_tokens", "train.epochs",
+              "eval.num_draft_tokens", "eval.chat_prompts", "eval.humaneval_prompts")
 
 
 def _dig(obj: Any, path: tuple) -> Any:
