@@ -3,7 +3,8 @@
 It is trained on a disjoint data slice (`publish`) with its own, differently sized vocab whose
 draft ids are ordered by frequency, as some published drafters are, so `remap` has real work to do.
 Like the EAGLE-3 and SpecForge drafters it stands for, it learns from assistant tokens only
-(`train.loss_tokens: assistant` whatever params.yaml says) and its vocab is padded as theirs.
+(`train.loss_tokens: assistant` whatever params.yaml says), and its vocab is built from those tokens
+alone (no fill from other tokens: eyas.vocab.build_mapping).
 Reads params `seed`, `train`, `stand_in`, `target` (train.mode: online: the target runs here,
 eyas/online.py); reads `data/features/{publish,val}/`, `data/inputs/target.json`; writes
 `models/stand_in/` (servable checkpoint) and `metrics/stand_in.json`.
