@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
 
 from eyas.files import read_json, write_json
+from eyas.stage_deps import closure
 
 
 class Parts:
@@ -104,6 +106,18 @@ class Parts:
         self.path.unlink(missing_ok=True)
         with contextlib.suppress(OSError):
             self.path.parent.rmdir()
+
+
+def code_digest(module: str) -> str:
+    """sha256 (hex) of every first-party file that running ``module`` (e.g.
+    ``"stages.eval_accept_len"``) can import: the code deps dvc.yaml lists for its stage
+    (:func:`eyas.stage_deps.closure`), names and bytes, so a resume key holding it changes with
+    any edit of that code."""
+    root = Path(__file__).resolve().parents[1]
+    h = hashlib.sha256()
+    for f in closure(root, [module]):
+        h.update(f.encode() + b"\0" + (root / f).read_bytes() + b"\0")
+    return h.hexdigest()
 
 
 def _changed(old: dict, new: dict, prefix: str = "") -> list[str]:

@@ -54,16 +54,14 @@ from eyas.files import sha256_file, write_json
 from eyas.formats.load import load_drafter
 from eyas.plots import accept_len_figure
 from eyas.provenance import check, digest, target_identity
-from eyas.resume import Parts
+from eyas.resume import Parts, code_digest
 from eyas.served import evaluate_served
-from eyas.stage_deps import closure
 from eyas.target import load_target
 from eyas.tracking import start_stage_run
 from stages.common import CONVERSATIONS, METRICS
 
 # repo-relative: eval_<drafter>/parts.json, the parts of a run finished so far (resume)
 WORK = Path(".eyas", "work")
-ROOT = Path(__file__).resolve().parents[1]  # the repository: the code digest of the resume key
 
 
 def main(name: str) -> None:
@@ -110,20 +108,17 @@ def resume_key(name: str, p, prompts: dict[str, list[list[int]]], device) -> dic
     `eval` and `target`, the target's identity (eyas.provenance.target_identity, as
     `data/inputs/target.json`: tokenizer, chat template, config, GGUF), the test split's sha256, each
     benchmark's prompt ids (which also change with the HumanEval package or the chat template), the
-    code this stage runs (sha256 of every first-party file it imports: eyas.stage_deps.closure, the
-    files dvc.yaml lists as its deps), torch's version and the device (speedups are wall clock)."""
+    code this stage runs (eyas.resume.code_digest: every first-party file it imports, the files
+    dvc.yaml lists as its deps), torch's version and the device (speedups are wall clock)."""
     flat = json.loads(json.dumps(flatten(p), default=str))
     test = CONVERSATIONS / "test.jsonl"
-    code = hashlib.sha256()
-    for f in closure(ROOT, ["stages.eval_accept_len"]):
-        code.update(f.encode() + b"\0" + (ROOT / f).read_bytes() + b"\0")
     dev = torch.device(device)
     return {"drafter": name, "drafter_digest": digest(Path("models") / name),
             "params": {k: v for k, v in flat.items() if k.split(".")[0] in ("eval", "target")},
             "target": target_identity(p.target),
             "test_jsonl": sha256_file(test) if test.is_file() else None,
             "prompt_ids": {b: hashlib.sha256(json.dumps(x).encode()).hexdigest() for b, x in prompts.items()},
-            "code": code.hexdigest(), "torch": torch.__version__,
+            "code": code_digest("stages.eval_accept_len"), "torch": torch.__version__,
             "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else dev.type}
 
 

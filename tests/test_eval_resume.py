@@ -211,3 +211,14 @@ def test_parts_resume_store_and_replace(tmp_path):
         assert json.loads(path.read_text()) == {"resume_key": {"a": 2}, "parts": {}}
     Parts(path, {"a": 2}).remove()
     assert not path.parent.exists()
+
+
+def test_code_digest_covers_the_files_the_stage_imports():
+    """The digest is over the stage's import closure: stable, and another stage's code (another
+    closure) gives another digest; eyas/resume.py itself is in the eval stage's closure."""
+    from eyas.resume import code_digest
+    from eyas.stage_deps import closure
+
+    assert code_digest("stages.eval_accept_len") == code_digest("stages.eval_accept_len")
+    assert code_digest("stages.eval_accept_len") != code_digest("stages.build_vocab")
+    assert "eyas/resume.py" in closure(Path(__file__).resolve().parents[1], ["stages.eval_accept_len"])
