@@ -21,7 +21,7 @@ import copy
 import hashlib
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from eyas.files import read_json, write_json
 from eyas.stage_deps import closure
@@ -51,12 +51,16 @@ class Parts:
             resume_key: everything the parts' results depend on, JSON-serialisable (compared
                 after a JSON round trip, as it is stored).
         Raises:
-            OSError: the file cannot be written.
+            OSError: the file cannot be written, or ``path`` is a directory (named; nothing removed).
             TypeError: ``resume_key`` is not JSON-serialisable.
         """
         self.path = Path(path)
+        if self.path.is_dir():
+            raise IsADirectoryError(f"{self.path}: a directory where the work file of finished parts goes; "
+                                    f"remove it and rerun")
         self.resume_key = json.loads(json.dumps(resume_key))
         self.discarded: str | None = None  # why an existing file was not resumed (None: resumed or none)
+        self.dropped: list[str] = []  # parts :meth:`get` found malformed and dropped, with why
         self._done: dict[str, Any] = {}
         if self.path.exists():
             self._done, self.discarded = self._read()
@@ -84,8 +88,15 @@ class Parts:
         """The names of the parts finished so far, in the order the file lists them (sorted)."""
         return list(self._done)
 
-    def get(self, name: str) -> Any | None:
-        """A copy of the stored result of part ``name``, or None when it is not finished."""
+    def get(self, name: str, valid: Callable[[Any], bool] | None = None) -> Any | None:
+        """A copy of the stored result of part ``name``, or None when it is not finished. With
+        ``valid``, a stored result it rejects (a file edited or written by other code under the
+        same key) is dropped from the file, :attr:`dropped` says so, and None is returned: the
+        caller recomputes the part."""
+        if name in self._done and valid is not None and not valid(self._done[name]):
+            self.dropped.append(f"{self.path}: part {name!r} is not a result of this stage: recomputing it")
+            self._done = {k: v for k, v in self._done.items() if k != name}
+            self._write(self._done)
         return copy.deepcopy(self._done.get(name))
 
     def add(self, name: str, result: Any) -> Any:

@@ -73,8 +73,9 @@ def build_mapping(counts: torch.Tensor, draft_vocab_size: int, order: str = "tar
         are broken by lower target id: ids unseen in both are the lowest ones (deterministic), and
         a warning says how many.
     Raises:
-        VocabError: ``draft_vocab_size`` exceeds the vocab, ``order`` is unknown, or
-            ``fill_counts`` has another shape than ``counts``.
+        VocabError: ``draft_vocab_size`` exceeds the vocab, ``order`` is unknown,
+            ``fill_counts`` has another shape than ``counts``, or either is not non-negative
+            integer counts (a float would be truncated, a negative count ranked as seen).
     """
     vocab_size = counts.numel()
     if not 0 < draft_vocab_size <= vocab_size:
@@ -83,6 +84,10 @@ def build_mapping(counts: torch.Tensor, draft_vocab_size: int, order: str = "tar
         raise VocabError(f"vocab order {order!r}: use 'target_id' or 'frequency'")
     if fill_counts is not None and fill_counts.shape != counts.shape:
         raise VocabError(f"fill_counts has shape {tuple(fill_counts.shape)}, counts {tuple(counts.shape)}")
+    for what, c in (("counts", counts), ("fill_counts", fill_counts)):
+        if c is not None and (c.is_floating_point() or c.is_complex() or c.dtype == torch.bool or bool((c < 0).any())):
+            raise VocabError(f"{what} must be non-negative integer counts, got dtype {c.dtype}"
+                             + (f" with min {int(c.min())}" if not c.is_floating_point() and c.numel() else ""))
     # a stable sort by descending count keeps lower target ids first among equal counts
     ranked = torch.sort(counts.to(torch.int64), descending=True, stable=True).indices
     distinct = int((counts > 0).sum())

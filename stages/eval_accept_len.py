@@ -144,6 +144,23 @@ def judge(r: dict, n: dict, prompts: list[list[int]], settings: dict, e, drafter
     r["serving_verdict"] = eval_checks.serving_verdict(r, n)
 
 
+def _is_chain(x) -> bool:
+    """Whether a stored part has the shape :func:`chain_part` gives (what :func:`run` reads)."""
+    return (isinstance(x, dict) and isinstance(x.get("eagle"), dict) and isinstance(x.get("ngram"), dict)
+            and isinstance(x["eagle"].get("settings"), dict) and "accept_len" in x["eagle"]
+            and "accept_len" in x["ngram"])
+
+
+def _is_served(x) -> bool:
+    """Whether a stored part has the shape eyas.served.evaluate_served gives (its ``rows``)."""
+    return isinstance(x, dict) and isinstance(x.get("rows"), dict)
+
+
+def _say_dropped(name: str, parts: Parts) -> None:
+    while parts.dropped:
+        print(f"eval {name}: {parts.dropped.pop(0)}")
+
+
 def run(name: str, p, target, drafter, benchmarks: dict[str, tuple], tracker) -> dict:
     """Evaluate ``drafter`` on ``benchmarks`` (:func:`fit_benchmarks`), resuming the parts a killed
     run finished (:data:`WORK`), and write ``metrics/eval_<name>.json``; returns the metrics."""
@@ -154,7 +171,8 @@ def run(name: str, p, target, drafter, benchmarks: dict[str, tuple], tracker) ->
         print(f"eval {name}: {parts.discarded}")
     metrics: dict = {"drafter": name, "ngram": {}}
     for bench, (prompts, settings) in benchmarks.items():
-        chain = parts.get(f"{bench}/chain")
+        chain = parts.get(f"{bench}/chain", valid=_is_chain)
+        _say_dropped(name, parts)
         if chain is None:
             chain = parts.add(f"{bench}/chain", chain_part(target, drafter, prompts, e))
         else:
@@ -183,7 +201,8 @@ def run(name: str, p, target, drafter, benchmarks: dict[str, tuple], tracker) ->
               f"{r['accept_len_by_chain_length']} (oracle matches real: {r['oracle_matches_real']}); "
               f"{r['repetition']['looping_prompts']} looping prompts")
         if e.served_prompts:  # chain vs tree vs sampled on the first prompts (eyas/served.py)
-            served = parts.get(f"{bench}/served")
+            served = parts.get(f"{bench}/served", valid=_is_served)
+            _say_dropped(name, parts)
             if served is None:
                 served = parts.add(f"{bench}/served", evaluate_served(
                     target, drafter, prompts[:e.served_prompts], num_draft_tokens=e.num_draft_tokens,

@@ -222,3 +222,22 @@ def test_code_digest_covers_the_files_the_stage_imports():
     assert code_digest("stages.eval_accept_len") == code_digest("stages.eval_accept_len")
     assert code_digest("stages.eval_accept_len") != code_digest("stages.build_vocab")
     assert "eyas/resume.py" in closure(Path(__file__).resolve().parents[1], ["stages.eval_accept_len"])
+
+
+def test_a_malformed_part_is_recomputed_and_a_directory_is_named(setup, ws, monkeypatch, capsys):
+    """A part of the wrong shape under the right key (a hand-edited file) is dropped with a message
+    and recomputed, not read into a traceback on every rerun; a directory where the work file goes
+    is an error naming it."""
+    run(setup, ws, monkeypatch, capsys, kill_at=("chain", 2))
+    saved = json.loads(WORK_FILE.read_text())
+    saved["parts"]["chat/chain"] = 5
+    saved["parts"]["chat/served"] = {"no": "rows"}
+    WORK_FILE.write_text(json.dumps(saved))
+    metrics, out, _, calls = run(setup, ws, monkeypatch, capsys)
+    assert f"eval scratch: {WORK_FILE}: part 'chat/chain' is not a result of this stage: recomputing it" in out
+    assert f"eval scratch: {WORK_FILE}: part 'chat/served' is not a result of this stage: recomputing it" in out
+    assert len(calls["chain"]) == 2 and len(calls["served"]) == 2 and metrics["chat"]["accept_len"] > 0
+    METRICS_FILE.unlink()
+    WORK_FILE.mkdir(parents=True)
+    with pytest.raises(IsADirectoryError, match=f"{WORK_FILE}: a directory where the work file"):
+        run(setup, ws, monkeypatch, capsys)

@@ -191,6 +191,11 @@ def test_fill_counts_fill_the_draft_vocab_with_the_datas_most_frequent_other_tok
     validate_mapping(m.d2t, m.t2d, 20, 10)
     with pytest.raises(VocabError, match="fill_counts has shape"):
         build_mapping(counts, 8, fill_counts=every[:10])
+    # counts that are not counts: a float fill would be truncated (0.9 -> 0), a negative one ranked
+    with pytest.raises(VocabError, match="fill_counts must be non-negative integer counts, got dtype torch.float32"):
+        build_mapping(counts, 8, fill_counts=every.float() / 10)
+    with pytest.raises(VocabError, match="counts must be non-negative integer counts.*min -10"):
+        build_mapping(torch.tensor([-10, 5, 0, 3]), 2)
     # enough distinct assistant ids: fill_counts changes nothing, not even the tie at the cut
     # (ids 1, 2, 3 have one assistant token each; id 3 is frequent elsewhere)
     few, other = torch.tensor([0, 1, 1, 1, 5]), torch.tensor([0, 1, 1, 9, 5])
