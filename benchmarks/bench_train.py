@@ -120,7 +120,11 @@ def profile_steps(step, n: int) -> dict:
             step()
         sync()
         wall = time.perf_counter() - t0
-    kernels = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+    # CUDA-side events without the user-annotated ranges (`Optimizer.step#AdamW.step` spans the AdamW
+    # kernels on the GPU timeline: counted, it added its span again; results before 2026-12-02's lm-head
+    # run carry that double count in ms_by_kind["optimizer"] and gpu_busy_ms_per_step)
+    kernels = [e for e in prof.key_averages()
+               if e.device_type == torch.autograd.DeviceType.CUDA and not e.is_user_annotation]
     per = [(e.key, e.self_device_time_total / 1e3 / n, e.count // n) for e in kernels]
     kinds: dict = {}
     for name, ms, _ in per:

@@ -21,6 +21,9 @@
 #   profile STEP ...  the GPU profile of presets/h200.yaml (benchmarks/h200_profile.sh: park, setup, run)
 #
 # Carried files (the device `run` tool's `carry`; git-ignored, made on the workstation):
+#   .devcarry/w/  eyas' own dependencies the device lacks (ruamel.yaml: eyas/yaml12.py), installed with
+#           --no-deps into /tmp/eyas-deps when the device cannot import them:
+#           pip download --no-deps -d .devcarry/w ruamel.yaml==0.19.1
 #   .whl/   train only: the peer's wheels, installed with --no-deps into /tmp/site (benchmarks/README.md,
 #           "The peer", says how to make it); without it the peer is skipped and says so.
 # Each piece has its own time limit, so one hang does not cost the rest of the call; the full output
@@ -44,12 +47,22 @@ peer_wheels() {  # install the carried peer wheels; fails (and says why) when th
   fi
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
     .whl/*.whl >>"$LOG" 2>&1
-  PYTHONPATH=/tmp/site python3 -c "import speculators.train.trainer" >>"$LOG" 2>&1 \
+  PYTHONPATH=/tmp/site:${PYTHONPATH:-} python3 -c "import speculators.train.trainer" >>"$LOG" 2>&1 \
     || { echo "peer skipped: speculators does not import with the carried wheels (see $LOG)" | tee -a "$LOG"; return 1; }
+}
+
+eyas_deps() {  # eyas' own dependencies the device lacks, from .devcarry/w (eyas.config reads params with ruamel.yaml)
+  python3 -c "import ruamel.yaml" 2>/dev/null && return 0
+  if ! ls .devcarry/w/*.whl >/dev/null 2>&1; then
+    echo "ruamel.yaml does not import here: carry .devcarry/w with its wheel (this file's header)" | tee -a "$LOG"; exit 2
+  fi
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/eyas-deps .devcarry/w/*.whl >>"$LOG" 2>&1
+  export PYTHONPATH=/tmp/eyas-deps${PYTHONPATH:+:$PYTHONPATH}
 }
 
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv >>"$LOG" 2>&1
 recipe=${1:-}; shift || true
+case "$recipe" in gpu-tests|kernels|train|lm-head|extract|eval|ddp|online|scale) eyas_deps ;; esac  # profile: its setup installs them
 case "$recipe" in
   gpu-tests)
     step 540 python3 -m pytest -q -p no:cacheprovider --tb=short -W ignore -m gpu $(grep -l "mark.gpu" tests/test_*.py) ;;  # the files with gpu tests: the device has no mlflow/dvc to collect the rest
@@ -67,7 +80,7 @@ case "$recipe" in
       --modes graphs --profile 3 "${checks[@]}" --out "train_$T.json"
     # the peer compiles for 70-150 s before its first timed step: it gets the longer limit
     if peer_wheels; then
-      PYTHONPATH=/tmp/site step "$peer_s" python3 benchmarks/peer_speculators.py --ttt-steps 7 --seq-len "$T" \
+      PYTHONPATH=/tmp/site:${PYTHONPATH:-} step "$peer_s" python3 benchmarks/peer_speculators.py --ttt-steps 7 --seq-len "$T" \
         --out "peer_$T.json"
     fi ;;
   lm-head)
