@@ -19,9 +19,11 @@
 #   D1                     bash benchmarks/device.sh profile run eval-accept-len@scratch
 #                          then: bash benchmarks/device.sh profile keep finetune                          (~330 s)
 #   D2                     bash benchmarks/device.sh profile run eval-accept-len@finetune                 (~330 s)
-# ~27 device minutes with the start: one session's 30. `keep NAME` returns models/NAME in parts (a drafter is
-# ~38 MB; $OUT returns 16 MiB per file): save the parts under .devcarry/k/ here, and a later session with only
-# the evals left runs A, then B without stages (`profile setup`), then per drafter, carrying .devcarry/k:
+# ~27 device minutes with the start: one session's 30. With `gpu-tests`, self-distill's seconds are measured
+# beside the tests (both on the one GPU). `keep NAME` returns models/NAME in parts (a drafter is ~38 MB; $OUT
+# returns 8 files of 16 MiB, 64 MiB in all: one drafter per call): save them here under .devcarry/keep_NAME/
+# (git-ignored), and a later session with only the evals left runs A, then B without stages (`profile setup`),
+# then per drafter, carrying that drafter's .devcarry/keep_NAME (a call carries 64 MiB: one drafter per call):
 #                          bash benchmarks/device.sh profile restore NAME && bash benchmarks/device.sh profile run eval-accept-len@NAME
 # Each call leaves $OUT/results.tgz (metrics/ and plots/ as they stand) and the stage log.
 set -uo pipefail
@@ -53,19 +55,28 @@ case "$1" in
       bash scripts/gpu_profile.sh "$@" 2>&1 | tee -a "$DEV"/log.txt | grep -v "it/s\]\|s/it\]"
       rc=${PIPESTATUS[0]}
     fi
-    if [ -n "$tests" ]; then wait "$tests"; tail -n 3 "$OUT"/gpu_tests/log.txt; fi
+    if [ -n "$tests" ]; then  # a failed or unfinished test run fails the call
+      wait "$tests"; tail -n 3 "$OUT"/gpu_tests/log.txt
+      grep -qE "[0-9]+ passed" "$OUT"/gpu_tests/log.txt && ! grep -qE "[0-9]+ (failed|error)" "$OUT"/gpu_tests/log.txt \
+        || { echo "setup: the GPU tests failed or did not finish ($OUT/gpu_tests/log.txt)"; rc=1; }
+    fi
     (exit "$rc") ;;
-  keep)  # keep NAME...: models/NAME back through $OUT as keep_NAME.tar.partNN (15 MB each)
-    shift
-    for n in "$@"; do tar cf - -C $W/models "$n" | split -b 15000000 -d - "$OUT/keep_$n.tar.part" || exit 1; done
+  keep)  # keep NAME: models/NAME back through $OUT as keep_NAME.tar.partNN (15 MB each; one drafter per call)
+    [ $# -eq 2 ] || { echo "keep: one drafter per call (\$OUT returns 64 MiB), got: ${*:2}"; exit 2; }
+    n=$2
+    [ -d "$W/models/$n" ] || { echo "keep: no $W/models/$n"; exit 1; }
+    tar cf - -C "$W/models" "$n" | split -b 15000000 -d - "$OUT/keep_$n.tar.part" || exit 1
     ls -la "$OUT" ;;
-  restore)  # restore NAME...: models/NAME from the carried .devcarry/k/keep_NAME.tar.part*
-    shift
-    for n in "$@"; do
-      ls .devcarry/k/keep_"$n".tar.part* >/dev/null || exit 1
-      rm -rf $W/models/"$n" && mkdir -p $W/models && cat .devcarry/k/keep_"$n".tar.part* | tar xf - -C $W/models || exit 1
-    done
-    du -sh $W/models/* ;;
+  restore)  # restore NAME: models/NAME from the carried .devcarry/keep_NAME/keep_NAME.tar.part*
+    [ $# -eq 2 ] || { echo "restore: one drafter per call (a call carries 64 MiB), got: ${*:2}"; exit 2; }
+    n=$2; parts=(.devcarry/keep_"$n"/keep_"$n".tar.part*)
+    [ -e "${parts[0]}" ] || { echo "restore: no .devcarry/keep_$n/keep_$n.tar.part* carried"; exit 1; }
+    # unpacked beside, then swapped in: a broken or incomplete part set leaves models/NAME as it was
+    rm -rf "$W/models/.restore" && mkdir -p "$W/models/.restore" \
+      && cat "${parts[@]}" | tar xf - -C "$W/models/.restore" && [ -d "$W/models/.restore/$n" ] \
+      || { echo "restore: the parts of $n do not unpack (incomplete?)"; rm -rf "$W/models/.restore"; exit 1; }
+    rm -rf "$W/models/$n" && mv "$W/models/.restore/$n" "$W/models/$n" && rm -rf "$W/models/.restore"
+    du -sh "$W/models/$n" ;;
   run)
     shift
     cd $W && bash scripts/gpu_profile.sh "$@" 2>&1 | tee -a "$DEV"/log.txt | grep -v "it/s\]\|s/it\]" ;;
