@@ -105,12 +105,20 @@ def step0_gate(draft_vocab_size: int, margin: float, min_acc: float, override: b
             tracker.log_metrics({"gate/fired": float(fired), "gate/chance_loss": chance})
         if not fired:
             return
-        msg = (f"step-0 gate: val loss_0 {m['loss_0']:.3f} (chance ln({draft_vocab_size}) = {chance:.3f}, "
-               f"margin {margin}) and acc_0 {m['acc_0']:.3f} (floor {min_acc}) say this trained drafter "
-               f"predicts at chance on these features. Likely causes: a vocab mapping that does not "
-               f"match its lm_head rows (run the remap stage; compare d2t with `eyas inspect --vocab`), "
-               f"aux hidden-state layer ids that differ from the extraction, or a different target "
-               f"model/version. Set train_finetune.gate_override: true to train anyway.")
+        head = (f"step-0 gate: val loss_0 {m['loss_0']:.3f} (chance ln({draft_vocab_size}) = {chance:.3f}, "
+                f"margin {margin}) and acc_0 {m['acc_0']:.3f} (floor {min_acc}, chance {1 / draft_vocab_size:.5f})")
+        if m["acc_0"] < min_acc:
+            why = (" say this trained drafter predicts at chance on these features. Likely causes: a vocab mapping "
+                   "that does not match its lm_head rows (run the remap stage; compare d2t with `eyas inspect "
+                   "--vocab`), aux hidden-state layer ids that differ from the extraction, or a different target "
+                   "model/version.")
+        else:  # the loss test alone: the source predicts tokens, with a near-chance loss
+            why = (": the loss is near chance while the accuracy is not. Besides a partly wrong vocab mapping "
+                   "(run the remap stage; compare d2t with `eyas inspect --vocab`), a source drafter trained on "
+                   "other data gives this (a domain shift, e.g. a chat-only drafter on code-heavy features): "
+                   "remap's step-0 report (metrics/remap.json, `step0_val`) shows the source under its own "
+                   "mapping; a remapped loss close to it means the mapping is right and the data differ.")
+        msg = head + why + " Set train_finetune.gate_override: true to train anyway."
         if not override:
             raise GateError(msg)
         log.warning("%s (overridden)", msg)

@@ -116,6 +116,21 @@ def test_fine_tuning_failure_reproduced_and_fixed(two_mappings):
     step0_gate(96, 0.5, 0.05, override=True)(naive)  # override: warns only
 
 
+def test_gate_tells_a_domain_shift_from_a_chance_level_drafter():
+    """The loss test alone firing (accuracy above the floor) is what a source trained on other data
+    gives: the session-10 CPU run with 3x the code, loss_0 7.871 over ln(4096) - 0.5, acc_0 0.068."""
+    gate = step0_gate(4096, margin=0.5, min_acc=0.05, override=False)
+    with pytest.raises(GateError, match="domain shift") as shifted:
+        gate({"loss_0": 7.871, "acc_0": 0.068})
+    assert "predicts at chance" not in str(shifted.value) and "step0_val" in str(shifted.value)
+    with pytest.raises(GateError, match="predicts at chance") as at_chance:
+        gate({"loss_0": 8.55, "acc_0": 0.0006})
+    assert "domain shift" not in str(at_chance.value)
+    with pytest.raises(GateError, match="predicts at chance"):  # a low loss does not excuse chance accuracy
+        gate({"loss_0": 5.0, "acc_0": 0.01})
+    gate({"loss_0": 7.8, "acc_0": 0.068})  # under the bar, above the floor: passes
+
+
 def test_train_drafter_loss_decreases(two_mappings):
     _, train, val, map_a, _, head = two_mappings
     tp = dataclasses.replace(default_params().train, ttt_length=2, batch_tokens=96, epochs=2, eval_every=1000,
