@@ -95,7 +95,10 @@ def step0_gate(draft_vocab_size: int, margin: float, min_acc: float, override: b
     or ``acc_0 < min_acc``; ``override`` turns the error into a warning.
 
     Raises (from the returned callable):
-        GateError: naming the numbers and the usual causes.
+        GateError: naming the numbers and the usual causes: accuracy under ``min_acc`` (a drafter at
+            chance: a mismatched vocab mapping, aux layers or target), or, when the loss test alone fires,
+            a near-chance loss with real accuracy (a partly wrong mapping, or a source trained on other
+            data, told apart by remap's ``step0_val``).
     """
     chance = math.log(draft_vocab_size)
 

@@ -118,7 +118,8 @@ def test_fine_tuning_failure_reproduced_and_fixed(two_mappings):
 
 def test_gate_tells_a_domain_shift_from_a_chance_level_drafter():
     """The loss test alone firing (accuracy above the floor) is what a source trained on other data
-    gives: the session-10 CPU run with 3x the code, loss_0 7.871 over ln(4096) - 0.5, acc_0 0.068."""
+    gives: the CPU default with 3x the code (README, the data recipe), loss_0 7.871 over ln(4096) - 0.5,
+    acc_0 0.068."""
     gate = step0_gate(4096, margin=0.5, min_acc=0.05, override=False)
     with pytest.raises(GateError, match="domain shift") as shifted:
         gate({"loss_0": 7.871, "acc_0": 0.068})
