@@ -92,25 +92,34 @@ def step0_gate(draft_vocab_size: int, margin: float, min_acc: float, override: b
                tracker=None) -> Callable[[dict], None]:
     """A gate for :func:`train_drafter`: before the first update, a drafter fine-tuned from a
     trained source must beat chance. It fires when val ``loss_0 > ln(draft_vocab_size) - margin``
-    or ``acc_0 < min_acc``; ``override`` turns the error into a warning.
+    or ``acc_0 < min_acc``, or when either is not finite; ``override`` turns the error into a warning.
+    Accuracy counts as at chance under ``min_acc`` or at most twice uniform chance (2 / V).
 
     Raises (from the returned callable):
         GateError: naming the numbers and the usual causes: accuracy under ``min_acc`` (a drafter at
             chance: a mismatched vocab mapping, aux layers or target), or, when the loss test alone fires,
             a near-chance loss with real accuracy (a partly wrong mapping, or a source trained on other
             data, told apart by remap's ``step0_val``).
+        ValueError: (at once) ``draft_vocab_size`` < 2, or ``margin`` outside [0, ln(draft_vocab_size)):
+            a margin past chance fires on every drafter.
     """
+    if draft_vocab_size < 2 or not 0 <= margin < math.log(draft_vocab_size):
+        raise ValueError(f"step-0 gate: needs draft_vocab_size >= 2 and 0 <= gate_margin < ln(draft_vocab_size); got "
+                         f"draft_vocab_size {draft_vocab_size}, gate_margin {margin}")
     chance = math.log(draft_vocab_size)
 
     def gate(m: dict) -> None:
-        fired = m["loss_0"] > chance - margin or m["acc_0"] < min_acc
+        finite = math.isfinite(m["loss_0"]) and math.isfinite(m["acc_0"])
+        fired = not finite or m["loss_0"] > chance - margin or m["acc_0"] < min_acc
         if tracker is not None:
             tracker.log_metrics({"gate/fired": float(fired), "gate/chance_loss": chance})
         if not fired:
             return
         head = (f"step-0 gate: val loss_0 {m['loss_0']:.3f} (chance ln({draft_vocab_size}) = {chance:.3f}, "
                 f"margin {margin}) and acc_0 {m['acc_0']:.3f} (floor {min_acc}, chance {1 / draft_vocab_size:.5f})")
-        if m["acc_0"] < min_acc:
+        if not finite:
+            why = ": not finite: a NaN/inf in the source drafter's weights or in the features."
+        elif m["acc_0"] < min_acc or m["acc_0"] <= 2 / draft_vocab_size:
             why = (" say this trained drafter predicts at chance on these features. Likely causes: a vocab mapping "
                    "that does not match its lm_head rows (run the remap stage; compare d2t with `eyas inspect "
                    "--vocab`), aux hidden-state layer ids that differ from the extraction, or a different target "

@@ -72,6 +72,7 @@ def test_dvc_written_float_string_is_read_as_float(tmp_path):
     ({"train": {"grad_clip": -float("inf")}}, r"^params\.yaml: 'train.grad_clip' must be a finite number, got -inf$"),
     ({"train_finetune": {"gate_margin": float("nan")}},
      r"^params\.yaml: 'train_finetune.gate_margin' must be a finite number, got nan$"),
+    ({"train_finetune": {"gate_margin": -1.0}}, r"'train_finetune.gate_margin' must be >= 0"),
     # '' is Path('') = the working directory: it passed as a local directory
     ({"target": {"path": ""}}, r"^params\.yaml: 'target.path' must be a non-empty string"),
     ({"data": {"source": " "}}, r"^params\.yaml: 'data.source' must be a non-empty string"),

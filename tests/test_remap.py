@@ -130,6 +130,22 @@ def test_gate_tells_a_domain_shift_from_a_chance_level_drafter():
     with pytest.raises(GateError, match="predicts at chance"):  # a low loss does not excuse chance accuracy
         gate({"loss_0": 5.0, "acc_0": 0.01})
     gate({"loss_0": 7.8, "acc_0": 0.068})  # under the bar, above the floor: passes
+    # a floor of 0 (allowed) does not turn chance accuracy into a "domain shift": <= 2 / V is chance
+    with pytest.raises(GateError, match="predicts at chance"):
+        step0_gate(4096, 0.5, 0.0, False)({"loss_0": 8.318, "acc_0": 0.0})
+
+
+@pytest.mark.parametrize("m", [{"loss_0": float("nan"), "acc_0": 0.5}, {"loss_0": 3.0, "acc_0": float("nan")},
+                               {"loss_0": float("-inf"), "acc_0": 0.5}])
+def test_gate_fires_on_non_finite_metrics(m):
+    with pytest.raises(GateError, match="not finite"):
+        step0_gate(4096, 0.5, 0.05, override=False)(m)
+
+
+@pytest.mark.parametrize("vocab,margin", [(4096, -1.0), (96, 10.0), (96, math.log(96)), (1, 0.5)])
+def test_gate_refuses_a_margin_outside_0_to_chance(vocab, margin):
+    with pytest.raises(ValueError, match="gate_margin"):
+        step0_gate(vocab, margin, 0.05, override=False)
 
 
 def test_train_drafter_loss_decreases(two_mappings):
