@@ -390,7 +390,7 @@ _RANGES = [
     ("train.checkpoint_every", lambda v: v >= 0, ">= 0 (0 = no checkpoints)"),
     ("train.nproc", lambda v: v >= 0, ">= 0 (0 = one per CUDA device)"),
     ("train_scratch.lr", lambda v: 0 < v < 1, "in (0, 1)"),
-    ("train_finetune.gate_margin", lambda v: v >= 0, ">= 0 (a negative margin passes a loss above chance)"),
+    ("train_finetune.gate_margin", lambda v: v >= 0, ">= 0 (a negative margin would not flag a loss above chance)"),
     ("train_finetune.gate_min_acc", lambda v: 0 <= v <= 1, "in [0, 1]"),
     ("eval.num_draft_tokens", lambda v: v >= 1, ">= 1"),
     ("eval.max_new_tokens", lambda v: v >= 2, ">= 2 (the first token comes from the prefill, not a verify step)"),
