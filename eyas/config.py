@@ -391,7 +391,7 @@ _RANGES = [
     ("train.nproc", lambda v: v >= 0, ">= 0 (0 = one per CUDA device)"),
     ("train_scratch.lr", lambda v: 0 < v < 1, "in (0, 1)"),
     ("train_finetune.gate_margin", lambda v: v >= 0, ">= 0 (a negative margin would not flag a loss above chance)"),
-    ("train_finetune.gate_min_acc", lambda v: 0 <= v <= 1, "in [0, 1]"),
+    ("train_finetune.gate_min_acc", lambda v: 0 <= v < 1, "in [0, 1) (a floor of 1 refuses every drafter)"),
     ("eval.num_draft_tokens", lambda v: v >= 1, ">= 1"),
     ("eval.max_new_tokens", lambda v: v >= 2, ">= 2 (the first token comes from the prefill, not a verify step)"),
     ("eval.chat_prompts", lambda v: v >= 1, ">= 1"),
@@ -444,6 +444,10 @@ def _check_ranges(params: "Params", source: str) -> None:
         if not ok(flat[key]):
             suffix = " when 'distill.backend' is 'server'" if key.startswith("distill.server.") else ""
             raise ParamsError(f"{source}: '{key}' must be {what}{suffix}, got {flat[key]!r}")
+    f, v = params.train_finetune, params.vocab.draft_vocab_size
+    if v >= 2 and f.gate_margin >= math.log(v):
+        raise ParamsError(f"{source}: 'train_finetune.gate_margin' ({f.gate_margin}) must be < ln('vocab.draft_vocab_size') "
+                          f"= ln({v}) = {math.log(v):.3f}: a margin past chance flags every drafter")
     e = params.eval
     if e.tree_topk > params.vocab.draft_vocab_size:
         raise ParamsError(f"{source}: 'eval.tree_topk' ({e.tree_topk}) must be <= 'vocab.draft_vocab_size' "

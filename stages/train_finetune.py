@@ -4,7 +4,7 @@ Reads params `lr` (top level, so `dvc exp run -S lr=5e-5` reruns only this stage
 `seed`, `train`, `train_finetune`, `target` (train.mode: online: the target runs here, eyas/online.py);
 reads `data/features/`, `models/remapped/`, `data/inputs/target.json`; writes
 `models/finetune/`, `metrics/train_finetune.json`, `plots/train_finetune/`. Before the first update
-a step-0 gate stops a run whose val loss is at chance (eyas.train.step0_gate).
+a step-0 gate stops a run whose val accuracy is at chance or under the floor (eyas.train.step0_gate).
 Run: `python -m stages.train_finetune`.
 """
 

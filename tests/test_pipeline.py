@@ -25,10 +25,11 @@ TINY = {
     "extract": {"max_length": 128, "batch_size": 4, "shard_samples": 8},
     "vocab": {"draft_vocab_size": 512},
     # 3 epochs: on its 357 assistant tokens (as published drafters, it learns from nothing else) one
-    # epoch left the remapped drafter at the gate's edge (step-0 val loss 5.80 against 5.74)
+    # epoch left the remapped drafter near chance (step-0 val loss 5.80; ln(512) = 6.24)
     "stand_in": {"draft_vocab_size": 384, "epochs": 3},
     "remap": {"min_shared_fraction": 0.1},
-    # a stand-in trained on 10 conversations is barely above chance: keep the loss gate, drop the acc floor
+    # a stand-in trained on 10 conversations is barely above chance: no accuracy floor (the gate's
+    # chance bar, 10 / 512, stays)
     "train_finetune": {"gate_min_acc": 0.0},
     "train": {"epochs": 1, "batch_tokens": 512, "eval_every": 1000},
     "eval": {"chat_prompts": 2, "humaneval_prompts": 1, "max_new_tokens": 12, "num_draft_tokens": 3,

@@ -114,7 +114,6 @@ def test_fine_tuning_failure_reproduced_and_fixed(two_mappings):
     with pytest.raises(GateError, match="vocab mapping"):
         gate(naive)
     gate(remapped)  # passes
-    step0_gate(96, 0.5, 0.05, override=True)(naive)  # override: warns only
 
 
 class _Metrics:
@@ -127,34 +126,63 @@ class _Metrics:
 
 def test_gate_passes_a_domain_shift_and_refuses_chance_accuracy(caplog):
     """A loss near chance with real accuracy is what a source trained on other data gives: the CPU
-    default with 3x the code (README, the data recipe), loss_0 7.871 over ln(4096) - 0.5 = 7.818 at
-    acc_0 0.068. It warns and trains; accuracy at chance refuses whatever the loss."""
+    default's remap at 4,096 draft ids with 3x the code (README, the data recipe), loss_0 7.871 over
+    ln(4096) - 0.5 = 7.818 at acc_0 0.068. It warns and trains; accuracy at chance refuses whatever
+    the loss."""
     tracker = _Metrics()
     gate = step0_gate(4096, margin=0.5, min_acc=0.05, override=False, tracker=tracker)
     with caplog.at_level(logging.WARNING, logger="eyas.train"):
         gate({"loss_0": 7.871, "acc_0": 0.068})
-    assert "domain shift" in caplog.text and "step0_val" in caplog.text
+    assert "other data" in caplog.text and "partly wrong vocab mapping" in caplog.text and "step0_val" in caplog.text
     assert tracker.logged == {"gate/fired": 0.0, "gate/loss_near_chance": 1.0, "gate/chance_loss": math.log(4096)}
     caplog.clear()
+    bar = math.log(4096) - 0.5
     with caplog.at_level(logging.WARNING, logger="eyas.train"):
-        gate({"loss_0": 7.8, "acc_0": 0.068})  # under the bar: no warning
+        gate({"loss_0": bar, "acc_0": 0.068})  # at the bar, not over it: no warning
     assert caplog.text == "" and tracker.logged["gate/loss_near_chance"] == 0.0
     with pytest.raises(GateError, match="predicts at chance"):
         gate({"loss_0": 8.55, "acc_0": 0.0006})
-    assert tracker.logged["gate/fired"] == 1.0
+    assert tracker.logged == {"gate/fired": 1.0, "gate/loss_near_chance": 1.0, "gate/chance_loss": math.log(4096)}
     with pytest.raises(GateError, match="predicts at chance"):  # a low loss does not excuse chance accuracy
-        gate({"loss_0": 5.0, "acc_0": 0.01})
-    # a floor of 0 (allowed) still refuses accuracy at most 2 / V
-    with pytest.raises(GateError, match="predicts at chance"):
-        step0_gate(4096, 0.5, 0.0, False)({"loss_0": 3.0, "acc_0": 2 / 4096})
-    step0_gate(4096, 0.5, 0.0, False)({"loss_0": 3.0, "acc_0": 3 / 4096})
+        gate({"loss_0": 5.0, "acc_0": 0.0004})
+    with pytest.raises(GateError, match="above chance but under the floor") as under:
+        gate({"loss_0": 6.0, "acc_0": 0.049})
+    assert "other data" in str(under.value) and "vocab mapping" in str(under.value)
 
 
-@pytest.mark.parametrize("m", [{"loss_0": float("nan"), "acc_0": 0.5}, {"loss_0": 3.0, "acc_0": float("nan")},
-                               {"loss_0": float("-inf"), "acc_0": 0.5}])
-def test_gate_fires_on_non_finite_metrics(m):
+@pytest.mark.parametrize("vocab,acc", [(4096, 0.000555), (6144, 0.000595)])
+def test_gate_refuses_rows_in_place_with_no_floor(vocab, acc):
+    """Rows left in place (remap's naive_rows_in_place, metrics/remap.json at 4,096 and 6,144 draft
+    ids) score 2.3x and 3.7x uniform chance, skewed token frequencies: a floor of 0 (allowed) must
+    still refuse them. With the loss near chance, 10 / V is the chance bar (eyas.train); with a low
+    loss, 2 / V (a trained drafter on a small vocab sits at 6x uniform chance: the test above)."""
+    with pytest.raises(GateError, match="predicts at chance") as e:
+        step0_gate(vocab, 0.5, 0.0, False)({"loss_0": 8.7, "acc_0": acc})
+    assert f"10 / {vocab}" in str(e.value) and f"{acc:.5f}" in str(e.value)
+    step0_gate(vocab, 0.5, 0.0, False)({"loss_0": 8.7, "acc_0": 11 / vocab})  # above the bar: passes
+    step0_gate(vocab, 0.5, 0.0, False)({"loss_0": 5.0, "acc_0": acc})  # a low loss: 2 / V is the bar
+    with pytest.raises(GateError, match="2 / "):
+        step0_gate(vocab, 0.5, 0.0, False)({"loss_0": 5.0, "acc_0": 2 / vocab})
+
+
+def test_gate_override_warns_instead(caplog):
+    with caplog.at_level(logging.WARNING, logger="eyas.train"):
+        step0_gate(4096, 0.5, 0.05, override=True)({"loss_0": 8.55, "acc_0": 0.0006})
+    assert "predicts at chance" in caplog.text and "(overridden)" in caplog.text
+
+
+@pytest.mark.parametrize("m,near", [({"loss_0": float("nan"), "acc_0": 0.5}, 0.0),
+                                    ({"loss_0": 9.0, "acc_0": float("nan")}, 1.0),
+                                    ({"loss_0": float("inf"), "acc_0": 0.3}, 1.0),
+                                    ({"loss_0": float("-inf"), "acc_0": 0.5}, 0.0)])
+def test_gate_fires_on_non_finite_metrics(m, near, caplog):
+    tracker = _Metrics()
     with pytest.raises(GateError, match="not finite"):
-        step0_gate(4096, 0.5, 0.05, override=False)(m)
+        step0_gate(4096, 0.5, 0.05, override=False, tracker=tracker)(m)
+    assert tracker.logged == {"gate/fired": 1.0, "gate/loss_near_chance": near, "gate/chance_loss": math.log(4096)}
+    with caplog.at_level(logging.WARNING, logger="eyas.train"):  # overridden: warns, with the same message
+        step0_gate(4096, 0.5, 0.05, override=True)(m)
+    assert "not finite" in caplog.text and "(overridden)" in caplog.text
 
 
 @pytest.mark.parametrize("vocab,margin", [(4096, -1.0), (96, 10.0), (96, math.log(96)), (1, 0.5)])
