@@ -27,6 +27,7 @@ Run: ``eyas compare [--experiment eyas] [--limit 8] [--all-params] [--out compar
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
 import re
@@ -314,19 +315,52 @@ def _dig(obj: Any, path: tuple) -> Any:
     return obj
 
 
-def compare_dirs(dirs: list[str], params_default: str | Path = "params.yaml") -> str:
+def lock_params(lock: Path, metrics_dir: Path) -> dict[str, Any] | None:
+    """The params that made the metrics files in ``metrics_dir``, as DVC recorded them in ``lock``
+    (``dvc.lock``: each stage's ``params: {params.yaml: {...}}`` beside its ``outs``), flattened to
+    dotted keys; a key the stages recorded with different values (one not rerun since a change)
+    maps to ``"mixed: v1 (stage) / v2 (stage)"``. None when ``lock`` is missing or none of its stages
+    wrote into ``metrics_dir`` (the lock did not record these files).
+
+    Raises:
+        CompareError: ``lock`` is not valid YAML or not DVC's layout (named).
+    """
+    from eyas.config import flatten
+
+    if not lock.is_file():
+        return None
+    try:
+        stages = (yaml12.load_file(lock) or {}).get("stages", {})
+    except (yaml12.YamlError, AttributeError) as e:
+        raise CompareError(f"{lock}: cannot read the params DVC recorded: {e}") from None
+    where = metrics_dir.resolve()
+    values: dict[str, dict[str, list[str]]] = {}  # key -> repr(value) -> stages
+    wrote = False
+    for name, st in stages.items():
+        outs = [Path(o.get("path", "")) for o in (st.get("outs") or []) if isinstance(o, dict)]
+        wrote |= any((lock.parent / o).resolve().parent == where for o in outs)
+        for _file, ps in (st.get("params") or {}).items():
+            for k, v in flatten(ps or {}).items():
+                values.setdefault(k, {}).setdefault(json.dumps(v), []).append(name)
+    if not wrote:
+        return None
+    return {k: json.loads(next(iter(vs))) if len(vs) == 1 else
+            "mixed: " + " / ".join(f"{v} ({', '.join(st)})" for v, st in vs.items()) for k, vs in values.items()}
+
+
+def compare_dirs(dirs: list[str], params_default: str | Path = "params.yaml", lock: str | Path = "dvc.lock") -> str:
     """The committed results of several runs side by side, one column per metrics directory.
 
     Each directory holds the stage metrics a pipeline run writes (``train_scratch.json``,
     ``eval_scratch.json``, ...); its params are ``<dir>/params.yaml`` when present (the exact
-    params a run elsewhere used, e.g. ``metrics/h200/params.yaml``), else ``params_default`` (the
-    workspace's, which ``metrics/`` was made with). A missing file or key shows ``–``.
+    params a run elsewhere used, e.g. ``metrics/h200/params.yaml``), else those ``lock`` (the
+    workspace's ``dvc.lock``) recorded for the stages that wrote the directory's files
+    (:func:`lock_params`: ``params.yaml`` may have changed since, e.g. a quick trial's or an edit not
+    yet reproduced), else ``params_default``. A missing file or key shows ``–``.
 
     Raises:
-        CompareError: a directory does not exist, or a metrics or params file is not valid.
+        CompareError: a directory does not exist, or a metrics, params or lock file is not valid.
     """
-    import json
-
     from eyas.config import flatten
 
     cols = []
@@ -334,14 +368,18 @@ def compare_dirs(dirs: list[str], params_default: str | Path = "params.yaml") ->
         path = Path(d)
         if not path.is_dir():
             raise CompareError(f"{d}: no such metrics directory")
-        pfile = path / "params.yaml" if (path / "params.yaml").is_file() else Path(params_default)
-        try:
-            raw = yaml12.load_file(pfile) if pfile.is_file() else {}
-        except yaml12.YamlError as e:  # names the file and line
-            raise CompareError(f"{d}: cannot read its params: {e}") from None
-        if raw is not None and not isinstance(raw, dict):
-            raise CompareError(f"{d}: cannot read its params: {pfile}: the top level must be a mapping")
-        params = flatten(raw or {})
+        recorded = None if (path / "params.yaml").is_file() else lock_params(Path(lock), path)
+        if recorded is not None:
+            pfile, params = Path(lock), recorded
+        else:
+            pfile = path / "params.yaml" if (path / "params.yaml").is_file() else Path(params_default)
+            try:
+                raw = yaml12.load_file(pfile) if pfile.is_file() else {}
+            except yaml12.YamlError as e:  # names the file and line
+                raise CompareError(f"{d}: cannot read its params: {e}") from None
+            if raw is not None and not isinstance(raw, dict):
+                raise CompareError(f"{d}: cannot read its params: {pfile}: the top level must be a mapping")
+            params = flatten(raw or {})
         files = {}
         for f in sorted(path.glob("*.json")):
             try:

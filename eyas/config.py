@@ -446,8 +446,9 @@ def _check_ranges(params: "Params", source: str) -> None:
             raise ParamsError(f"{source}: '{key}' must be {what}{suffix}, got {flat[key]!r}")
     f, v = params.train_finetune, params.vocab.draft_vocab_size
     if v >= 2 and f.gate_margin >= math.log(v):
-        raise ParamsError(f"{source}: 'train_finetune.gate_margin' ({f.gate_margin}) must be < ln('vocab.draft_vocab_size') "
-                          f"= ln({v}) = {math.log(v):.3f}: a margin past chance flags every drafter")
+        raise ParamsError(f"{source}: 'train_finetune.gate_margin' ({f.gate_margin}) must be < "
+                          f"ln('vocab.draft_vocab_size') = ln({v}) = {math.log(v):.3f}: a margin past chance flags "
+                          f"every drafter")
     e = params.eval
     if e.tree_topk > params.vocab.draft_vocab_size:
         raise ParamsError(f"{source}: 'eval.tree_topk' ({e.tree_topk}) must be <= 'vocab.draft_vocab_size' "

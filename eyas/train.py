@@ -137,8 +137,8 @@ def step0_gate(draft_vocab_size: int, margin: float, min_acc: float, override: b
             tracker.log_metrics({"gate/fired": float(fired), "gate/loss_near_chance": float(near_chance),
                                  "gate/chance_loss": chance})
         head = (f"step-0 gate: val loss_0 {loss:.3f} (chance ln({draft_vocab_size}) = {chance:.3f}, margin {margin}) "
-                f"and acc_0 {acc:.5f} (floor {min_acc}; chance level <= {multiple} / {draft_vocab_size} = {chance_acc:.5f}"
-                f"{' with the loss near chance' if near_chance else ''})")
+                f"and acc_0 {acc:.5f} (floor {min_acc}; chance level <= {multiple} / {draft_vocab_size} = "
+                f"{chance_acc:.5f}{' with the loss near chance' if near_chance else ''})")
         mapping = ("a vocab mapping that does not match its lm_head rows (run the remap stage; compare d2t with "
                    "`eyas inspect --vocab`), aux hidden-state layer ids that differ from the extraction, or a "
                    "different target model/version")

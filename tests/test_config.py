@@ -75,7 +75,8 @@ def test_dvc_written_float_string_is_read_as_float(tmp_path):
     ({"train_finetune": {"gate_margin": -1.0}}, r"'train_finetune.gate_margin' must be >= 0"),
     # ln(96) = 4.564: a margin at or past chance would flag every drafter (the stage refused it only after upstream ran)
     ({"train_finetune": {"gate_margin": 4.6}, "vocab": {"draft_vocab_size": 96}},
-     r"^params\.yaml: 'train_finetune.gate_margin' \(4.6\) must be < ln\('vocab.draft_vocab_size'\) = ln\(96\) = 4.564"),
+     r"^params\.yaml: 'train_finetune.gate_margin' \(4.6\) must be < ln\('vocab.draft_vocab_size'\) = "
+     r"ln\(96\) = 4.564"),
     ({"train_finetune": {"gate_min_acc": 1.0}}, r"'train_finetune.gate_min_acc' must be in \[0, 1\)"),
     # '' is Path('') = the working directory: it passed as a local directory
     ({"target": {"path": ""}}, r"^params\.yaml: 'target.path' must be a non-empty string"),

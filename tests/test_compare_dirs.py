@@ -1,0 +1,53 @@
+"""`eyas compare --metrics`: the params shown beside a metrics directory are the ones that made it."""
+
+import json
+
+from eyas.compare import compare_dirs, lock_params
+
+LOCK = """schema: '2.0'
+stages:
+  train-scratch:
+    cmd: python -m stages.train_scratch
+    params:
+      params.yaml:
+        train:
+          epochs: 4
+        vocab.draft_vocab_size: 6144
+    outs:
+    - path: metrics/train_scratch.json
+      hash: md5
+      md5: 0
+  train-finetune:
+    cmd: python -m stages.train_finetune
+    params:
+      params.yaml:
+        train:
+          epochs: 2
+    outs:
+    - path: metrics/train_finetune.json
+      hash: md5
+      md5: 0
+"""
+
+
+def test_metrics_dir_params_come_from_the_lock_not_the_edited_params_yaml(tmp_path, monkeypatch):
+    """A quick trial or an edit not yet reproduced changes params.yaml, not the metrics: the table
+    shows what dvc.lock recorded for the stages that wrote them, and a key the stages recorded
+    differently (train-finetune not rerun since epochs changed) says so."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "metrics").mkdir()
+    (tmp_path / "metrics" / "train_scratch.json").write_text(json.dumps({"val": {"acc_0": 0.5}}))
+    (tmp_path / "params.yaml").write_text("vocab:\n  draft_vocab_size: 512\ntrain:\n  epochs: 1\n")
+    (tmp_path / "dvc.lock").write_text(LOCK)
+    assert lock_params(tmp_path / "dvc.lock", tmp_path / "metrics") == {
+        "train.epochs": "mixed: 4 (train-scratch) / 2 (train-finetune)", "vocab.draft_vocab_size": 6144}
+    lines = compare_dirs(["metrics"]).splitlines()
+    assert "| params file | dvc.lock |" in lines
+    assert "| `vocab.draft_vocab_size` | 6144 |" in lines  # not params.yaml's 512
+    assert "| `train.epochs` | mixed: 4 (train-scratch) / 2 (train-finetune) |" in lines
+    assert "| train-scratch val acc_0 | 0.5 |" in lines
+
+    # a directory the lock did not write (a copy elsewhere) keeps the workspace params.yaml
+    (tmp_path / "other").mkdir()
+    assert lock_params(tmp_path / "dvc.lock", tmp_path / "other") is None
+    assert "| `vocab.draft_vocab_size` | 512 |" in compare_dirs(["other"]).splitlines()
