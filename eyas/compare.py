@@ -330,9 +330,11 @@ def lock_params(lock: Path, metrics_dir: Path) -> dict[str, Any] | None:
     if not lock.is_file():
         return None
     try:
-        stages = (yaml12.load_file(lock) or {}).get("stages", {})
+        stages = (yaml12.load_file(lock) or {}).get("stages") or {}
     except (yaml12.YamlError, AttributeError) as e:
         raise CompareError(f"{lock}: cannot read the params DVC recorded: {e}") from None
+    if not isinstance(stages, dict) or not all(isinstance(st, dict) for st in stages.values()):
+        raise CompareError(f"{lock}: cannot read the params DVC recorded: 'stages' is not a mapping of stages")
     where = metrics_dir.resolve()
     values: dict[str, dict[str, list[str]]] = {}  # key -> repr(value) -> stages
     wrote = False

@@ -2,7 +2,9 @@
 
 import json
 
-from eyas.compare import compare_dirs, lock_params
+import pytest
+
+from eyas.compare import CompareError, compare_dirs, lock_params
 
 LOCK = """schema: '2.0'
 stages:
@@ -51,3 +53,11 @@ def test_metrics_dir_params_come_from_the_lock_not_the_edited_params_yaml(tmp_pa
     (tmp_path / "other").mkdir()
     assert lock_params(tmp_path / "dvc.lock", tmp_path / "other") is None
     assert "| `vocab.draft_vocab_size` | 512 |" in compare_dirs(["other"]).splitlines()
+
+
+def test_a_lock_not_in_dvc_layout_is_named(tmp_path):
+    (tmp_path / "metrics").mkdir()
+    for text in ("- 1\n", "stages:\n  train-scratch: 3\n"):
+        (tmp_path / "dvc.lock").write_text(text)
+        with pytest.raises(CompareError, match=rf"^{tmp_path / 'dvc.lock'}: cannot read the params DVC recorded"):
+            lock_params(tmp_path / "dvc.lock", tmp_path / "metrics")
