@@ -338,12 +338,18 @@ def lock_params(lock: Path, metrics_dir: Path) -> dict[str, Any] | None:
     where = metrics_dir.resolve()
     values: dict[str, dict[str, list[str]]] = {}  # key -> repr(value) -> stages
     wrote = False
-    for name, st in stages.items():
-        outs = [Path(o.get("path", "")) for o in (st.get("outs") or []) if isinstance(o, dict)]
-        wrote |= any((lock.parent / o).resolve().parent == where for o in outs)
-        for _file, ps in (st.get("params") or {}).items():
-            for k, v in flatten(ps or {}).items():
-                values.setdefault(k, {}).setdefault(json.dumps(v), []).append(name)
+    try:
+        for name, st in stages.items():
+            outs = [(lock.parent / o["path"]).resolve() for o in (st.get("outs") or [])]
+            if not any(where in (o, o.parent) for o in outs):
+                continue  # only the stages that wrote into metrics_dir made its files
+            wrote = True
+            for _file, ps in (st.get("params") or {}).items():
+                for k, v in flatten(ps or {}).items():
+                    values.setdefault(k, {}).setdefault(json.dumps(v), []).append(name)
+    except (AttributeError, KeyError, TypeError) as e:
+        raise CompareError(f"{lock}: cannot read the params DVC recorded: a stage's outs or params are not "
+                           f"DVC's layout ({e!r})") from None
     if not wrote:
         return None
     return {k: json.loads(next(iter(vs))) if len(vs) == 1 else

@@ -100,7 +100,8 @@ def step0_gate(draft_vocab_size: int, margin: float, min_acc: float, override: b
     at chance level whatever the floor: at most 2 / ``draft_vocab_size``, or at most 10 /
     ``draft_vocab_size`` with a loss near chance (``loss_0 > ln(draft_vocab_size) - margin``; token
     frequencies are skewed, so rows scored against the wrong tokens still hit 2-4x uniform chance,
-    while a small vocab's trained drafter can sit at 6x with a low loss), or when the loss or the
+    while a small vocab's trained drafter can sit at 6x with a low loss; never above 0.5, so a vocab of
+    2-20 ids keeps a reachable bar), or when the loss or the
     accuracy is not finite; ``override`` turns the refusal into a warning.
 
     A loss near chance with accuracy above those bars only warns (and logs
@@ -130,7 +131,7 @@ def step0_gate(draft_vocab_size: int, margin: float, min_acc: float, override: b
         finite = math.isfinite(loss) and math.isfinite(acc)
         near_chance = loss > chance - margin  # NaN: False; inf: True
         multiple = CHANCE_MULTIPLE_NEAR_CHANCE_LOSS if near_chance else CHANCE_MULTIPLE
-        chance_acc = multiple / draft_vocab_size
+        chance_acc = min(multiple / draft_vocab_size, 0.5)  # a tiny vocab: at most a coin flip is chance
         at_chance = finite and acc <= chance_acc
         fired = not finite or at_chance or acc < min_acc
         if tracker is not None:

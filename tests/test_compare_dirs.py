@@ -29,6 +29,17 @@ stages:
     - path: metrics/train_finetune.json
       hash: md5
       md5: 0
+  elsewhere:
+    cmd: python -m stages.elsewhere
+    params:
+      params.yaml:
+        train:
+          epochs: 9
+        only.elsewhere: 1
+    outs:
+    - path: models/elsewhere
+      hash: md5
+      md5: 0
 """
 
 
@@ -57,7 +68,9 @@ def test_metrics_dir_params_come_from_the_lock_not_the_edited_params_yaml(tmp_pa
 
 def test_a_lock_not_in_dvc_layout_is_named(tmp_path):
     (tmp_path / "metrics").mkdir()
-    for text in ("- 1\n", "stages:\n  train-scratch: 3\n"):
+    for text in ("- 1\n", "stages:\n  train-scratch: 3\n",
+                 "stages:\n  a:\n    outs:\n    - path: metrics/a.json\n    params: [x]\n",
+                 "stages:\n  a:\n    outs:\n    - path: null\n"):
         (tmp_path / "dvc.lock").write_text(text)
         with pytest.raises(CompareError, match=rf"^{tmp_path / 'dvc.lock'}: cannot read the params DVC recorded"):
             lock_params(tmp_path / "dvc.lock", tmp_path / "metrics")

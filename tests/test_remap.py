@@ -165,6 +165,14 @@ def test_gate_refuses_rows_in_place_with_no_floor(vocab, acc):
         step0_gate(vocab, 0.5, 0.0, False)({"loss_0": 5.0, "acc_0": 2 / vocab})
 
 
+def test_gate_bar_stays_reachable_on_a_tiny_vocab():
+    """2 / V and 10 / V reach 1 at V = 2 and V = 10: the chance bar is capped at a coin flip."""
+    step0_gate(2, 0.5, 0.0, False)({"loss_0": 0.1, "acc_0": 1.0})
+    step0_gate(10, 0.5, 0.0, False)({"loss_0": 2.0, "acc_0": 0.99})
+    with pytest.raises(GateError, match="predicts at chance"):
+        step0_gate(2, 0.5, 0.0, False)({"loss_0": 0.1, "acc_0": 0.5})
+
+
 def test_gate_override_warns_instead(caplog):
     with caplog.at_level(logging.WARNING, logger="eyas.train"):
         step0_gate(4096, 0.5, 0.05, override=True)({"loss_0": 8.55, "acc_0": 0.0006})
