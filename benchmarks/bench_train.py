@@ -108,9 +108,9 @@ def kernel_kind(name: str) -> str:
     return next((kind for kind, keys in KERNEL_KINDS if any(k in n for k in keys)), "other")
 
 
-def profile_steps(step, n: int) -> dict:
+def profile_steps(step, n: int, top_n: int = 25) -> dict:
     """GPU kernel time of ``n`` calls of ``step`` (torch.profiler): per step, by kind (the first
-    matching rule of KERNEL_KINDS) and the 25 largest kernels, next to the wall time."""
+    matching rule of KERNEL_KINDS) and the ``top_n`` largest kernels, next to the wall time."""
     from torch.profiler import ProfilerActivity, profile
 
     sync()
@@ -130,7 +130,7 @@ def profile_steps(step, n: int) -> dict:
     for name, ms, _ in per:
         kinds[kernel_kind(name)] = kinds.get(kernel_kind(name), 0.0) + ms
     busy = sum(ms for _, ms, _ in per)
-    top = sorted(per, key=lambda x: -x[1])[:25]
+    top = sorted(per, key=lambda x: -x[1])[:top_n]
     return {"steps": n, "wall_ms_per_step": wall * 1e3 / n, "gpu_busy_ms_per_step": busy,
             "ms_by_kind": {k: round(v, 2) for k, v in sorted(kinds.items(), key=lambda x: -x[1])},
             "kernels_per_step": sum(c for _, _, c in per),
@@ -138,7 +138,7 @@ def profile_steps(step, n: int) -> dict:
 
 
 def bench(c, dev, tokens: int, ttt: int, freeze_lm_head: bool, warmup: int, steps: int, tiny: bool,
-          backend: Backend, graphs: bool = False, profile: int = 0) -> dict:
+          backend: Backend, graphs: bool = False, profile: int = 0, profile_top: int = 25) -> dict:
     """One timed configuration; ``graphs``: forward + backward replayed as a CUDA graph
     (eyas.graphed.GraphedTTT, as train_drafter does on one GPU), else eager with compiled parts.
     ``profile`` > 0: then that many steps under torch.profiler (:func:`profile_steps`)."""
@@ -201,7 +201,7 @@ def bench(c, dev, tokens: int, ttt: int, freeze_lm_head: bool, warmup: int, step
     if dev.type == "cuda":
         out["peak_alloc_GiB"] = torch.cuda.max_memory_allocated() / 2**30
     if profile:
-        out["profile"] = profile_steps(step, profile)
+        out["profile"] = profile_steps(step, profile, profile_top)
         print("profile:", {k: out["profile"][k] for k in ("wall_ms_per_step", "gpu_busy_ms_per_step", "ms_by_kind")},
               flush=True)
     print(f"eyas T={fl['tokens']} ttt={ttt} lm_head={out['lm_head']:9s} {out['mode']:10s} attn={out['attn']}: "
@@ -318,6 +318,7 @@ def main():
                     help="graphs: CUDA-graph replay (train_drafter's default on one GPU); eager: compiled parts only")
     ap.add_argument("--skip-checks", action="store_true", help="skip the flex-vs-dense and graph-vs-eager checks")
     ap.add_argument("--profile", type=int, default=0, help="then profile this many steps (kernel time by kind)")
+    ap.add_argument("--profile-top", type=int, default=25, help="kernels listed in the profile, largest first")
     ap.add_argument("--out", default="train.json")
     a = ap.parse_args()
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -349,7 +350,7 @@ def main():
                     continue
                 try:
                     doc["runs"].append(bench(c, dev, T, a.ttt, freeze, a.warmup, a.steps, a.tiny, backend,
-                                             mode == "graphs", a.profile))
+                                             mode == "graphs", a.profile, a.profile_top))
                 except Exception as e:  # noqa: BLE001
                     import traceback
                     traceback.print_exc()

@@ -25,6 +25,8 @@
 # call or session with only the evals left runs A, then B without stages (`profile setup`), then per
 # drafter, carrying that drafter's .devcarry/keep_NAME (a call carries 64 MiB: one drafter per call):
 #                          bash benchmarks/device.sh profile restore NAME && bash benchmarks/device.sh profile run eval-accept-len@NAME
+# That path ran on 2026-12-02 (next session, code 9a3caff): A 13 s, B without stages 2 s, restore +
+# eval-accept-len@finetune 294 s (the eval 289 s), ~410 s of device time with the machine's start.
 # With self-distill's figure measured beside `gpu-tests` (both on the one GPU: 329 s, 253 s alone).
 # Each call leaves $OUT/results.tgz (metrics/ and plots/ as they stand) and the stage log.
 set -uo pipefail

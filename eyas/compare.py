@@ -11,8 +11,8 @@ column per parent (latest first) and one row per key param / stage metric:
 - ``train-scratch`` / ``train-finetune``: the final val ``acc_0`` (metric ``final/acc_0``);
 - ``eval-accept-len@<drafter>``: ``chat/accept_len``, ``humaneval/accept_len``; the n-gram
   floor (``<bench>/ngram_accept_len``, independent of the drafter) from either eval child;
-  ``<bench>/worth_serving`` (1: the drafter beats the n-gram floor and greedy decoding,
-  eyas.eval_checks.serving_verdict);
+  ``<bench>/worth_serving`` (logged 1 / 0, shown ``yes`` / ``no``: the drafter beats the n-gram
+  floor and greedy decoding, eyas.eval_checks.serving_verdict);
 - the served table (eyas/served.py): every ``<bench>/served/<row>/accept_len`` an eval child
   logged (greedy chain, greedy tree, sampled chain per temperature; the n-gram rows from either
   eval child), with its 95% interval (``ci95_low`` / ``ci95_high``) in brackets.
@@ -50,7 +50,7 @@ STAGE_METRICS: list[tuple[str, str | None, str]] = [
     *[(f"scratch {b} accept_len", "eval-accept-len@scratch", f"{b}/accept_len") for b in BENCHES],
     *[(f"finetune {b} accept_len", "eval-accept-len@finetune", f"{b}/accept_len") for b in BENCHES],
     *[(f"n-gram floor {b} accept_len", None, f"{b}/ngram_accept_len") for b in BENCHES],
-    *[(f"{d} {b} worth serving (1 = beats the n-gram floor and greedy)", f"eval-accept-len@{d}", f"{b}/worth_serving")
+    *[(f"{d} {b} worth serving (beats the n-gram floor and greedy)", f"eval-accept-len@{d}", f"{b}/worth_serving")
       for d in ("scratch", "finetune") for b in BENCHES],
 ]
 
@@ -156,6 +156,14 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
+def _fmt_verdict(v: Any) -> str:
+    """A ``worth_serving`` verdict as ``yes`` / ``no`` (``–`` when missing): a bool from a metrics
+    file, or the 1.0 / 0.0 MLflow holds it as (a metric is a float)."""
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "–"
+    return "yes" if v else "no"
+
+
 def _cell(s: str) -> str:
     return s.replace("|", "\\|").replace("\n", " ")
 
@@ -183,7 +191,8 @@ def render_markdown(pipes: list[Pipeline], header: str | None = None, all_params
         ("stages logged", [str(len(p.stages)) for p in pipes]),
     ]
     rows += [(f"`{k}`", [_fmt(p.params.get(k)) for p in pipes]) for k in pkeys]
-    rows += [(label, [_fmt(p.metric(stage, key)) for p in pipes]) for label, stage, key in STAGE_METRICS]
+    rows += [(label, [(_fmt_verdict if key.endswith("/worth_serving") else _fmt)(p.metric(stage, key)) for p in pipes])
+             for label, stage, key in STAGE_METRICS]
     rows += [(label, [_with_ci(p.metric(stage, key), p.metric(stage, key[:-len("accept_len")] + "ci95_low"),
                                p.metric(stage, key[:-len("accept_len")] + "ci95_high")) for p in pipes])
              for label, stage, key in served_metric_rows(pipes)]
@@ -298,8 +307,10 @@ DIR_ROWS: list[tuple[str, str, tuple]] = [
         (f"finetune {b} accept_len k=4", "eval_finetune.json", (b, "accept_len_by_chain_length", "4")),
         (f"n-gram floor {b} accept_len", "eval_scratch.json", ("ngram", b, "accept_len")),
         (f"n-gram floor {b} accept_len k=4", "eval_scratch.json", ("ngram", b, "accept_len_by_chain_length", "4")),
-        (f"scratch {b} worth serving", "eval_scratch.json", (b, "serving_verdict", "worth_serving")),
-        (f"finetune {b} worth serving", "eval_finetune.json", (b, "serving_verdict", "worth_serving")),
+        (f"scratch {b} worth serving (beats the n-gram floor and greedy)", "eval_scratch.json",
+         (b, "serving_verdict", "worth_serving")),
+        (f"finetune {b} worth serving (beats the n-gram floor and greedy)", "eval_finetune.json",
+         (b, "serving_verdict", "worth_serving")),
     )],
 ]
 DIR_PARAMS = ("data.max_conversations", "data.code_prompts", "distill.turns", "distill.max_new_tokens",
@@ -400,8 +411,9 @@ def compare_dirs(dirs: list[str], params_default: str | Path = "params.yaml", lo
     for k in DIR_PARAMS:
         lines.append(f"| `{k}` | " + " | ".join(_fmt(params.get(k)) for _, _, params, _ in cols) + " |")
     for label, fname, keys in DIR_ROWS:
+        fmt = _fmt_verdict if keys[-1] == "worth_serving" else _fmt
         lines.append(f"| {_cell(label)} | "
-                     + " | ".join(_fmt(_dig(files.get(fname), keys)) for *_, files in cols) + " |")
+                     + " | ".join(fmt(_dig(files.get(fname), keys)) for *_, files in cols) + " |")
     # the served tables (eyas/served.py): every row any column has, the n-gram rows from eval_scratch.json
     served: dict[tuple[str, str, str], None] = {}
     for *_, files in cols:

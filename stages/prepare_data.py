@@ -30,7 +30,12 @@ def main() -> None:
         tracker.log_metrics({k: float(v) for k, v in flatten(metrics).items()
                              if isinstance(v, (int, float)) and not isinstance(v, bool)})
         tracker.log_dict(metrics, "prepare_data.json")
-    print(f"prepare-data: {metrics['conversations']} from {p.data.source!r}; stats {metrics['stats']}")
+    code = metrics["code"]["conversations"]
+    # code conversations join train and val in proportion (eyas.code_data.add_to_splits): say so,
+    # or a val of data.val + its code share reads like a miscount
+    sizes = ", ".join(f"{k} {n}" + (f" ({n - code[k]} chat + {code[k]} code)" if code.get(k) else "")
+                      for k, n in metrics["conversations"].items())
+    print(f"prepare-data: {sizes} from {p.data.source!r}; stats {metrics['stats']}")
 
 
 def prepare(p) -> dict:

@@ -190,6 +190,8 @@ def test_prepare_data_stage_counts_code(tmp_path):
     # train 40 - 10 - 2 - 2 = 26 chat; val share 10 * 10 // 36 = 2
     assert m["code"]["conversations"] == {"train": 8, "val": 2, "test": 0, "publish": 0}
     assert m["conversations"] == {"train": 34, "val": 12, "test": 2, "publish": 2}
+    # the printed sizes say where a split's code share comes from (val 12 = data.val 10 + 2 code)
+    assert "prepare-data: train 34 (26 chat + 8 code), val 12 (10 chat + 2 code), test 2, publish 2 from" in r.stdout
     assert m["code"]["packages"] == {"more-itertools": "11.2.1", "boltons": "26.2.0",
                                      "networkx": "3.6.1", "sympy": "1.14.0"}
     assert {k: m["code"][k]["usable"] for k in USABLE} == USABLE and m["code"]["usable"] == TOTAL

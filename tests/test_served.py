@@ -101,8 +101,8 @@ def test_compare_shows_the_served_table(tmp_path, monkeypatch):
     assert "| finetune chat served eagle/tree/T0 accept_len [95% CI] | 2.5 |" in lines
     assert sum("served ngram/chain/T0.7" in line for line in lines) == 1
     assert "| n-gram floor chat served ngram/chain/T0.7 accept_len [95% CI] | 1.3 |" in lines
-    assert "| scratch chat worth serving (1 = beats the n-gram floor and greedy) | 0 |" in lines
-    assert "| finetune chat worth serving (1 = beats the n-gram floor and greedy) | 1 |" in lines
+    assert "| scratch chat worth serving (beats the n-gram floor and greedy) | no |" in lines
+    assert "| finetune chat worth serving (beats the n-gram floor and greedy) | yes |" in lines
 
     d = tmp_path / "metrics"
     d.mkdir()
@@ -115,4 +115,4 @@ def test_compare_shows_the_served_table(tmp_path, monkeypatch):
     assert "| `train.loss_tokens` | assistant |" in lines  # which tokens the run supervised
     assert "| scratch humaneval served eagle/chain/T1 accept_len [95% CI] | 1.7 [1.4, 2] |" in lines
     assert "| n-gram floor humaneval served ngram/chain/T1 accept_len [95% CI] | 1.2 |" in lines
-    assert "| scratch chat worth serving | False |" in lines
+    assert "| scratch chat worth serving (beats the n-gram floor and greedy) | no |" in lines

@@ -185,6 +185,41 @@ def test_params_flat_and_secrets_masked(repo, monkeypatch):
     assert not tracking.is_secret_key("target.tokenizer")
 
 
+def test_killed_runs_are_closed_and_only_same_params_linked(repo):
+    """A stage rerun after kill -9 ends the dead process's RUNNING runs KILLED, and links as its
+    past (``eyas.resumes`` / ``eyas.resumed_by``) only the one with the same params: a killed
+    run of other params (a `-S lr=...` rerun) is not the run it continues."""
+    import socket
+    import subprocess
+    import sys
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True)
+    dead_pid = gone.stdout.strip()  # that process has exited
+    params = default_params()
+    with tracking.start_stage_run("extract", params):
+        pass  # creates the experiment
+    client = _client(repo)
+    exp = _exp_id(client)
+    other = default_params()
+    other.train_scratch.lr = 5e-5
+
+    def orphan(p):
+        tags = {"dvc.stage": "train-scratch", "eyas.host": socket.gethostname(), "eyas.pid": dead_pid,
+                "eyas.params_hash": params_hash(p)}
+        return client.create_run(exp, tags=tags, run_name="train-scratch").info.run_id
+
+    same_id, other_id = orphan(params), orphan(other)
+    with tracking.start_stage_run("train-scratch", params) as t:
+        pass
+    new = client.get_run(t.run_id)
+    assert new.data.tags["eyas.resumes"] == same_id
+    same, diff = client.get_run(same_id), client.get_run(other_id)
+    assert (same.info.status, diff.info.status) == ("KILLED", "KILLED")
+    assert same.data.tags["eyas.resumed_by"] == t.run_id
+    assert "eyas.resumed_by" not in diff.data.tags
+
+
 def test_metric_curves(repo):
     with tracking.start_stage_run("train-scratch", default_params()) as t:
         for step in range(1500):  # > one batch of 1000: flushes mid-run and on close
