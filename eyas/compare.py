@@ -11,8 +11,9 @@ column per parent (latest first) and one row per key param / stage metric:
 - ``train-scratch`` / ``train-finetune``: the final val ``acc_0`` (metric ``final/acc_0``);
 - ``eval-accept-len@<drafter>``: ``chat/accept_len``, ``humaneval/accept_len``; the n-gram
   floor (``<bench>/ngram_accept_len``, independent of the drafter) from either eval child;
-  ``<bench>/worth_serving`` (logged 1 / 0, shown ``yes`` / ``no``: the drafter beats the n-gram
-  floor and greedy decoding, eyas.eval_checks.serving_verdict);
+  ``<bench>/worth_serving`` (logged 1 / 0, shown ``yes`` / ``no``, ``not logged`` while the
+  verdict is unknown: the drafter beats the n-gram floor and greedy decoding,
+  eyas.eval_checks.serving_verdict);
 - the served table (eyas/served.py): every ``<bench>/served/<row>/accept_len`` an eval child
   logged (greedy chain, greedy tree, sampled chain per temperature; the n-gram rows from either
   eval child), with its 95% interval (``ci95_low`` / ``ci95_high``) in brackets.
@@ -156,12 +157,38 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
-def _fmt_verdict(v: Any) -> str:
-    """A ``worth_serving`` verdict as ``yes`` / ``no`` (``–`` when missing): a bool from a metrics
-    file, or the 1.0 / 0.0 MLflow holds it as (a metric is a float)."""
-    if v is None or (isinstance(v, float) and math.isnan(v)):
+def _logged_verdict(pipe: "Pipeline", stage: str, key: str) -> str:
+    """A ``worth_serving`` verdict as MLflow holds it (a metric: 1.0 / 0.0) as ``yes`` / ``no``;
+    ``–`` when the pipeline has no run of ``stage``; ``not logged`` when that run has no such
+    metric (the eval logs none while the verdict is unknown, eyas.eval_checks.serving_verdict,
+    nor did evals older than the verdict); any other value as it is, marked ``(not 0/1)``."""
+    if stage not in pipe.stages:
         return "–"
-    return "yes" if v else "no"
+    v = pipe.metric(stage, key)
+    if v is None:
+        return "not logged"
+    return {1.0: "yes", 0.0: "no"}.get(v, f"{_fmt(v)} (not 0/1)")
+
+
+def _file_verdict(d: str, fname: str, files: dict, keys: tuple) -> str:
+    """A ``worth_serving`` verdict read from a metrics file: ``yes`` / ``no`` for JSON true /
+    false, ``unknown`` for null (a figure it needs is missing), ``–`` when the file or key is
+    absent.
+
+    Raises:
+        CompareError: any other value (a string ``"false"`` would otherwise read as true), naming
+            the directory, file and key path.
+    """
+    obj = files.get(fname)
+    for k in keys:
+        if not isinstance(obj, dict) or k not in obj:
+            return "–"
+        obj = obj[k]
+    if obj is None:
+        return "unknown"
+    if not isinstance(obj, bool):
+        raise CompareError(f"{d}: {fname}: {'.'.join(keys)} is {obj!r}; a verdict is true, false or null")
+    return "yes" if obj else "no"
 
 
 def _cell(s: str) -> str:
@@ -191,8 +218,8 @@ def render_markdown(pipes: list[Pipeline], header: str | None = None, all_params
         ("stages logged", [str(len(p.stages)) for p in pipes]),
     ]
     rows += [(f"`{k}`", [_fmt(p.params.get(k)) for p in pipes]) for k in pkeys]
-    rows += [(label, [(_fmt_verdict if key.endswith("/worth_serving") else _fmt)(p.metric(stage, key)) for p in pipes])
-             for label, stage, key in STAGE_METRICS]
+    rows += [(label, [_logged_verdict(p, stage, key) if key.endswith("/worth_serving") else _fmt(p.metric(stage, key))
+                      for p in pipes]) for label, stage, key in STAGE_METRICS]
     rows += [(label, [_with_ci(p.metric(stage, key), p.metric(stage, key[:-len("accept_len")] + "ci95_low"),
                                p.metric(stage, key[:-len("accept_len")] + "ci95_high")) for p in pipes])
              for label, stage, key in served_metric_rows(pipes)]
@@ -378,7 +405,8 @@ def compare_dirs(dirs: list[str], params_default: str | Path = "params.yaml", lo
     yet reproduced), else ``params_default``. A missing file or key shows ``–``.
 
     Raises:
-        CompareError: a directory does not exist, or a metrics, params or lock file is not valid.
+        CompareError: a directory does not exist, or a metrics, params or lock file is not valid
+            (a ``worth_serving`` verdict that is not true, false or null included).
     """
     from eyas.config import flatten
 
@@ -411,9 +439,10 @@ def compare_dirs(dirs: list[str], params_default: str | Path = "params.yaml", lo
     for k in DIR_PARAMS:
         lines.append(f"| `{k}` | " + " | ".join(_fmt(params.get(k)) for _, _, params, _ in cols) + " |")
     for label, fname, keys in DIR_ROWS:
-        fmt = _fmt_verdict if keys[-1] == "worth_serving" else _fmt
-        lines.append(f"| {_cell(label)} | "
-                     + " | ".join(fmt(_dig(files.get(fname), keys)) for *_, files in cols) + " |")
+        verdict = keys[-1] == "worth_serving"
+        cells = [_file_verdict(d, fname, files, keys) if verdict else _fmt(_dig(files.get(fname), keys))
+                 for d, *_, files in cols]
+        lines.append(f"| {_cell(label)} | " + " | ".join(cells) + " |")
     # the served tables (eyas/served.py): every row any column has, the n-gram rows from eval_scratch.json
     served: dict[tuple[str, str, str], None] = {}
     for *_, files in cols:

@@ -479,8 +479,8 @@ def _pid_alive(pid: int) -> bool:
 
 def close_orphans(client, experiment_id: str, stage: str) -> list[tuple[str, str]]:
     """End as KILLED the runs of ``stage`` left RUNNING by a process of this host that is gone
-    (SIGKILL, OOM, power loss: nothing ran ``close``). Returns (run id, its ``eyas.params_hash``
-    tag or ""), oldest first.
+    (SIGKILL, OOM, power loss: nothing ran ``close``). Returns (run id, its parent run's id, ""
+    when it has none), oldest first.
 
     A run is recognised by its tags ``dvc.stage``, ``eyas.host`` and ``eyas.pid`` (set by
     :func:`start_stage_run`); runs of other hosts are left alone (their processes cannot be
@@ -498,7 +498,7 @@ def close_orphans(client, experiment_id: str, stage: str) -> list[tuple[str, str
         pid = r.data.tags.get("eyas.pid", "")
         if pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
             _retry(client.set_terminated, r.info.run_id, "KILLED")
-            out.append((r.info.run_id, r.data.tags.get("eyas.params_hash", "")))
+            out.append((r.info.run_id, r.data.tags.get("mlflow.parentRunId", "")))
     return out
 
 
@@ -516,12 +516,14 @@ def start_stage_run(stage: str, params: Any, stage_params: dict | None = None) -
       ``eyas.params_hash``; params = ``flatten(params)`` plus ``stage_params`` (flattened;
       they win on a clash), secrets masked; tags ``eyas.host`` and ``eyas.pid``.
     - Runs of the same stage left RUNNING by a killed process are ended KILLED first
-      (:func:`close_orphans`); those with the same params (tag ``eyas.params_hash``) are linked
-      both ways: tag ``eyas.resumes`` on the new run (their ids), ``eyas.resumed_by`` on each. A
-      killed run with other params is not the new run's past (a training stage resumes only a
-      checkpoint of the same params: eyas/resume.py), so it is ended but not linked. A training
-      stage that resumes from a checkpoint also replays the metrics saved with it (eyas/train.py),
-      so the new run holds the whole curve.
+      (:func:`close_orphans`); those of the same pipeline execution (the same parent: experiment
+      name, baseline commit and params) are linked both ways as its earlier attempts: tag
+      ``eyas.resumes`` on the new run (their ids), ``eyas.resumed_by`` on each. A killed run of
+      another experiment (a queued one works in its own directory) or of other params is ended but
+      not linked. What a rerun reuses is the stage's own business and has its own key (a training
+      checkpoint's fingerprint of the training params, eyas/checkpoint.py; the eval's
+      ``resume_key``, eyas/resume.py); a training stage that resumes from a checkpoint replays the
+      metrics saved with it (eyas/train.py), so the new run holds the whole curve either way.
 
     Returns the no-op :class:`Tracker` on ranks other than 0 (``$RANK``) or when
     ``$EYAS_TRACKING=off``. Use as a context manager: an exception ends the run FAILED and
@@ -541,8 +543,7 @@ def start_stage_run(stage: str, params: Any, stage_params: dict | None = None) -
         experiment_id = _get_or_create_experiment(client, uri)
         parent_id = _get_or_create_parent(client, experiment_id, params, pipeline_flat)
     stage_tag = os.environ.get("DVC_STAGE") or stage
-    same = params_hash(params)
-    orphans = [run_id for run_id, h in close_orphans(client, experiment_id, stage_tag) if h == same]
+    orphans = [run_id for run_id, parent in close_orphans(client, experiment_id, stage_tag) if parent == parent_id]
     tags = {
         **_dvc_tags(params),
         "mlflow.parentRunId": parent_id,

@@ -74,3 +74,24 @@ def test_a_lock_not_in_dvc_layout_is_named(tmp_path):
         (tmp_path / "dvc.lock").write_text(text)
         with pytest.raises(CompareError, match=rf"^{tmp_path / 'dvc.lock'}: cannot read the params DVC recorded"):
             lock_params(tmp_path / "dvc.lock", tmp_path / "metrics")
+
+
+@pytest.mark.parametrize("value, shown", [(True, "yes"), (False, "no"), (None, "unknown")])
+def test_a_verdict_is_true_false_or_null(tmp_path, value, shown):
+    d = tmp_path / "m"
+    d.mkdir()
+    (d / "eval_scratch.json").write_text(json.dumps({"chat": {"serving_verdict": {"worth_serving": value}}}))
+    lines = compare_dirs([str(d)], params_default=tmp_path / "none.yaml", lock=tmp_path / "none.lock").splitlines()
+    assert f"| scratch chat worth serving (beats the n-gram floor and greedy) | {shown} |" in lines
+    assert "| scratch humaneval worth serving (beats the n-gram floor and greedy) | – |" in lines  # no such key
+
+
+@pytest.mark.parametrize("value", ["false", 1, 0.5, [], {"x": 1}])
+def test_a_verdict_of_another_type_is_named(tmp_path, value):
+    """A string "false" is truthy: read as a verdict it would say "yes"."""
+    d = tmp_path / "m"
+    d.mkdir()
+    (d / "eval_scratch.json").write_text(json.dumps({"chat": {"serving_verdict": {"worth_serving": value}}}))
+    with pytest.raises(CompareError, match=r"eval_scratch.json: chat.serving_verdict.worth_serving is .*"
+                                           r"a verdict is true, false or null"):
+        compare_dirs([str(d)], params_default=tmp_path / "none.yaml", lock=tmp_path / "none.lock")

@@ -185,10 +185,11 @@ def test_params_flat_and_secrets_masked(repo, monkeypatch):
     assert not tracking.is_secret_key("target.tokenizer")
 
 
-def test_killed_runs_are_closed_and_only_same_params_linked(repo):
+def test_killed_runs_are_closed_and_only_the_same_execution_linked(repo, monkeypatch):
     """A stage rerun after kill -9 ends the dead process's RUNNING runs KILLED, and links as its
-    past (``eyas.resumes`` / ``eyas.resumed_by``) only the one with the same params: a killed
-    run of other params (a `-S lr=...` rerun) is not the run it continues."""
+    earlier attempt (``eyas.resumes`` / ``eyas.resumed_by``) only the one of the same pipeline
+    execution (same parent): a killed run of other params (a `-S lr=...` rerun) or of another
+    experiment (a queued one, in its own directory) is not the run it continues."""
     import socket
     import subprocess
     import sys
@@ -196,28 +197,34 @@ def test_killed_runs_are_closed_and_only_same_params_linked(repo):
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
                           text=True, check=True)
     dead_pid = gone.stdout.strip()  # that process has exited
-    params = default_params()
-    with tracking.start_stage_run("extract", params):
-        pass  # creates the experiment
+    monkeypatch.setenv("DVC_EXP_BASELINE_REV", "d" * 40)
+    params, other = default_params(), default_params()
+    other.train_scratch.lr = 5e-5
+    parents = {}
+    for name, exp_name, p in (("same", "", params), ("other params", "", other), ("other exp", "exp-q", params)):
+        monkeypatch.setenv("DVC_EXP_NAME", exp_name)
+        with tracking.start_stage_run("extract", p) as t:
+            parents[name] = t.parent_run_id
+    assert len(set(parents.values())) == 3
     client = _client(repo)
     exp = _exp_id(client)
-    other = default_params()
-    other.train_scratch.lr = 5e-5
 
-    def orphan(p):
+    def orphan(parent):
         tags = {"dvc.stage": "train-scratch", "eyas.host": socket.gethostname(), "eyas.pid": dead_pid,
-                "eyas.params_hash": params_hash(p)}
+                "mlflow.parentRunId": parent}
         return client.create_run(exp, tags=tags, run_name="train-scratch").info.run_id
 
-    same_id, other_id = orphan(params), orphan(other)
+    ids = {name: orphan(parent) for name, parent in parents.items()}
+    monkeypatch.setenv("DVC_EXP_NAME", "")
     with tracking.start_stage_run("train-scratch", params) as t:
         pass
-    new = client.get_run(t.run_id)
-    assert new.data.tags["eyas.resumes"] == same_id
-    same, diff = client.get_run(same_id), client.get_run(other_id)
-    assert (same.info.status, diff.info.status) == ("KILLED", "KILLED")
-    assert same.data.tags["eyas.resumed_by"] == t.run_id
-    assert "eyas.resumed_by" not in diff.data.tags
+    assert t.parent_run_id == parents["same"]
+    assert client.get_run(t.run_id).data.tags["eyas.resumes"] == ids["same"]
+    runs = {name: client.get_run(i) for name, i in ids.items()}
+    assert {r.info.status for r in runs.values()} == {"KILLED"}
+    assert runs["same"].data.tags["eyas.resumed_by"] == t.run_id
+    assert "eyas.resumed_by" not in runs["other params"].data.tags
+    assert "eyas.resumed_by" not in runs["other exp"].data.tags
 
 
 def test_metric_curves(repo):
