@@ -10,6 +10,7 @@
 #   wgrad             bench_wgrad.py: the 7 TTT steps' weight-gradient sum, bf16 adds vs fp32 in-GEMM
 #                     accumulation vs one GEMM over all steps                      -> wgrad.json
 #   flex              bench_flex.py: the step-0 flex attention (fwd + bwd) under kernel settings -> flex.json
+#   swiglu            bench_swiglu.py: the SwiGLU forward + backward, Inductor vs a plain Triton kernel -> swiglu.json
 #   lm-head           eyas' TTT step at 2048 and 8192 tokens, lm_head trainable and frozen (the peer
 #                     freezes it: no peer run)                                   -> train_lm_head.json
 #   extract           bench_extract.py, bf16 and fp8 aux states, 96 batches         -> extract.json
@@ -65,7 +66,7 @@ eyas_deps() {  # eyas' own dependencies the device lacks, from .devcarry/w (eyas
 
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv >>"$LOG" 2>&1
 recipe=${1:-}; shift || true
-case "$recipe" in gpu-tests|kernels|wgrad|flex|train|lm-head|extract|eval|ddp|online|scale) eyas_deps ;; esac  # profile: its setup installs them
+case "$recipe" in gpu-tests|kernels|wgrad|flex|swiglu|train|lm-head|extract|eval|ddp|online|scale) eyas_deps ;; esac  # profile: its setup installs them
 case "$recipe" in
   gpu-tests)
     step 540 python3 -m pytest -q -p no:cacheprovider --tb=short -W ignore -m gpu $(grep -l "mark.gpu" tests/test_*.py) ;;  # the files with gpu tests: the device has no mlflow/dvc to collect the rest
@@ -73,6 +74,8 @@ case "$recipe" in
     step 120 python3 benchmarks/bench_wgrad.py --out wgrad.json ;;
   flex)
     step 420 python3 benchmarks/bench_flex.py --out flex.json ;;
+  swiglu)
+    step 180 python3 benchmarks/bench_swiglu.py --out swiglu.json ;;
   kernels)
     step 150 python3 -m pytest -q -x -p no:cacheprovider --tb=short -W ignore tests/test_triton_ttt.py tests/test_head_loss.py
     step 100 python3 benchmarks/bench_kernels.py --out kernels.json ;;
