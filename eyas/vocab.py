@@ -101,11 +101,12 @@ def build_mapping(counts: torch.Tensor, draft_vocab_size: int, order: str = "tar
     padded = int((~seen[chosen]).sum())
     if filled:
         log.info("only %d distinct assistant tokens for a draft vocab of %d: the %d most frequent other "
-                 "tokens of the data fill it", distinct, draft_vocab_size, filled)
+                 "tokens of the data join them%s", distinct, draft_vocab_size, filled,
+                 f" ({padded} slots still left)" if padded else "")
     if padded:
-        log.warning("only %d distinct assistant tokens%s for a draft vocab of %d: padding with the %d lowest "
-                    "unseen target ids", distinct, f" (+{filled} other tokens of the data)" if filled else "",
-                    draft_vocab_size, padded)
+        log.warning("only %d distinct assistant tokens%s for a draft vocab of %d: the last %d slots are padded "
+                    "with the lowest target ids never seen in the data", distinct,
+                    f" (+{filled} other tokens of the data)" if filled else "", draft_vocab_size, padded)
     if order == "target_id":
         chosen = torch.sort(chosen).values
     d2t = chosen - torch.arange(draft_vocab_size, dtype=torch.int64)

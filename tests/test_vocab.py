@@ -187,7 +187,8 @@ def test_fill_counts_fill_the_draft_vocab_with_the_datas_most_frequent_other_tok
         m, info = build_mapping(counts, 10, order="frequency", fill_counts=every)
     assert m.target_ids().tolist() == [12, 2, 6, 4, 8, 10, 15, 0, 1, 3]
     assert (info["filled"], info["padded"]) == (3, 1)
-    assert "only 6 distinct assistant tokens (+3 other tokens of the data) for a draft vocab of 10" in caplog.text
+    assert ("only 6 distinct assistant tokens (+3 other tokens of the data) for a draft vocab of 10: the last 1 "
+            "slots are padded with the lowest target ids never seen in the data") in caplog.text
     validate_mapping(m.d2t, m.t2d, 20, 10)
     with pytest.raises(VocabError, match="fill_counts has shape"):
         build_mapping(counts, 8, fill_counts=every[:10])
