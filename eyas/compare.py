@@ -44,6 +44,9 @@ PARENT_TAG = "eyas.pipeline_key"
 EVAL_STAGES = ("eval-accept-len@scratch", "eval-accept-len@finetune")
 BENCHES = ("chat", "humaneval")
 
+# the serving verdict's row label, after "<drafter> <bench>" (both modes)
+WORTH = "worth serving (beats the n-gram floor and greedy)"
+
 # (label, stage, metric key); stage None = the first eval child that has the metric
 STAGE_METRICS: list[tuple[str, str | None, str]] = [
     ("train-scratch val acc_0", "train-scratch", "final/acc_0"),
@@ -51,7 +54,7 @@ STAGE_METRICS: list[tuple[str, str | None, str]] = [
     *[(f"scratch {b} accept_len", "eval-accept-len@scratch", f"{b}/accept_len") for b in BENCHES],
     *[(f"finetune {b} accept_len", "eval-accept-len@finetune", f"{b}/accept_len") for b in BENCHES],
     *[(f"n-gram floor {b} accept_len", None, f"{b}/ngram_accept_len") for b in BENCHES],
-    *[(f"{d} {b} worth serving (beats the n-gram floor and greedy)", f"eval-accept-len@{d}", f"{b}/worth_serving")
+    *[(f"{d} {b} {WORTH}", f"eval-accept-len@{d}", f"{b}/worth_serving")
       for d in ("scratch", "finetune") for b in BENCHES],
 ]
 
@@ -179,11 +182,9 @@ def _file_verdict(d: str, fname: str, files: dict, keys: tuple) -> str:
         CompareError: any other value (a string ``"false"`` would otherwise read as true), naming
             the directory, file and key path.
     """
-    obj = files.get(fname)
-    for k in keys:
-        if not isinstance(obj, dict) or k not in obj:
-            return "–"
-        obj = obj[k]
+    obj = _dig(files.get(fname), keys, missing=_MISSING)
+    if obj is _MISSING:
+        return "–"
     if obj is None:
         return "unknown"
     if not isinstance(obj, bool):
@@ -334,10 +335,8 @@ DIR_ROWS: list[tuple[str, str, tuple]] = [
         (f"finetune {b} accept_len k=4", "eval_finetune.json", (b, "accept_len_by_chain_length", "4")),
         (f"n-gram floor {b} accept_len", "eval_scratch.json", ("ngram", b, "accept_len")),
         (f"n-gram floor {b} accept_len k=4", "eval_scratch.json", ("ngram", b, "accept_len_by_chain_length", "4")),
-        (f"scratch {b} worth serving (beats the n-gram floor and greedy)", "eval_scratch.json",
-         (b, "serving_verdict", "worth_serving")),
-        (f"finetune {b} worth serving (beats the n-gram floor and greedy)", "eval_finetune.json",
-         (b, "serving_verdict", "worth_serving")),
+        (f"scratch {b} {WORTH}", "eval_scratch.json", (b, "serving_verdict", "worth_serving")),
+        (f"finetune {b} {WORTH}", "eval_finetune.json", (b, "serving_verdict", "worth_serving")),
     )],
 ]
 DIR_PARAMS = ("data.max_conversations", "data.code_prompts", "distill.turns", "distill.max_new_tokens",
@@ -345,10 +344,14 @@ DIR_PARAMS = ("data.max_conversations", "data.code_prompts", "distill.turns", "d
               "eval.num_draft_tokens", "eval.chat_prompts", "eval.humaneval_prompts")
 
 
-def _dig(obj: Any, path: tuple) -> Any:
+_MISSING = object()
+
+
+def _dig(obj: Any, path: tuple, missing: Any = None) -> Any:
+    """``obj[path[0]][path[1]]...``; ``missing`` where a key is absent (a JSON null is None)."""
     for k in path:
         if not isinstance(obj, dict) or k not in obj:
-            return None
+            return missing
         obj = obj[k]
     return obj
 
