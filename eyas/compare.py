@@ -170,21 +170,28 @@ def _logged_verdict(pipe: "Pipeline", stage: str, key: str) -> str:
     v = pipe.metric(stage, key)
     if v is None:
         return "not logged"
-    return {1.0: "yes", 0.0: "no"}.get(v, f"{_fmt(v)} (not 0/1)")
+    return {1.0: "yes", 0.0: "no"}.get(v, f"{v!r} (not 0/1)")  # unrounded: 0.99999 is not 1
 
 
 def _file_verdict(d: str, fname: str, files: dict, keys: tuple) -> str:
     """A ``worth_serving`` verdict read from a metrics file: ``yes`` / ``no`` for JSON true /
-    false, ``unknown`` for null (a figure it needs is missing), ``–`` when the file or key is
+    false, ``unknown`` for null (a figure it needs is missing), ``–`` when the file or a key is
     absent.
 
     Raises:
-        CompareError: any other value (a string ``"false"`` would otherwise read as true), naming
-            the directory, file and key path.
+        CompareError: any other value (a string ``"false"`` would otherwise read as true), or a
+            step of the key path that is not a mapping, naming the directory, file and key path.
     """
-    obj = _dig(files.get(fname), keys, missing=_MISSING)
-    if obj is _MISSING:
+    obj = files.get(fname)
+    if obj is None:
         return "–"
+    for i, k in enumerate(keys):
+        if not isinstance(obj, dict):
+            raise CompareError(f"{d}: {fname}: {'.'.join(keys[:i]) or 'the top level'} is {obj!r}; "
+                               f"expected a mapping holding {k!r}")
+        if k not in obj:
+            return "–"
+        obj = obj[k]
     if obj is None:
         return "unknown"
     if not isinstance(obj, bool):
@@ -344,16 +351,51 @@ DIR_PARAMS = ("data.max_conversations", "data.code_prompts", "distill.turns", "d
               "eval.num_draft_tokens", "eval.chat_prompts", "eval.humaneval_prompts")
 
 
-_MISSING = object()
-
-
-def _dig(obj: Any, path: tuple, missing: Any = None) -> Any:
-    """``obj[path[0]][path[1]]...``; ``missing`` where a key is absent (a JSON null is None)."""
+def _dig(obj: Any, path: tuple) -> Any:
     for k in path:
         if not isinstance(obj, dict) or k not in obj:
-            return missing
+            return None
         obj = obj[k]
     return obj
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _served_rows(d: str, fname: str, doc: Any) -> dict[tuple[str, str], tuple[Any, list | None]]:
+    """The served table of one eval metrics file (eyas/served.py's layout:
+    ``served.<bench>.rows.<row>`` holding ``accept_len`` and ``ci95``) as
+    ``{(bench, row): (accept_len, ci95)}``; empty when the file has none.
+
+    Raises:
+        CompareError: another layout (a list where a mapping goes, an interval that is not two
+            numbers, a value that is not a number), naming the directory, file and key path.
+    """
+    def bad(path: str, value: Any, want: str):
+        raise CompareError(f"{d}: {fname}: {path} is {value!r}; expected {want}")
+
+    served = doc.get("served") if isinstance(doc, dict) else None
+    if served is None:
+        return {}
+    if not isinstance(served, dict):
+        bad("served", served, "a mapping of benchmarks")
+    out = {}
+    for bench, table in served.items():
+        rows = table.get("rows") if isinstance(table, dict) else table
+        if not isinstance(table, dict) or not isinstance(rows, (dict, type(None))):
+            bad(f"served.{bench}", table, "a mapping with 'rows'")
+        for row, v in (rows or {}).items():
+            where = f"served.{bench}.rows.{row}"
+            if not isinstance(v, dict):
+                bad(where, v, "a mapping with 'accept_len' and 'ci95'")
+            value, ci = v.get("accept_len"), v.get("ci95")
+            if value is not None and not _number(value):
+                bad(where + ".accept_len", value, "a number")
+            if ci is not None and not (isinstance(ci, list) and len(ci) == 2 and all(map(_number, ci))):
+                bad(where + ".ci95", ci, "[low, high] numbers or null")
+            out[(bench, row)] = (value, ci)
+    return out
 
 
 def lock_params(lock: Path, metrics_dir: Path) -> dict[str, Any] | None:
@@ -447,19 +489,19 @@ def compare_dirs(dirs: list[str], params_default: str | Path = "params.yaml", lo
                  for d, *_, files in cols]
         lines.append(f"| {_cell(label)} | " + " | ".join(cells) + " |")
     # the served tables (eyas/served.py): every row any column has, the n-gram rows from eval_scratch.json
+    tables = [{fname: _served_rows(d, fname, files.get(fname)) for fname in ("eval_scratch.json", "eval_finetune.json")}
+              for d, *_, files in cols]
     served: dict[tuple[str, str, str], None] = {}
-    for *_, files in cols:
-        for fname in ("eval_scratch.json", "eval_finetune.json"):
-            for bench, table in (_dig(files.get(fname), ("served",)) or {}).items():
-                for row in (table.get("rows") or {}):
-                    if not row.startswith("ngram/") or fname == "eval_scratch.json":
-                        served[(bench, fname, row)] = None
+    for col in tables:
+        for fname, rows in col.items():
+            for bench, row in rows:
+                if not row.startswith("ngram/") or fname == "eval_scratch.json":
+                    served[(bench, fname, row)] = None
     for bench, fname, row in sorted(served, key=lambda r: (r[0], r[2].startswith("ngram/"), r[1], r[2])):
         who = "n-gram floor" if row.startswith("ngram/") else fname[len("eval_"):-len(".json")]
         cells = []
-        for *_, files in cols:
-            v = _dig(files.get(fname), ("served", bench, "rows", row)) or {}
-            ci = v.get("ci95") or [None, None]
-            cells.append(_with_ci(v.get("accept_len"), *ci))
+        for col in tables:
+            value, ci = col[fname].get((bench, row), (None, None))
+            cells.append(_with_ci(value, *(ci or [None, None])))
         lines.append(f"| {_cell(f'{who} {bench} served {row} accept_len [95% CI]')} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"

@@ -95,3 +95,38 @@ def test_a_verdict_of_another_type_is_named(tmp_path, value):
     with pytest.raises(CompareError, match=r"eval_scratch.json: chat.serving_verdict.worth_serving is .*"
                                            r"a verdict is true, false or null"):
         compare_dirs([str(d)], params_default=tmp_path / "none.yaml", lock=tmp_path / "none.lock")
+
+
+@pytest.mark.parametrize("doc, where", [
+    ({"chat": {"serving_verdict": "yes"}}, "chat.serving_verdict is 'yes'"),
+    ({"chat": {"serving_verdict": [True]}}, r"chat.serving_verdict is \[True\]"),
+    ({"chat": None}, "chat is None"),
+    ([{"chat": {"serving_verdict": {"worth_serving": True}}}], "the top level is"),
+])
+def test_a_verdict_path_through_junk_is_named_not_shown_missing(tmp_path, doc, where):
+    """A key that is present but holds the wrong type is junk, not an absent figure (`–`)."""
+    d = tmp_path / "m"
+    d.mkdir()
+    (d / "eval_scratch.json").write_text(json.dumps(doc))
+    with pytest.raises(CompareError, match=f"eval_scratch.json: {where}.*expected a mapping"):
+        compare_dirs([str(d)], params_default=tmp_path / "none.yaml", lock=tmp_path / "none.lock")
+
+
+ROW = "served.chat.rows.eagle/chain/T0"
+
+
+@pytest.mark.parametrize("served, where", [
+    ([1, 2], "served is"),
+    ({"chat": [1]}, "served.chat is"),
+    ({"chat": {"rows": {"eagle/chain/T0": 5}}}, f"{ROW} is 5"),
+    ({"chat": {"rows": {"eagle/chain/T0": {"accept_len": 2, "ci95": [1, 2, 3]}}}}, rf"{ROW}.ci95 is \[1, 2, 3\]"),
+    ({"chat": {"rows": {"eagle/chain/T0": {"accept_len": 2, "ci95": "ab"}}}}, f"{ROW}.ci95 is 'ab'"),
+    ({"chat": {"rows": {"eagle/chain/T0": {"accept_len": "2"}}}}, f"{ROW}.accept_len is '2'"),
+])
+def test_a_served_table_of_another_layout_is_named(tmp_path, served, where):
+    """Was an AttributeError / TypeError traceback, or an interval printed from a string."""
+    d = tmp_path / "m"
+    d.mkdir()
+    (d / "eval_scratch.json").write_text(json.dumps({"served": served}))
+    with pytest.raises(CompareError, match=f"eval_scratch.json: {where}"):
+        compare_dirs([str(d)], params_default=tmp_path / "none.yaml", lock=tmp_path / "none.lock")

@@ -92,7 +92,7 @@ def test_compare_shows_the_served_table(tmp_path, monkeypatch):
                                           "chat/served/ngram/chain/T0.7/accept_len": 1.3, "chat/worth_serving": 0.0},
               "eval-accept-len@finetune": {"chat/served/eagle/tree/T0/accept_len": 2.5,
                                            "chat/served/ngram/chain/T0.7/accept_len": 1.3, "chat/worth_serving": 1.0,
-                                           "humaneval/worth_serving": 0.5}}
+                                           "humaneval/worth_serving": 0.99999999999}}
     for stage, metrics in logged.items():
         monkeypatch.setenv("DVC_STAGE", stage)
         with tracking.start_stage_run(stage, parse_params({})) as t:
@@ -106,7 +106,7 @@ def test_compare_shows_the_served_table(tmp_path, monkeypatch):
     assert "| finetune chat worth serving (beats the n-gram floor and greedy) | yes |" in lines
     # a value that is not 1 / 0 is shown as it is, never as a verdict; an eval run that logged no
     # verdict (unknown) says so, and "–" stays for a stage with no run
-    assert "| finetune humaneval worth serving (beats the n-gram floor and greedy) | 0.5 (not 0/1) |" in lines
+    assert "| finetune humaneval worth serving (beats the n-gram floor and greedy) | 0.99999999999 (not 0/1) |" in lines
     assert "| scratch humaneval worth serving (beats the n-gram floor and greedy) | not logged |" in lines
 
     d = tmp_path / "metrics"
