@@ -35,6 +35,7 @@ from eyas.backend import ATTENTION, Backend  # noqa: E402
 from eyas.config import load_params  # noqa: E402
 from eyas.drafter import DrafterConfig, Eagle3Drafter  # noqa: E402
 from eyas.graphed import GraphedTTT  # noqa: E402
+from eyas.train import clip_in_step  # noqa: E402
 from eyas.ttt import Batch, autocast  # noqa: E402
 from eyas.unroll import TTTUnroll, ttt_forward  # noqa: E402
 
@@ -176,7 +177,8 @@ def bench(c, dev, tokens: int, ttt: int, freeze_lm_head: bool, warmup: int, step
         if graphed is None:
             opt.zero_grad(set_to_none=True)  # noqa: F821
             loss.backward()
-        gn = torch.nn.utils.clip_grad_norm_(params, 1.0)
+        # Trainer's clip: inside the fused AdamW kernel on CUDA (eyas.train.clip_in_step)
+        gn = clip_in_step(opt, params, 1.0) if dev.type == "cuda" else torch.nn.utils.clip_grad_norm_(params, 1.0)  # noqa: F821
         opt.step()  # noqa: F821
         sched.step()
         losses.append(loss.item())

@@ -21,8 +21,9 @@ reference definitions the CPU tests check). On CUDA:
   say (the debugging mode).
 - ``compile_layers``: with ``compile``, also compile the decoder layer's two halves around
   attention (``false``: those stay eager; an ablation, benchmarks/README.md).
-- ``triton``: the Triton kernels of :mod:`eyas.triton_ttt` for the head loss and the diagonal
-  merge, when Triton is importable (``false``: their torch definitions, compiled).
+- ``triton``: the Triton kernels of :mod:`eyas.triton_ttt` for the head loss, the diagonal
+  merge and the SwiGLU gating, when Triton is importable (``false``: their torch definitions,
+  compiled).
 - ``cuda_graphs``: replay each training step's forward + backward as one CUDA graph
   (:class:`eyas.graphed.GraphedTTT`) in a single process (DDP's and FSDP's hooks are not
   captured, so ``train.nproc`` > 1 trains without).
@@ -86,8 +87,9 @@ class Backend:
         return False
 
     def triton_kernels(self, x) -> bool:
-        """Whether the head loss and the diagonal merge run as :mod:`eyas.triton_ttt`'s kernels for
-        an input ``x``: on CUDA, with ``compile`` and ``triton`` on and Triton importable."""
+        """Whether the head loss, the diagonal merge and the SwiGLU gating run as
+        :mod:`eyas.triton_ttt`'s kernels for an input ``x``: on CUDA, with ``compile`` and
+        ``triton`` on and Triton importable."""
         if x.device.type != "cuda" or not (self.compile and self.triton):
             return False
         import importlib.util

@@ -225,13 +225,22 @@ def layer_pre(w: LayerWeights, c: DrafterConfig, embeds: torch.Tensor, hidden: t
     return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
 
-def layer_post(w: LayerWeights, c: DrafterConfig, hidden: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
+    """SwiGLU's gating, ``silu(gate) * up``, of the gate_up GEMM's output ``gate_up`` [..., 2I]
+    (gate in the first I columns, up in the last I: :class:`LayerWeights`) -> [..., I]. The torch
+    definition; :func:`eyas.triton_ttt.swiglu` is its CUDA kernel."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+def layer_post(w: LayerWeights, c: DrafterConfig, hidden: torch.Tensor, o: torch.Tensor,
+               gating=swiglu) -> torch.Tensor:
     """The decoder layer after attention: o [B, nh, T, hd] -> output [B, T, H]. The residual is
-    the UN-normed ``hidden`` [B, T, H]; the MLP is SwiGLU ``down(silu(gate(x)) * up(x))``."""
+    the UN-normed ``hidden`` [B, T, H]; the MLP is SwiGLU ``down(silu(gate(x)) * up(x))``, its
+    gating computed by ``gating`` (:func:`swiglu` or its kernel)."""
     B, nh, T, hd = o.shape
     h = hidden + F.linear(o.transpose(1, 2).reshape(B, T, nh * hd), w.o)
-    gate, up = F.linear(rms_norm(h, w.post_norm, c.rms_norm_eps), w.gate_up).chunk(2, dim=-1)
-    return h + F.linear(F.silu(gate) * up, w.down)
+    return h + F.linear(gating(F.linear(rms_norm(h, w.post_norm, c.rms_norm_eps), w.gate_up)), w.down)
 
 
 class Eagle3Drafter(nn.Module):
@@ -308,11 +317,17 @@ class Eagle3Drafter(nn.Module):
         cos, sin = rope_cos_sin(positions, c.head_dim, c.rope_theta, torch.float32, c.rope_scaling)
         if backend.flex_attention(hidden, c.head_dim):
             # CUDA: the layer around attention (norms, GEMMs, RoPE, SiLU*up, residuals) runs
-            # through two torch.compile'd graphs shared by every TTT step; attention is
+            # through two torch.compile'd graphs shared by every TTT step, the SwiGLU gating as
+            # a Triton kernel inside the second when the backend has them; attention is
             # flex_ttt_attention (its block mask is built once per batch)
             q, k, v = compiled(backend, "pre", layer_pre)(w, c, embeds, hidden, cos, sin)
             cache.append((k, v))
-            return compiled(backend, "post", layer_post)(w, c, hidden, flex_ttt_attention(q, cache, doc_ids, backend))
+            o = flex_ttt_attention(q, cache, doc_ids, backend)
+            if backend.triton_kernels(hidden):
+                from eyas.triton_ttt import swiglu as gating
+            else:
+                gating = swiglu
+            return compiled(backend, "post", layer_post)(w, c, hidden, o, gating)
         q, k, v = layer_pre(w, c, embeds, hidden, cos, sin)
         cache.append((k, v))
         return layer_post(w, c, hidden, dense_ttt_attention(q, cache, doc_ids))

@@ -1,7 +1,7 @@
 """The Triton kernels of eyas/triton_ttt.py against their torch definitions (CUDA only): the head
 loss pass (loss, argmax, logits' gradient, rows of zero weight, a strided teacher window) and the
 diagonal merge forward and backward, grouped-query and not, head counts and head dims that are
-not powers of two."""
+not powers of two; the SwiGLU gating forward and backward, alone and inside the compiled layer."""
 
 import pytest
 import torch
@@ -83,3 +83,57 @@ def test_diagonal_merge_non_dense_inputs_and_bad_shapes():
     torch.testing.assert_close(dq, dq_ref, rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="nkv dividing nh"):
         DiagonalMerge.apply(q[:, :3], o0[:, :3], lse0[:, :3], kd, vd)  # 3 heads over 2 kv heads
+
+
+@pytest.mark.parametrize("shape,dtype", [((2, 37, 2 * 1500), torch.bfloat16), ((5, 2 * 64), torch.float32),
+                                         ((3, 11, 2 * 1024), torch.float32)])
+def test_swiglu_kernel_equals_torch(shape, dtype):
+    """The SwiGLU op's forward and backward against autograd through eyas.drafter.swiglu in
+    float64 (I = 1500 and 64: not multiples of the kernel's block; 1024: exactly one block)."""
+    from eyas.drafter import swiglu as reference
+    from eyas.triton_ttt import swiglu
+
+    g = torch.Generator(device="cuda").manual_seed(2)
+    gu = (3 * torch.randn(*shape, generator=g, device="cuda")).to(dtype).requires_grad_()
+    dout = torch.randn(*shape[:-1], shape[-1] // 2, generator=g, device="cuda").to(dtype)
+    out = swiglu(gu)
+    (dgu,) = torch.autograd.grad(out, gu, dout)
+    ref_in = gu.detach().double().requires_grad_()
+    ref = reference(ref_in)
+    (ref_dgu,) = torch.autograd.grad(ref, ref_in, dout.double())
+    assert out.dtype == dtype and out.shape == ref.shape and dgu.shape == gu.shape
+    tol = dict(rtol=1e-2, atol=1e-2) if dtype == torch.bfloat16 else dict(rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out.double(), ref, **tol)
+    torch.testing.assert_close(dgu.double(), ref_dgu, **tol)
+    # a non-contiguous input (a column slice) is read as its values
+    wide = torch.randn(4, 2 * 64 + 8, generator=g, device="cuda")[:, :2 * 64]
+    torch.testing.assert_close(swiglu(wide), reference(wide), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="2I"):
+        swiglu(torch.zeros(3, 5, device="cuda"))
+
+
+def test_swiglu_kernel_in_compiled_layer_equals_eager():
+    """layer_post compiled with the SwiGLU op inside (one graph, no break) equals the eager layer
+    with the torch gating: output and every weight's gradient."""
+    from eyas.drafter import DrafterConfig, Eagle3Drafter, layer_post
+    from eyas.triton_ttt import swiglu
+
+    torch.manual_seed(3)
+    c = DrafterConfig(hidden_size=64, intermediate_size=160, num_attention_heads=4, num_key_value_heads=2,
+                      head_dim=16, vocab_size=100, draft_vocab_size=50, target_hidden_size=64, num_target_layers=8)
+    d = Eagle3Drafter(c).cuda()
+    hidden = torch.randn(2, 9, 64, device="cuda")
+    o = torch.randn(2, 4, 9, 16, device="cuda")
+    compiled = torch.compile(layer_post, dynamic=False, fullgraph=True)
+    outs = []
+    for fn, gating in ((layer_post, None), (compiled, swiglu)):
+        d.zero_grad(set_to_none=True)
+        w = d.midlayer.weights()
+        out = fn(w, c, hidden, o) if gating is None else fn(w, c, hidden, o, gating)
+        out.square().sum().backward()
+        outs.append((out.detach(), [p.grad.clone() for p in d.midlayer.parameters() if p.grad is not None]))
+    (ref, ref_grads), (got, got_grads) = outs
+    torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
+    assert len(got_grads) == len(ref_grads) == 5  # o_proj, the post-attention norm, gate, up, down
+    for a, b in zip(got_grads, ref_grads):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
