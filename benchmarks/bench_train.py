@@ -36,7 +36,7 @@ from eyas.config import load_params  # noqa: E402
 from eyas.drafter import DrafterConfig, Eagle3Drafter  # noqa: E402
 from eyas.graphed import GraphedTTT  # noqa: E402
 from eyas.train import clip_in_step  # noqa: E402
-from eyas.ttt import Batch, autocast, counts_from_stats  # noqa: E402
+from eyas.ttt import Batch, autocast  # noqa: E402
 from eyas.unroll import TTTUnroll, ttt_forward  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -162,33 +162,25 @@ def bench(c, dev, tokens: int, ttt: int, freeze_lm_head: bool, warmup: int, step
     sched = get_cosine_schedule_with_warmup(opt, 10, 10_000)
     losses = []
     it = [0]
-    unroll = TTTUnroll(d, head_rows, ttt, 0.8, backend)
-    graphed = GraphedTTT(unroll) if graphs else None
-    fused = dev.type == "cuda"  # the Trainer's update_in_kernel (one process)
+    graphed = GraphedTTT(TTTUnroll(d, head_rows, ttt, 0.8, backend)) if graphs else None
 
     def step():  # the body of eyas.train.Trainer.train_step
         b = batches[it[0] % 2]  # noqa: F821
         it[0] += 1
         if graphed is not None:
-            loss, stats = graphed.step(b)
+            loss, metrics, counts = graphed.step(b)
         else:
             with autocast(dev):
-                loss, stats = unroll(b)
-        nonfinite = ~torch.isfinite(loss.detach())
-        if not fused and bool(nonfinite):
+                loss, metrics, counts = ttt_forward(d, b, head_rows, ttt, 0.8, backend=backend)  # noqa: F821
+        if not torch.isfinite(loss):
             raise FloatingPointError("non-finite loss")
         if graphed is None:
             opt.zero_grad(set_to_none=True)  # noqa: F821
             loss.backward()
-        if fused:  # clip and non-finite skip inside the fused AdamW kernel (eyas.train.clip_in_step)
-            gn = clip_in_step(opt, params, 1.0, skip=nonfinite)  # noqa: F821
-        else:
-            gn = torch.nn.utils.clip_grad_norm_(params, 1.0)
+        # Trainer's clip: inside the fused AdamW kernel on CUDA (eyas.train.clip_in_step)
+        gn = clip_in_step(opt, params, 1.0) if dev.type == "cuda" else torch.nn.utils.clip_grad_norm_(params, 1.0)  # noqa: F821
         opt.step()  # noqa: F821
-        if bool(nonfinite):
-            raise FloatingPointError("non-finite loss")
         sched.step()
-        counts_from_stats(stats)
         losses.append(loss.item())
         gn.item()
 
@@ -296,8 +288,7 @@ def check_graph(c, dev, ttt: int, backend: Backend) -> dict:
     g = GraphedTTT(TTTUnroll(d, head, ttt, 0.8, backend))
     out = {"loss_rel_diff": [], "grad_rel_err": [], "counts_equal": [], "captures": 0}
     for i in (0, 1, 0, 1):
-        loss, stats = g.step(bs[i])
-        counts = counts_from_stats(stats)
+        loss, _, counts = g.step(bs[i])
         r_loss, r_grads, r_counts = ref[i]
         num = sum(float((p.grad.float() - r).norm() ** 2) for p, r in zip(params, r_grads)) ** 0.5
         den = sum(float(r.norm() ** 2) for r in r_grads) ** 0.5

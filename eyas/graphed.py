@@ -12,8 +12,7 @@ the batch is rebuilt from the static ``doc_ids`` inside the graph, so every batc
 mask) and ``loss.backward()``, whose gradients are allocated in the graph's memory pool during
 capture and rewritten by every replay (no zeroing pass, no accumulation into old gradients). Not
 in the graph: copying the batch into the static inputs, the finiteness check, clipping and the
-optimizer step (eager, launched behind the replay: :meth:`eyas.train.Trainer.train_step`; a
-non-finite loss still stops training before any update).
+optimizer step (eager, unchanged), so a non-finite loss still stops training before any update.
 The caller must not replace ``.grad`` (``zero_grad(set_to_none=True)``) between steps: the
 optimizer must read the tensors the graph writes.
 
@@ -25,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from eyas.ttt import TENSOR_FIELDS, Batch, autocast
+from eyas.ttt import TENSOR_FIELDS, Batch, autocast, counts_from_stats, summarise
 from eyas.unroll import TTTUnroll
 
 
@@ -34,15 +33,12 @@ class GraphedTTT:
 
     ``step(batch)`` runs ``unroll``'s forward and backward on ``batch``, leaves the gradient in
     ``p.grad`` of every trainable parameter (overwritten, not accumulated) and returns (loss:
-    detached scalar float32 tensor on the device, stats: [ttt_length, 6] float64 on the device, as
-    :meth:`eyas.unroll.TTTUnroll.forward` returns them). Nothing is read back to the host, so the
-    caller can launch the optimizer behind the replay before it waits for either
-    (:func:`eyas.ttt.counts_from_stats` reads the stats). The first batch of a new shape is run
-    ``warmup`` times eagerly on a side stream (compilation, cuBLAS workspaces) before capture; its
-    shape then replaces any earlier graph. Whether training uses it at all is
-    :meth:`eyas.backend.Backend.graphs`: on CUDA, one process (DDP's gradient hooks are not
-    captured); a whole train_drafter run with graphs matches eager (tests/test_graphed.py, on a
-    GPU).
+    detached scalar float32 tensor on the device, metrics as in :func:`eyas.unroll.ttt_forward`,
+    counts as there). The first batch of a new shape is run ``warmup`` times eagerly on a side
+    stream (compilation, cuBLAS workspaces) before capture; its shape then replaces any earlier
+    graph. Whether training uses it at all is :meth:`eyas.backend.Backend.graphs`: on CUDA, one
+    process (DDP's gradient hooks are not captured); a whole train_drafter run with graphs
+    matches eager (tests/test_graphed.py, on a GPU).
     """
 
     def __init__(self, unroll: TTTUnroll, warmup: int = 3):
@@ -82,11 +78,12 @@ class GraphedTTT:
             self.loss, self.stats = self._body()
         self.captures += 1
 
-    def step(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    def step(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float], dict]:
         if self.static is None or self.static.input_ids.shape != batch.input_ids.shape \
                 or self.static.aux_hidden.shape != batch.aux_hidden.shape:
             self._capture(batch)
         else:
             self._load(batch)
         self.graph.replay()
-        return self.loss, self.stats
+        counts = counts_from_stats(self.stats)
+        return self.loss, dict(summarise(counts, self.unroll.ttt_length)), counts

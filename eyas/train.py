@@ -183,10 +183,8 @@ class TrainResult:
     curve: list       # rows for the DVC plots file: step, split, metrics
 
 
-def clip_in_step(opt: torch.optim.Optimizer, params: list[torch.Tensor], max_norm: float,
-                 skip: torch.Tensor | None = None) -> torch.Tensor:
-    """Clip the gradients to total L2 norm ``max_norm`` inside the next ``opt.step()``, and make
-    that step a no-op where ``skip``.
+def clip_in_step(opt: torch.optim.Optimizer, params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
+    """Clip the gradients to total L2 norm ``max_norm`` inside the next ``opt.step()``.
 
     ``torch.nn.utils.clip_grad_norm_``'s rule (the gradients times
     ``min(1, max_norm / (norm + 1e-6))``), with the multiplication left to a fused optimizer:
@@ -194,22 +192,17 @@ def clip_in_step(opt: torch.optim.Optimizer, params: list[torch.Tensor], max_nor
     ``torch.amp.GradScaler`` uses: ``pytorch/pytorch: torch/optim/adam.py``, ``_fused_adam``), so
     the gradients are not read and written once more only to be scaled (0.66 ms per step for the
     8B drafter's 268M fp32 gradients on an H200: ``benchmarks/results/profile_train.json``).
-    Equal to clipping first up to float32 rounding (tests/test_clip.py). ``skip`` uses the other
-    hook, ``opt.found_inf``: where it is true the kernel leaves weights, moments and step count
-    as they were, so the caller can launch the step before reading the loss back and still stop
-    before any update on a non-finite loss. Nothing here waits for the GPU.
+    Equal to clipping first up to float32 rounding (tests/test_clip.py).
 
     Args:
         opt: an optimizer built with ``fused=True`` (others reject ``grad_scale``).
         params: its parameters; those without a gradient are skipped.
         max_norm: the clip threshold, > 0.
-        skip: 0-dim bool tensor on the gradients' device, or ``None`` (never skip).
     Returns:
         The total norm of the gradients before clipping: 0-dim float32 tensor on their device.
     """
     norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
     opt.grad_scale = ((norm + 1e-6) / max_norm).clamp(min=1.0)
-    opt.found_inf = None if skip is None else skip.float()
     return norm
 
 
@@ -251,11 +244,10 @@ class Trainer:
         self.model = dist_utils.wrap_data_parallel(unroll, tp.strategy, device)
         self.params = [p for p in self.model.parameters() if p.requires_grad]  # after wrapping: FSDP's DTensors
         # CUDA: the fused AdamW kernel (one launch per step instead of a dozen foreach passes);
-        # unsharded, it also clips and skips a non-finite step itself (clip_in_step), so the
-        # update is launched before anything is read back
+        # unsharded, it also applies the clip (clip_in_step)
         self.opt = torch.optim.AdamW(self.params, lr=self.lr, betas=(0.9, 0.95), weight_decay=tp.weight_decay,
                                      fused=device.type == "cuda")
-        self.update_in_kernel = device.type == "cuda" and not self.fsdp
+        self.clip_in_kernel = device.type == "cuda" and not self.fsdp
         # CUDA, one process: forward + backward replayed as one CUDA graph (eyas/graphed.py)
         self.graphed = GraphedTTT(unroll) if self.backend.graphs(device, self.world) else None
         # compiled code (and the graph) sees one batch shape: every batch padded to it (eyas.ttt.static_shape)
@@ -324,56 +316,41 @@ class Trainer:
             norms = n_glob.clamp(min=1).to(torch.float32) / world
         padded = batch if self.static_shape is None else pad_batch(batch, *self.static_shape)
         if self.graphed is not None:  # gradients are already in p.grad
-            loss, stats = self.graphed.step(padded)
+            loss, metrics, counts = self.graphed.step(padded)
         else:
             with autocast(self.device):
                 loss, stats = self.model(padded, norms)
+            counts = counts_from_stats(stats)
+            metrics = dict(summarise(counts, tp.ttt_length))
         loss_g = loss.detach() if world == 1 else dist_utils.all_reduce_sum(loss.detach()) / world
-        nonfinite = ~torch.isfinite(loss_g)
-        if not self.update_in_kernel:  # read back now: no update follows a non-finite loss
-            self._stop_if(loss_g, batch, epoch)
-        grad_norm = self._update(loss, nonfinite)
-        # the fused update was launched without waiting for the GPU and skipped itself on a
-        # non-finite loss (clip_in_step): the first read-back is here
-        self._stop_if(loss_g, batch, epoch)
+        if not torch.isfinite(loss_g):
+            raise NonFiniteLossError(
+                f"non-finite loss {loss_g.item()} at optimizer step {self.step + 1} (epoch {epoch}); "
+                f"batch samples (shard, index): {batch.sample_ids[:8]}; last good checkpoint: "
+                f"{f'{self.last_ckpt} (step {self.last_ckpt_step})' if self.last_ckpt else 'none'}")
+        if self.graphed is None:
+            self.opt.zero_grad(set_to_none=True)
+            loss.backward()
+        if self.clip_in_kernel:
+            grad_norm = clip_in_step(self.opt, self.params, tp.grad_clip)
+        else:
+            # FSDP: the norm over all shards (a replicated DTensor), so every rank clips alike
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.params, tp.grad_clip)
+            if self.fsdp:
+                grad_norm = grad_norm.full_tensor()
+        self.opt.step()
         self.sched.step()
         self.step += 1
         self.tokens += int(batch.input_ids.numel())
-        counts = counts_from_stats(stats)
         if world > 1:
             counts = dist_utils.all_reduce_counts(counts)
-        metrics = summarise(counts, tp.ttt_length)
+            metrics = summarise(counts, tp.ttt_length)
         add_counts(self.last_epoch_counts, counts)
         loss_f = loss_g.item()
         self.tracker.log_metrics({"train/loss": loss_f, "train/grad_norm": grad_norm.item(),
                                   "train/lr": self.sched.get_last_lr()[0],
                                   **{f"train/{k}": v for k, v in metrics.items()}}, step=self.step)
         self.curve.append({"step": self.step, "split": "train", "loss": loss_f, **metrics})
-
-    def _stop_if(self, loss: torch.Tensor, batch: Batch, epoch: int) -> None:
-        """Raise :class:`NonFiniteLossError` when ``loss`` (0-dim tensor: read back) is not finite."""
-        if not math.isfinite(loss_f := loss.item()):
-            raise NonFiniteLossError(
-                f"non-finite loss {loss_f} at optimizer step {self.step + 1} (epoch {epoch}); "
-                f"batch samples (shard, index): {batch.sample_ids[:8]}; last good checkpoint: "
-                f"{f'{self.last_ckpt} (step {self.last_ckpt_step})' if self.last_ckpt else 'none'}")
-
-    def _update(self, loss: torch.Tensor, nonfinite: torch.Tensor) -> torch.Tensor:
-        """Backward (unless the CUDA graph ran it), clip and AdamW step; returns the gradients'
-        total norm before clipping (0-dim tensor on the device). With :attr:`update_in_kernel` the
-        fused AdamW kernel clips and skips itself where ``nonfinite`` (:func:`clip_in_step`)."""
-        if self.graphed is None:
-            self.opt.zero_grad(set_to_none=True)
-            loss.backward()
-        if self.update_in_kernel:
-            grad_norm = clip_in_step(self.opt, self.params, self.tp.grad_clip, skip=nonfinite)
-        else:
-            # FSDP: the norm over all shards (a replicated DTensor), so every rank clips alike
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.tp.grad_clip)
-            if self.fsdp:
-                grad_norm = grad_norm.full_tensor()
-        self.opt.step()
-        return grad_norm
 
     # --- log --------------------------------------------------------------------------------
     def evaluate(self) -> dict:

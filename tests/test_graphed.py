@@ -12,7 +12,7 @@ import torch
 from eyas.backend import Backend
 from eyas.drafter import DrafterConfig, Eagle3Drafter
 from eyas.graphed import GraphedTTT
-from eyas.ttt import Batch, autocast, counts_from_stats, pad_batch
+from eyas.ttt import Batch, autocast, pad_batch
 from eyas.unroll import TTTUnroll, ttt_forward
 
 CFG = DrafterConfig(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
@@ -80,8 +80,7 @@ def test_graph_replay_equals_eager_over_batches_with_other_documents():
     ref = [loss_grads_counts(d, b, head) for b in bs]
     g = GraphedTTT(TTTUnroll(d, head, 3, 0.8, FAST))
     for i in (0, 1, 0):
-        loss, stats = g.step(bs[i])
-        counts = counts_from_stats(stats)
+        loss, _, counts = g.step(bs[i])
         assert counts["tokens_0"] == ref[i][2]["tokens_0"]
         assert float(loss) == pytest.approx(ref[i][0], rel=1e-4)
         for p, e in zip([p for p in d.parameters() if p.requires_grad], ref[i][1]):
@@ -131,46 +130,6 @@ def test_training_stage_with_graphs_matches_eager(tmp_path, monkeypatch):
         assert a == pytest.approx(b, rel=2e-3)
     assert v1["loss_0"] == pytest.approx(v0["loss_0"], rel=2e-3)
     assert float((w1 - w0).norm()) <= 2e-3 * float(w0.norm())
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="the fused update runs on CUDA")
-@pytest.mark.parametrize("graphs", [True, False])
-def test_non_finite_loss_stops_before_any_update_on_cuda(tmp_path, graphs):
-    """On CUDA the AdamW step is launched before the loss is read back (eyas.train.clip_in_step
-    skips it in the kernel): a NaN feature still stops training at optimizer step 1 with the
-    weights as they were initialised."""
-    from safetensors.torch import load_file
-
-    from eyas.config import default_params
-    from eyas.features import FeatureStore
-    from eyas.files import save_safetensors
-    from eyas.tracking import Tracker
-    from eyas.train import NonFiniteLossError, new_drafter, train_drafter
-    from eyas.vocab import build_mapping, count_tokens
-    from tests.tiny import tiny_target, write_features
-
-    target = tiny_target()
-    train = write_features(target, tmp_path / "train", 16, seed=1)
-    val = write_features(target, tmp_path / "val", 8, seed=2)
-    for shard in sorted((tmp_path / "train").glob("shard-*.safetensors")):
-        t = load_file(str(shard))
-        t["aux_hidden"][:] = float("nan")
-        save_safetensors(t, shard)
-    train = FeatureStore.open(tmp_path / "train")
-    head = target.head_weights()
-    ids, mask = train.token_stats()
-    mapping, _ = build_mapping(count_tokens(ids, mask, train.manifest["vocab_size"]), 64)
-    d = new_drafter(train.manifest, mapping, head["embed_tokens"], seed=0)
-    before = {k: v.clone() for k, v in d.state_dict().items()}
-    tp = dataclasses.replace(default_params().train, ttt_length=3, batch_tokens=128, epochs=1, warmup_ratio=0.0,
-                             eval_every=100, max_steps=4,
-                             backend=dataclasses.replace(FAST, attention="auto", cuda_graphs=graphs))
-    with pytest.raises(NonFiniteLossError, match="non-finite loss nan at optimizer step 1 "):
-        train_drafter(d, train_store=train, val_store=val, lm_head=head["lm_head"], tp=tp, lr=1e-3, seed=0,
-                      tracker=Tracker(), device=torch.device("cuda"))
-    after = d.state_dict()
-    assert all(torch.equal(after[k].cpu(), v.cpu()) for k, v in before.items())
 
 
 class _Loader:
