@@ -178,7 +178,7 @@ def bench(c, dev, tokens: int, ttt: int, freeze_lm_head: bool, warmup: int, step
             opt.zero_grad(set_to_none=True)  # noqa: F821
             loss.backward()
         # Trainer's clip: inside the fused AdamW kernel on CUDA (eyas.train.clip_in_step)
-        gn = clip_in_step(opt, params, 1.0) if dev.type == "cuda" else torch.nn.utils.clip_grad_norm_(params, 1.0)  # noqa: F821
+        gn = clip_in_step(opt, 1.0) if dev.type == "cuda" else torch.nn.utils.clip_grad_norm_(params, 1.0)  # noqa: F821
         opt.step()  # noqa: F821
         sched.step()
         losses.append(loss.item())

@@ -183,25 +183,32 @@ class TrainResult:
     curve: list       # rows for the DVC plots file: step, split, metrics
 
 
-def clip_in_step(opt: torch.optim.Optimizer, params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
-    """Clip the gradients to total L2 norm ``max_norm`` inside the next ``opt.step()``.
+def clip_in_step(opt: torch.optim.Optimizer, max_norm: float) -> torch.Tensor:
+    """Clip the gradients of ``opt``'s parameters to total L2 norm ``max_norm`` inside the next
+    ``opt.step()``.
 
     ``torch.nn.utils.clip_grad_norm_``'s rule (the gradients times
     ``min(1, max_norm / (norm + 1e-6))``), with the multiplication left to a fused optimizer:
-    its kernel divides each gradient by ``opt.grad_scale`` as it reads it (the hook
-    ``torch.amp.GradScaler`` uses: ``pytorch/pytorch: torch/optim/adam.py``, ``_fused_adam``), so
-    the gradients are not read and written once more only to be scaled (0.66 ms per step for the
-    8B drafter's 268M fp32 gradients on an H200: ``benchmarks/results/profile_train.json``).
-    Equal to clipping first up to float32 rounding (tests/test_clip.py).
+    its kernel divides each gradient by ``opt.grad_scale`` as it reads it and writes the result
+    back (the hook ``torch.amp.GradScaler`` uses: ``pytorch/pytorch: torch/optim/adam.py``,
+    ``_fused_adam``), so the gradients are not read and written once more only to be scaled
+    (0.66 ms per step for the 8B drafter's 268M fp32 gradients on an H200:
+    ``benchmarks/results/profile_train.json``). The norm is over every parameter of every group
+    that has a gradient, the set the scale applies to. Equal to clipping first up to float32
+    rounding (tests/test_clip.py).
 
     Args:
         opt: an optimizer built with ``fused=True`` (others reject ``grad_scale``).
-        params: its parameters; those without a gradient are skipped.
-        max_norm: the clip threshold, > 0.
+        max_norm: the clip threshold.
     Returns:
         The total norm of the gradients before clipping: 0-dim float32 tensor on their device.
+    Raises:
+        ValueError: ``max_norm`` <= 0 (``clip_grad_norm_`` would zero or flip the gradients).
     """
-    norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+    if not max_norm > 0:
+        raise ValueError(f"clip_in_step: max_norm must be > 0, got {max_norm}")
+    grads = [p.grad for group in opt.param_groups for p in group["params"] if p.grad is not None]
+    norm = torch.nn.utils.get_total_norm(grads).float()
     opt.grad_scale = ((norm + 1e-6) / max_norm).clamp(min=1.0)
     return norm
 
@@ -332,7 +339,7 @@ class Trainer:
             self.opt.zero_grad(set_to_none=True)
             loss.backward()
         if self.clip_in_kernel:
-            grad_norm = clip_in_step(self.opt, self.params, tp.grad_clip)
+            grad_norm = clip_in_step(self.opt, tp.grad_clip)
         else:
             # FSDP: the norm over all shards (a replicated DTensor), so every rank clips alike
             grad_norm = torch.nn.utils.clip_grad_norm_(self.params, tp.grad_clip)

@@ -1,5 +1,6 @@
 """eyas.train.clip_in_step: the clip left to the fused AdamW kernel equals clip_grad_norm_ then the
-step, with the clip active and not, over several steps (CPU fused AdamW; CUDA's too on a GPU)."""
+step, with the clip active and not, over several steps and two param groups (CPU fused AdamW;
+CUDA's too on a GPU)."""
 
 import math
 
@@ -20,14 +21,18 @@ def test_clip_in_step_equals_clip_then_step(device, max_norm):
     ours = [p.clone().to(device).requires_grad_() for p in init]
     ref = [p.clone().to(device).requires_grad_() for p in init]
     frozen = torch.zeros(4, device=device, requires_grad=True)  # no gradient: skipped, not updated
-    opt = torch.optim.AdamW(ours + [frozen], lr=1e-2, weight_decay=0.1, fused=True)
-    opt_ref = torch.optim.AdamW(ref, lr=1e-2, weight_decay=0.1, fused=True)
+
+    def groups(ps, extra=()):  # two groups, as a trainer with decay / no-decay groups has
+        return [{"params": ps[:1], "weight_decay": 0.1}, {"params": ps[1:] + list(extra), "weight_decay": 0.0}]
+
+    opt = torch.optim.AdamW(groups(ours, [frozen]), lr=1e-2, fused=True)
+    opt_ref = torch.optim.AdamW(groups(ref), lr=1e-2, fused=True)
     for _ in range(3):
         grads = [3 * torch.randn(p.shape, generator=g).to(device) for p in init]
         for p, q, gr in zip(ours, ref, grads):
             p.grad, q.grad = gr.clone(), gr.clone()
         by_hand = math.sqrt(sum(float(gr.double().square().sum()) for gr in grads))
-        norm = clip_in_step(opt, ours + [frozen], max_norm)
+        norm = clip_in_step(opt, max_norm)
         norm_ref = torch.nn.utils.clip_grad_norm_(ref, max_norm)
         assert norm.dtype == torch.float32 and norm.shape == ()
         assert float(norm) == pytest.approx(by_hand, rel=1e-6)
@@ -41,3 +46,12 @@ def test_clip_in_step_equals_clip_then_step(device, max_norm):
             clipped = math.sqrt(sum(float(p.grad.double().square().sum()) for p in ours))
             assert clipped == pytest.approx(max_norm, rel=1e-5)
     assert frozen.abs().max() == 0
+
+
+def test_clip_in_step_rejects_a_threshold_that_is_not_positive():
+    p = torch.zeros(3, requires_grad=True)
+    p.grad = torch.ones(3)
+    opt = torch.optim.AdamW([p], fused=True)
+    for bad in (0.0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="max_norm must be > 0"):
+            clip_in_step(opt, bad)
