@@ -203,10 +203,16 @@ def clip_in_step(opt: torch.optim.Optimizer, max_norm: float) -> torch.Tensor:
     Returns:
         The total norm of the gradients before clipping: 0-dim float32 tensor on their device.
     Raises:
-        ValueError: ``max_norm`` <= 0 (``clip_grad_norm_`` would zero or flip the gradients).
+        ValueError: ``max_norm`` <= 0 (``clip_grad_norm_`` would zero or flip the gradients), or an
+            optimizer whose step does not apply ``grad_scale`` (not fused, or a kind without the
+            hook: it would fail at ``step()`` or silently not clip).
     """
     if not max_norm > 0:
         raise ValueError(f"clip_in_step: max_norm must be > 0, got {max_norm}")
+    if not (opt.defaults.get("fused") and getattr(opt, "_step_supports_amp_scaling", False)):
+        raise ValueError(f"clip_in_step: {type(opt).__name__} (fused={opt.defaults.get('fused')}) does not apply "
+                         f"grad_scale in its step; build it with fused=True (AdamW, Adam, SGD, Adagrad) or clip "
+                         f"with torch.nn.utils.clip_grad_norm_")
     grads = [p.grad for group in opt.param_groups for p in group["params"] if p.grad is not None]
     norm = torch.nn.utils.get_total_norm(grads).float()
     opt.grad_scale = ((norm + 1e-6) / max_norm).clamp(min=1.0)

@@ -55,3 +55,12 @@ def test_clip_in_step_rejects_a_threshold_that_is_not_positive():
     for bad in (0.0, -1.0, float("nan")):
         with pytest.raises(ValueError, match="max_norm must be > 0"):
             clip_in_step(opt, bad)
+
+
+@pytest.mark.parametrize("make", [lambda ps: torch.optim.AdamW(ps), lambda ps: torch.optim.RMSprop(ps)])
+def test_clip_in_step_rejects_an_optimizer_that_would_not_clip(make):
+    """Non-fused AdamW would fail at step() with an assertion; RMSprop would silently not clip."""
+    p = torch.zeros(3, requires_grad=True)
+    p.grad = torch.full((3,), 100.0)
+    with pytest.raises(ValueError, match="does not apply grad_scale"):
+        clip_in_step(make([p]), 1.0)
