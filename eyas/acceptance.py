@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from eyas.chain_oracle import accepted_draft_counts, chain_report, walk_metrics
+from eyas.chain_oracle import accepted_draft_counts, chain_report, per_prompt_walks, walk_metrics
 from eyas.distill import generate_batch
 from eyas.speculative import NgramProposer, evaluate_prompts
 
@@ -53,7 +53,8 @@ def evaluate_benchmark(target, drafter, prompts: list[list[int]], *, num_draft_t
         ``(eagle, ngram)`` metric dicts. ``eagle`` holds :func:`evaluate_prompts`' keys, with the
         decoding keys (``accept_len``, ``per_position_accept_rate``, ``accepted_histogram``,
         counts) taken from the oracle over all prompts, plus ``accept_len_by_chain_length``,
-        ``repetition``, ``oracle_matches_real`` (on the real runs), ``real_run`` (the real runs'
+        ``repetition``, ``oracle_matches_real`` (on the real runs), ``per_prompt`` (each prompt's
+        walk, eyas.chain_oracle.per_prompt_walks), ``real_run`` (the real runs'
         own ``accept_len``, ``num_prompts``, ``num_verify_steps``) and ``settings.timed_prompts`` /
         ``settings.reference``. ``ngram`` holds the same decoding keys for prompt lookup.
     """
@@ -73,7 +74,7 @@ def evaluate_benchmark(target, drafter, prompts: list[list[int]], *, num_draft_t
                                     features=f) for p, y, f in zip(prompts, greedy, fed)]
     check = chain_report(counts[:n_real], greedy[:n_real], k, real)["oracle_matches_real"]
     eagle = {**real, **walk_metrics(counts, greedy, k), **chain_report(counts, greedy, k, None),
-             "oracle_matches_real": check,
+             "oracle_matches_real": check, "per_prompt": per_prompt_walks(counts, greedy, k),
              "real_run": {key: real[key] for key in ("accept_len", "num_prompts", "num_verify_steps")}}
     eagle["settings"] = {**real["settings"], "num_prompts": len(prompts), "timed_prompts": n_real,
                          "reference": "unbatched greedy (timed runs)" if n_real == len(prompts) else

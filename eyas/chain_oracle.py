@@ -26,6 +26,8 @@ tokens are committed: its step ``i`` predicts ``y[p + i]``.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import statistics
 
 import torch
@@ -230,6 +232,23 @@ def repetition_loop_period(tokens: list[int], *, min_span: int = 16, max_period:
         if L <= M and L >= max(min_span, min_repeats * P):
             return P
     return None
+
+
+def per_prompt_walks(counts: list[list[int]], outputs: list[list[int]], num_draft_tokens: int) -> list[dict]:
+    """Each prompt's greedy chain walk at k = ``num_draft_tokens`` (:func:`chain_walk`), what an
+    engine's per-request counters are compared with (eyas.llamacpp.agreement).
+
+    Returns:
+        one dict per prompt: ``verify_steps``, ``accepted`` (drafts accepted, summed),
+        ``new_tokens`` (``len(y)``, the stop token included) and ``output_sha256`` (of the output
+        ids as a JSON list: equal outputs have equal digests).
+    """
+    out = []
+    for c, y in zip(counts, outputs, strict=True):
+        walk = chain_walk(c, len(y), num_draft_tokens)
+        out.append({"verify_steps": len(walk), "accepted": sum(a for a, _ in walk), "new_tokens": len(y),
+                    "output_sha256": hashlib.sha256(json.dumps(list(y)).encode()).hexdigest()})
+    return out
 
 
 def chain_report(counts: list[list[int]], outputs: list[list[int]], num_draft_tokens: int,

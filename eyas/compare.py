@@ -14,6 +14,8 @@ column per parent (latest first) and one row per key param / stage metric:
   ``<bench>/worth_serving`` (logged 1 / 0, shown ``yes`` / ``no``, ``not logged`` while the
   verdict is unknown: the drafter beats the n-gram floor and greedy decoding,
   eyas.eval_checks.serving_verdict);
+- llama.cpp serving each drafter (eyas/llamacpp.py): ``<bench>/engine/accept_len`` and ``speedup``
+  (the target eyas evaluates, as a GGUF) and ``<bench>/engine_quantized/...`` (the target's own GGUF);
 - the served table (eyas/served.py): every ``<bench>/served/<row>/accept_len`` an eval child
   logged (greedy chain, greedy tree, sampled chain per temperature; the n-gram rows from either
   eval child), with its 95% interval (``ci95_low`` / ``ci95_high``) in brackets.
@@ -47,12 +49,22 @@ BENCHES = ("chat", "humaneval")
 # the serving verdict's row label, after "<drafter> <bench>" (both modes)
 WORTH = "worth serving (beats the n-gram floor and greedy)"
 
+# llama.cpp serving the drafter (eyas/llamacpp.py): (row label after "<drafter> <bench>", MLflow metric
+# key after "<bench>/", keys after "<bench>" in metrics/eval_<drafter>.json), as the eval stage writes them
+ENGINE_ROWS = [
+    (f"{what} in llama.cpp ({target} target)", f"{log}/{what}", ("engine", block, what))
+    for target, log, block in (("same-precision", "engine", "same_precision"), ("quantized", "engine_quantized",
+                                                                                   "quantized"))
+    for what in ("accept_len", "speedup")]
+
 # (label, stage, metric key); stage None = the first eval child that has the metric
 STAGE_METRICS: list[tuple[str, str | None, str]] = [
     ("train-scratch val acc_0", "train-scratch", "final/acc_0"),
     ("train-finetune val acc_0", "train-finetune", "final/acc_0"),
     *[(f"scratch {b} accept_len", "eval-accept-len@scratch", f"{b}/accept_len") for b in BENCHES],
     *[(f"finetune {b} accept_len", "eval-accept-len@finetune", f"{b}/accept_len") for b in BENCHES],
+    *[(f"{d} {b} {label}", f"eval-accept-len@{d}", f"{b}/{key}") for d in ("scratch", "finetune") for b in BENCHES
+      for label, key, _ in ENGINE_ROWS],
     *[(f"n-gram floor {b} accept_len", None, f"{b}/ngram_accept_len") for b in BENCHES],
     *[(f"{d} {b} {WORTH}", f"eval-accept-len@{d}", f"{b}/worth_serving")
       for d in ("scratch", "finetune") for b in BENCHES],
@@ -338,6 +350,8 @@ DIR_ROWS: list[tuple[str, str, tuple]] = [
         (f"scratch {b} accept_len without looping prompts", "eval_scratch.json",
          (b, "repetition", "accept_len_non_looping")),
         (f"scratch {b} speedup (median)", "eval_scratch.json", (b, "speedup")),
+        *[(f"{d} {b} {label}", f"eval_{d}.json", (b, *keys))
+          for d in ("scratch", "finetune") for label, _, keys in ENGINE_ROWS],
         (f"finetune {b} accept_len", "eval_finetune.json", (b, "accept_len")),
         (f"finetune {b} accept_len k=4", "eval_finetune.json", (b, "accept_len_by_chain_length", "4")),
         (f"n-gram floor {b} accept_len", "eval_scratch.json", ("ngram", b, "accept_len")),

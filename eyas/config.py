@@ -174,6 +174,13 @@ class EvalParams:
 
 
 @dataclass(kw_only=True)
+class ServeParams:
+    engine: str  # 'llamacpp': eval serves each drafter with llama-server (eyas/llamacpp.py); 'none': no engine block
+    threads: int  # llama-server's CPU threads (-t)
+    quantized_target: bool  # also serve the target's own GGUF file (the embedded Q4_1), reported apart
+
+
+@dataclass(kw_only=True)
 class Params:
     lr: float
     seed: int
@@ -188,6 +195,7 @@ class Params:
     train_scratch: TrainScratchParams
     train_finetune: TrainFinetuneParams
     eval: EvalParams
+    serve: ServeParams
 
 
 def _coerce(value: Any, tp: Any, path: str, source: str) -> Any:
@@ -410,6 +418,8 @@ _RANGES = [
      "a non-empty list of distinct integers in [0, 2**63)"),
     ("eval.tree_topk", lambda v: v >= 1, ">= 1"),
     ("eval.tree_num_steps", lambda v: v >= 1, ">= 1"),
+    ("serve.engine", lambda v: v in ("llamacpp", "none"), "'llamacpp' (llama-server serves each drafter in the eval) or 'none'"),
+    ("serve.threads", lambda v: v >= 1, ">= 1"),
 ]
 
 

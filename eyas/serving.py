@@ -186,7 +186,7 @@ def check_reply(ids: list[int], reason: str, stop_ids, max_new_tokens: int, voca
     return ids
 
 
-def _http(url: str, body: dict | None, timeout: float) -> dict:
+def http_json(url: str, body: dict | None, timeout: float) -> dict:
     """The JSON object ``url`` answers (GET, or POST of ``body``); every failure is a
     :class:`ServerError` naming ``url`` (and the exception's type and message)."""
     data = None if body is None else json.dumps(body).encode()
@@ -228,7 +228,7 @@ def served_models(url: str, timeout: float = 30.0) -> list[dict]:
     Raises:
         ServerError: the server cannot be reached, fails, or returns no list of objects.
     """
-    out = _http(url.rstrip("/") + "/v1/models", None, timeout)
+    out = http_json(url.rstrip("/") + "/v1/models", None, timeout)
     data = out.get("data")
     if not isinstance(data, list) or not all(isinstance(m, dict) for m in data):
         raise ServerError(f"{url}/v1/models: no 'data' list of objects in {json.dumps(out)[:200]}")
@@ -242,7 +242,7 @@ def generate_one(server, prompt_ids: list[int], max_new_tokens: int, stop_ids, v
     naming the URL."""
     path, body = request_for(server.api, server.model, prompt_ids, max_new_tokens, stop_ids)
     url = server.url.rstrip("/") + path
-    payload = _http(url, body, server.timeout)
+    payload = http_json(url, body, server.timeout)
     try:
         return check_reply(*parse_reply(server.api, payload), stop_ids, max_new_tokens, vocab_size)
     except ServerError as e:

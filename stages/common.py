@@ -19,6 +19,7 @@ CONVERSATIONS = Path("data/conversations")
 DISTILLED = Path("data/distilled")  # self-distill: the splits extract reads
 FEATURES = Path("data/features")
 VOCAB = Path("models/vocab")
+TARGET_GGUF = Path("models/target_gguf")  # target-gguf: config + tokenizer (+ target.gguf) for llama.cpp
 METRICS = Path("metrics")
 PLOTS = Path("plots")
 # the vocab report logged with each trained drafter: a declared dep of that stage

@@ -52,13 +52,14 @@ from eyas.data import chat_prompts, humaneval_prompts, read_jsonl
 from eyas.distill import fit_prompt
 from eyas.files import sha256_file, write_json
 from eyas.formats.load import load_drafter
+from eyas.llamacpp import ENGINE, agreement, disagreement_message, serve_benchmark
 from eyas.plots import accept_len_figure
-from eyas.provenance import check, digest, target_identity
+from eyas.provenance import check, digest, sha256_cached, target_identity
 from eyas.resume import Parts, code_digest
 from eyas.served import evaluate_served
-from eyas.target import load_target
+from eyas.target import embedded_target, load_target
 from eyas.tracking import start_stage_run
-from stages.common import CONVERSATIONS, METRICS
+from stages.common import CONVERSATIONS, METRICS, TARGET_GGUF
 
 # repo-relative: eval_<drafter>/parts.json, the parts of a run finished so far (resume)
 WORK = Path(".eyas", "work")
@@ -104,8 +105,8 @@ def fit_benchmarks(tok, benchmarks: dict[str, list[list[dict]]], max_prompt_toke
 
 def resume_key(name: str, p, prompts: dict[str, list[list[int]]], device) -> dict:
     """What every part's measurements depend on: the drafter's files (its weights and
-    `fingerprint.json`: a retrained drafter can keep its fingerprint and change its weights), params
-    `eval` and `target`, the target's identity (eyas.provenance.target_identity, as
+    `fingerprint.json`: a retrained drafter can keep its fingerprint and change its weights), the
+    GGUFs llama.cpp serves, params `eval`, `target` and `serve`, the target's identity (eyas.provenance.target_identity, as
     `data/inputs/target.json`: tokenizer, chat template, config, GGUF), the test split's sha256, each
     benchmark's prompt ids (which also change with the HumanEval package or the chat template), the
     code this stage runs (eyas.resume.code_digest: every first-party file it imports, the files
@@ -113,8 +114,10 @@ def resume_key(name: str, p, prompts: dict[str, list[list[int]]], device) -> dic
     flat = json.loads(json.dumps(flatten(p), default=str))
     test = CONVERSATIONS / "test.jsonl"
     dev = torch.device(device)
+    ggufs = [Path("models", f"{name}.gguf"), TARGET_GGUF / "target.gguf"]
     return {"drafter": name, "drafter_digest": digest(Path("models") / name),
-            "params": {k: v for k, v in flat.items() if k.split(".")[0] in ("eval", "target")},
+            "gguf": {str(f): sha256_cached(f) for f in ggufs if p.serve.engine == "llamacpp" and f.is_file()},
+            "params": {k: v for k, v in flat.items() if k.split(".")[0] in ("eval", "target", "serve")},
             "target": target_identity(p.target),
             "test_jsonl": sha256_file(test) if test.is_file() else None,
             "prompt_ids": {b: hashlib.sha256(json.dumps(x).encode()).hexdigest() for b, x in prompts.items()},
@@ -132,6 +135,38 @@ def chain_part(target, drafter, prompts: list[list[int]], e) -> dict:
     return {"eagle": r, "ngram": n}
 
 
+def quantized_target_file(p) -> Path | None:
+    """The target's own GGUF file, as a user would serve it (the embedded Q4_1; a local
+    ``target.gguf_file``), or None when the target is not a GGUF."""
+    if p.target.path == "embedded":
+        d, f = embedded_target()
+        return Path(d, f)
+    if p.target.gguf_file and Path(p.target.path, p.target.gguf_file).is_file():
+        return Path(p.target.path, p.target.gguf_file)
+    return None
+
+
+def engine_part(name: str, p, prompts: list[list[int]], bench: str) -> dict:
+    """One benchmark served by llama.cpp (eyas.llamacpp.serve_benchmark): ``same_precision`` with
+    the weights eyas evaluates (`models/target_gguf/target.gguf`), and ``quantized`` with the
+    target's own GGUF file when params ``serve.quantized_target`` asks and there is one (else None)."""
+    e, s = p.eval, p.serve
+    kw = {"k": e.num_draft_tokens, "max_new_tokens": e.max_new_tokens, "threads": s.threads}
+    drafter = Path("models", f"{name}.gguf")
+    out = {"engine": ENGINE, "num_draft_tokens": e.num_draft_tokens, "threads": s.threads,
+           "same_precision": serve_benchmark(TARGET_GGUF / "target.gguf", drafter, prompts,
+                                             log_dir=WORK / f"eval_{name}" / bench / "same_precision", **kw)}
+    q = quantized_target_file(p) if s.quantized_target else None
+    out["quantized"] = None if q is None else serve_benchmark(
+        q, drafter, prompts, log_dir=WORK / f"eval_{name}" / bench / "quantized", **kw)
+    return out
+
+
+def _is_engine(x) -> bool:
+    """Whether a stored part has the shape :func:`engine_part` gives."""
+    return isinstance(x, dict) and isinstance(x.get("same_precision"), dict) and "quantized" in x
+
+
 def judge(r: dict, n: dict, prompts: list[list[int]], settings: dict, e, drafter) -> None:
     """What the stage adds to a chain result ``r`` (in place), recomputed on every run from the
     measurements (a resumed part is judged by the code that runs now): the prompt-budget
@@ -142,6 +177,33 @@ def judge(r: dict, n: dict, prompts: list[list[int]], settings: dict, e, drafter
     r["settings"].update(settings)
     r["positions"], r["suspected_misconfiguration"] = pos, eval_checks.misconfiguration(r)  # issue 16
     r["serving_verdict"] = eval_checks.serving_verdict(r, n)
+
+
+def report_engine(name: str, bench: str, engine: dict, r: dict, tracker) -> None:
+    """Put llama.cpp's figures beside eyas' own in ``r["engine"]`` (with their per-prompt
+    ``agreement``, eyas.llamacpp.agreement), print and log them.
+
+    Raises:
+        SystemExit: the engine's per-prompt counts disagree with eyas' beyond the tolerance (the
+            message names both figures and the likely causes); the measurements stay in the parts
+            file, so a rerun after a fix resumes.
+    """
+    same, quant = engine["same_precision"], engine["quantized"]
+    agree = agreement(same["per_prompt"], r["per_prompt"])
+    r["engine"] = {**engine, "accept_len_eyas": r["accept_len"], "agreement": agree}
+    for label, x in (("engine", same), ("engine_quantized", quant)):
+        if x is None:
+            continue
+        tracker.log_metrics({f"{bench}/{label}/{key}": float(x[key]) for key in
+                             ("accept_len", "speedup", "tokens_per_second", "tokens_per_second_plain", "lossless")
+                             if x[key] is not None})
+        print(f"eval {name} {bench}: llama.cpp ({x['target_gguf']}) accept_len {x['accept_len']} (eyas "
+              f"{r['accept_len']}), {x['tokens_per_second']} tokens/s vs {x['tokens_per_second_plain']} without "
+              f"the drafter (speedup {x['speedup']}), lossless {x['lossless']}")
+    print(f"eval {name} {bench}: llama.cpp agrees with eyas on {agree['exact']} of {agree['compared']} prompts with "
+          f"equal greedy outputs exactly; {len(agree['outside_tolerance'])} outside the tolerance")
+    if not agree["ok"]:
+        raise SystemExit(disagreement_message(name, bench, agree))
 
 
 def _is_chain(x) -> bool:
@@ -179,6 +241,14 @@ def run(name: str, p, target, drafter, benchmarks: dict[str, tuple], tracker) ->
             print(f"eval {name} {bench}: chain resumed from {parts.path}")
         r, n = chain["eagle"], chain["ngram"]
         judge(r, n, prompts, settings, e, drafter)
+        if p.serve.engine == "llamacpp":
+            engine = parts.get(f"{bench}/engine", valid=_is_engine)
+            _say_dropped(name, parts)
+            if engine is None:
+                engine = parts.add(f"{bench}/engine", engine_part(name, p, prompts, bench))
+            else:
+                print(f"eval {name} {bench}: engine resumed from {parts.path}")
+            report_engine(name, bench, engine, r, tracker)
         pos = r["positions"]
         metrics[bench], metrics["ngram"][bench] = r, n
         for w in ([pos["warning"]] if pos["warning"] else []) + r["suspected_misconfiguration"]["reasons"] + \

@@ -17,12 +17,16 @@ import sys
 import sysconfig
 from pathlib import Path
 
-from safetensors.torch import save_model
+from safetensors.torch import save_file
 
 from eyas.files import write_json
 
 CONVERTER = Path(sysconfig.get_path("data"), "share", "eyas", "llama.cpp", "convert_hf_to_gguf.py")
 """llama.cpp's converter as ``scripts/build_llama_server.sh`` installs it."""
+
+
+OUTTYPES = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
+"""The converter's ``--outtype`` for each ``target.dtype``: the precision eyas evaluates at."""
 
 
 class GGUFExportError(RuntimeError):
@@ -33,7 +37,7 @@ def write_target_dir(model, tokenizer, out: Path, weights: bool = False) -> Path
     """Write the target's ``config.json`` and tokenizer files (transformers ``save_pretrained``) into
     ``out``: what the converter's ``--target-model-dir`` reads for an EAGLE-3 drafter (the vocab,
     the layer count, the hidden size). With ``weights`` also the model's weights as safetensors, in
-    the dtype the model holds (safetensors ``save_model``: a tied lm_head stored once) (the input of :func:`convert` for the target itself).
+    the dtype the model holds (a tied lm_head left to the converter, which ties it again) (the input of :func:`convert` for the target itself).
 
     Args:
         model: a transformers causal LM (``eyas.target.Target.model``).
@@ -49,7 +53,10 @@ def write_target_dir(model, tokenizer, out: Path, weights: bool = False) -> Path
     write_json(out / "config.json", cfg)
     tokenizer.save_pretrained(out)
     if weights:  # transformers will not save_pretrained a model it de-quantised from a GGUF
-        save_model(model, str(out / "model.safetensors"))
+        state = model.state_dict()
+        if getattr(model.config, "tie_word_embeddings", False):  # the converter ties a missing lm_head
+            state.pop("lm_head.weight", None)
+        save_file({k: v.detach().contiguous() for k, v in state.items()}, str(out / "model.safetensors"))
     return out
 
 

@@ -1,0 +1,45 @@
+"""DVC stage `target-gguf`: the target as llama.cpp reads it.
+
+Writes `models/target_gguf/`: the target's `config.json` and tokenizer files (what llama.cpp's
+converter reads through `--target-model-dir` for every drafter GGUF: vocab, layer count, hidden
+size) and, with `serve.engine: llamacpp`, `target.gguf`: the weights eyas evaluates, as
+transformers loads them (a GGUF target de-quantised), at `target.dtype` (float32 -> f32,
+bfloat16 -> bf16, float16 -> f16), written by llama.cpp's own converter (eyas/formats/gguf.py), so
+the engine serves the very weights eyas' own acceptance is measured on.
+Reads params `target`, `serve.engine`. Run: `python -m stages.target_gguf`.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+
+import torch
+
+from eyas.config import load_params
+from eyas.formats.gguf import OUTTYPES, convert, write_target_dir
+from eyas.target import load_target
+from eyas.tracking import start_stage_run
+from stages.common import TARGET_GGUF
+
+
+def main() -> None:
+    p = load_params()
+    with start_stage_run("target-gguf", p) as tracker:
+        t0 = time.time()
+        target = load_target(p.target.path, p.target.gguf_file, p.target.dtype, p.target.trust_remote_code,
+                             device=torch.device("cpu"), revision=p.target.revision)
+        shutil.rmtree(TARGET_GGUF, ignore_errors=True)
+        serve = p.serve.engine == "llamacpp"
+        write_target_dir(target.model, target.tokenizer, TARGET_GGUF, weights=serve)
+        if serve:
+            convert(TARGET_GGUF, TARGET_GGUF / "target.gguf", outtype=OUTTYPES[p.target.dtype])
+            (TARGET_GGUF / "model.safetensors").unlink()
+        size = (TARGET_GGUF / "target.gguf").stat().st_size if serve else 0
+        tracker.log_metrics({"target_gguf_bytes": float(size), "seconds": time.time() - t0})
+        print(f"target-gguf: {TARGET_GGUF} ({'target.gguf ' + str(size) + ' bytes, ' if serve else ''}"
+              f"config and tokenizer) in {time.time() - t0:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
