@@ -25,8 +25,26 @@ class LayerIdError(ValueError):
 
 
 def default_hf_indices(num_layers: int) -> list[int]:
-    """The EAGLE-3 default for a target with ``num_layers`` decoder layers: [2, L//2, L-3]."""
-    return [2, num_layers // 2, num_layers - 3]
+    """The EAGLE-3 default for a target with ``num_layers`` decoder layers: [2, L//2, L-3],
+    validated like explicit ids (:func:`validate`).
+
+    On a target of fewer than 6 layers the formula gives ids out of range (L = 2: [2, 1, -1]),
+    repeated or not ascending (L = 4: [2, 2, 1]; L = 5: [2, 2, 2]). The engines capture by
+    membership of a layer in the id set (SGLang ``set_eagle3_layers_to_capture``, vLLM
+    ``EagleModelMixin``), so a repeated id yields fewer states than ``fc`` is wide
+    (``NVIDIA/Model-Optimizer``: ``modelopt/torch/speculative/plugins/transformers.py``).
+
+    Raises:
+        LayerIdError: naming the layer count, the resolved ids and ``extract.aux_layers`` (the key
+            to set explicit ids with).
+    """
+    ids = [2, num_layers // 2, num_layers - 3]
+    try:
+        return validate(ids, num_layers)
+    except LayerIdError as e:
+        raise LayerIdError(f"the default aux layers [2, L//2, L-3] of a target with {num_layers} decoder layers "
+                           f"are {ids}: {e}. Set extract.aux_layers to unique ascending HF hidden_states "
+                           f"indices in [1, {num_layers}]") from None
 
 
 def validate(ids: list[int], num_layers: int) -> list[int]:
@@ -47,15 +65,29 @@ def validate(ids: list[int], num_layers: int) -> list[int]:
 
 
 def normalise(ids: list[int] | None, num_layers: int) -> list[int] | None:
-    """``None`` for the default layers (given as ``None`` or spelled out), else validated ids."""
+    """``None`` for the default layers (given as ``None`` or spelled out), else validated ids.
+
+    Raises:
+        LayerIdError: invalid ids, or ``None`` where the default is invalid for ``num_layers``
+            (:func:`default_hf_indices`).
+    """
     if ids is None:
+        default_hf_indices(num_layers)
         return None
     ids = validate(ids, num_layers)
-    return None if ids == default_hf_indices(num_layers) else ids
+    try:
+        return None if ids == default_hf_indices(num_layers) else ids
+    except LayerIdError:  # no valid default on this target: the ids are custom
+        return ids
 
 
 def resolve(ids: list[int] | None, num_layers: int) -> list[int]:
-    """The HF indices actually captured: the default when ``ids`` is ``None``."""
+    """The HF indices actually captured: the default when ``ids`` is ``None``.
+
+    Raises:
+        LayerIdError: invalid ids, or ``None`` on a target whose default is invalid
+            (:func:`default_hf_indices`).
+    """
     return default_hf_indices(num_layers) if ids is None else validate(ids, num_layers)
 
 

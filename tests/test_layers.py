@@ -59,6 +59,27 @@ def test_invalid_ids_refused(ids, bad):
         layers.validate(ids, 8)
 
 
+# the default [2, L//2, L-3] worked by hand on small targets: out of range, repeated, not ascending
+@pytest.mark.parametrize("L, resolved", [(2, r"\[2, 1, -1\]"), (3, r"\[2, 1, 0\]"), (4, r"\[2, 2, 1\]"),
+                                         (5, r"\[2, 2, 2\]"), (6, r"\[2, 3, 3\]")])
+def test_default_ids_refused_on_small_targets(L, resolved):
+    """The default goes through the same validation as explicit ids: every path that resolves it
+    (capture, the drafter config, the export) refuses it, naming the layer count, the ids and the
+    key to set instead."""
+    msg = rf"{L} decoder layers are {resolved}.*extract\.aux_layers"
+    for f in (layers.default_hf_indices, lambda n: layers.resolve(None, n), lambda n: layers.normalise(None, n)):
+        with pytest.raises(layers.LayerIdError, match=msg):
+            f(L)
+    with pytest.raises(layers.LayerIdError, match=msg):
+        _cfg(None, L=L).resolved_aux_layers()
+    with pytest.raises(layers.LayerIdError, match=msg):
+        to_hf_config(_cfg(None, L=L))
+    # negative controls: the smallest target whose default is valid; explicit ids on a small one
+    assert layers.resolve(None, 7) == [2, 3, 4] and layers.normalise(None, 7) is None
+    explicit = [1, 2, 3][:L - 1] + [L]  # [1, 2] for L = 2, [1, 2, 3, 4] for L = 4
+    assert layers.normalise(explicit, L) == explicit and _cfg(explicit, L=L).resolved_aux_layers() == explicit
+
+
 # --- (a) capture == HF output_hidden_states[k], ascending --------------------------------------
 
 @pytest.mark.parametrize("aux, expect", [(None, [2, 4, 5]), ([1, 3, 7], [1, 3, 7])])

@@ -35,10 +35,12 @@ def target():
     torch.set_num_threads(threads)
 
 
-def make_drafter(model, draft_vocab_size: int, seed: int = 1, aux_layer_ids=None) -> Eagle3Drafter:
+def make_drafter(model, draft_vocab_size: int, seed: int = 1, aux_layer_ids=(1, 2, 4)) -> Eagle3Drafter:
+    """An EAGLE-3 drafter for the 4-layer ``target`` (explicit aux ids: the default [2, L//2, L-3]
+    is no valid id set on 4 layers)."""
     torch.manual_seed(seed)
     cfg = DrafterConfig.for_target(model.config, draft_vocab_size=draft_vocab_size,
-                                   aux_layer_ids=aux_layer_ids)
+                                   aux_layer_ids=list(aux_layer_ids))
     d = Eagle3Drafter(cfg).eval()
     d.set_embedding(model.get_input_embeddings().weight)
     ids = torch.randperm(V)[:draft_vocab_size].sort().values  # draft ids ascend with target ids
