@@ -48,6 +48,10 @@ MANIFEST = "manifest.json"
 PROGRESS = "progress.json"  # resumable extraction: the complete shards so far (removed at finish)
 FORMAT_VERSION = 1
 LAYER_CONVENTION = "hf_hidden_states_index"  # see eyas/layers.py
+# manifest key: what aux layer id L (the layer count) holds: PRE_NORM, the residual before the final
+# norm, as the engines serve it (eyas/layers.py capture_aux); manifests without the key held HF's
+# post-norm hidden_states[L] there (refused on open)
+AUX_AT_L, PRE_NORM = "aux_layer_L", "pre_norm_residual"
 
 
 class FeatureError(ValueError):
@@ -446,6 +450,7 @@ class ShardWriter:
             "storage_dtype": str(self.dtype).removeprefix("torch."),
             "shards": self.shards,
             "aux_layers_convention": LAYER_CONVENTION,
+            AUX_AT_L: PRE_NORM,
             **manifest_fields,
         }
         write_json(self.out / MANIFEST, manifest)
@@ -512,13 +517,22 @@ class FeatureStore:
 
     @classmethod
     def open(cls, root: str | Path) -> "FeatureStore":
-        """Raises FeatureError when the manifest is missing (extraction incomplete) or a shard is."""
+        """Raises FeatureError when the manifest is missing (extraction incomplete) or a shard is, or
+        when the features hold aux layer id L (the layer count) captured other than
+        :data:`PRE_NORM` (manifests before :data:`AUX_AT_L` stored HF's post-norm
+        ``hidden_states[L]``, which no engine serves)."""
         root = Path(root)
         if not (root / MANIFEST).is_file():
             raise FeatureError(f"{root}: no {MANIFEST}; extraction did not finish (rerun `dvc repro extract`)")
         m = read_json(root / MANIFEST)
         if m.get("format_version") != FORMAT_VERSION:
             raise FeatureError(f"{root / MANIFEST}: format_version {m.get('format_version')} != {FORMAT_VERSION}")
+        L = m.get("num_layers")
+        if m.get("contents", FEATURES) == FEATURES and L in m.get("aux_layers", []) and m.get(AUX_AT_L) != PRE_NORM:
+            raise FeatureError(
+                f"{root / MANIFEST}: aux layer id {L} (L) was captured as {m.get(AUX_AT_L, 'post-norm hidden_states[L]')!r}, "
+                f"but vLLM, llama.cpp and SGLang (PR #32334) serve the residual before the final norm there "
+                f"({AUX_AT_L}: {PRE_NORM!r}): re-extract (`dvc repro extract`)")
         for s in m["shards"]:
             if not (root / s["file"]).is_file():
                 raise FeatureError(f"{root / s['file']}: listed in the manifest but missing")

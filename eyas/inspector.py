@@ -219,6 +219,10 @@ def _aux_layers(raw_cfg, cfg, layout, L, fc_n_aux, errors, warnings) -> dict:
     if top is not None and nested is None and layout != "speculators":
         warnings.append("aux ids only at the top level (vLLM form): SGLang reads eagle_config only and "
                         "would capture its default layers")
+    if "id_L" in out:
+        warnings.append(f"aux layer id {L} = L: served as the residual before the final norm by vLLM, llama.cpp "
+                        f"and SGLang with PR #32334; SGLang without PR #32334 never captures it (fewer states "
+                        f"than fc expects)")
     if nested is not None and out.get("sglang_version_ambiguous"):
         warnings.append(f"SGLang eagle_config ids {out['sglang_eagle_config_ids']} do not start at 1: "
                         f"SGLang after PR #25454 reads them as capture-before indices (one layer off)")

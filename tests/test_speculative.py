@@ -7,6 +7,7 @@ import pytest
 import torch
 import transformers
 
+from eyas import layers
 from eyas import speculative as spec
 from eyas.drafter import DrafterConfig, Eagle3Drafter
 from eyas.speculative import (
@@ -234,9 +235,10 @@ def test_drafter_cache_rollback_matches_fresh_drafting(target):
     aux_ids = drafter.config.resolved_aux_layers()
     with torch.no_grad():
         for seq, drafts in records:
-            hs = target(torch.tensor([seq[:-1]]), output_hidden_states=True).hidden_states
+            with layers.capture_aux(target, aux_ids) as aux_of:  # id 4 = L: the pre-norm residual
+                hs = target(torch.tensor([seq[:-1]]), output_hidden_states=True).hidden_states
             fresh = EagleProposer(drafter)
-            fresh.prefill(seq, torch.cat([hs[i] for i in aux_ids], dim=-1))
+            fresh.prefill(seq, aux_of(hs))
             assert len(fresh.kv) == len(seq) - 1
             assert fresh.propose(k) == drafts
 
