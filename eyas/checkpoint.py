@@ -154,11 +154,11 @@ def _read_complete(d: Path, fingerprint: str | None, code: str | None = None) ->
         raise CheckpointError(f"{d / TENSORS}: sha256 differs from {META} (truncated or corrupted)")
     changed = []
     if fingerprint is not None and meta.get("fingerprint") != fingerprint:
-        changed.append(f"written for other inputs (fingerprint {meta.get('fingerprint')} != {fingerprint}: params, features or "
-                       f"the initial drafter changed)")
+        changed.append(f"written for other inputs (fingerprint {meta.get('fingerprint')} != {fingerprint}: "
+                       f"params, features or the initial drafter changed)")
     if code is not None and meta.get("code") != code:
-        changed.append(f"written by other code (digest {str(meta.get('code'))[:12]} != {code[:12]}: a file the stage imports "
-                       f"changed)")
+        changed.append(f"written by other code (digest {str(meta.get('code'))[:12]} != {code[:12]}: a file the "
+                       f"stage imports changed)")
     if changed:
         raise CheckpointError(f"{d}: {' and '.join(changed)}: not resumed, training "
                               f"starts afresh (this checkpoint stays until the new run's first one replaces it)")
@@ -190,9 +190,10 @@ def load_train_state(checkpoint_dir: str | Path, drafter: torch.nn.Module, optim
                      scheduler, *, fingerprint: str, code: str | None = None,
                      install: Callable[[dict[str, torch.Tensor], dict], None] | None = None
                      ) -> TrainState | None:
-    """Restore the newest complete checkpoint for ``fingerprint`` and ``code`` (:func:`find_checkpoint`) into ``drafter``, ``optimizer``,
-    ``scheduler`` and torch's RNG. Returns ``None`` (and changes nothing) when there is none;
-    incomplete, corrupted or foreign checkpoints are ignored with a warning, never loaded.
+    """Restore the newest complete checkpoint for ``fingerprint`` and ``code``
+    (:func:`find_checkpoint`) into ``drafter``, ``optimizer``, ``scheduler`` and torch's RNG.
+    Returns ``None`` (and changes nothing) when there is none; incomplete, corrupted or foreign
+    checkpoints (other inputs, other code) are ignored with a warning, never loaded.
     Temporary directories of interrupted writes are removed.
 
     ``install(weights, optimizer_state)`` puts the full trainable weights {name: tensor} and the

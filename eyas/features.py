@@ -529,8 +529,9 @@ class FeatureStore:
             raise FeatureError(f"{root / MANIFEST}: format_version {m.get('format_version')} != {FORMAT_VERSION}")
         L = m.get("num_layers")
         if m.get("contents", FEATURES) == FEATURES and L in m.get("aux_layers", []) and m.get(AUX_AT_L) != PRE_NORM:
+            was = m.get(AUX_AT_L, "post-norm hidden_states[L]")
             raise FeatureError(
-                f"{root / MANIFEST}: aux layer id {L} (L) was captured as {m.get(AUX_AT_L, 'post-norm hidden_states[L]')!r}, "
+                f"{root / MANIFEST}: aux layer id {L} (L) was captured as {was!r}, "
                 f"but vLLM, llama.cpp and SGLang (PR #32334) serve the residual before the final norm there "
                 f"({AUX_AT_L}: {PRE_NORM!r}): re-extract (`dvc repro extract`)")
         for s in m["shards"]:
