@@ -32,6 +32,7 @@ import statistics
 
 import torch
 
+from eyas import layers
 from eyas.backend import REFERENCE
 from eyas.drafter import Eagle3Drafter
 from eyas.speculative import (
@@ -63,8 +64,9 @@ def _eagle_counts(model, proposer: EagleProposer, aux_ids: list[int], prompt_ids
     T = seq.shape[1]
     if features is None:
         kw = {"logits_to_keep": 1} if "logits_to_keep" in _forward_params(type(model)) else {}
-        hs = model(input_ids=seq, output_hidden_states=True, use_cache=False, **kw).hidden_states
-        aux = torch.cat([hs[i] for i in aux_ids], dim=-1)                  # [1, T, n_aux*H]
+        with layers.capture_aux(model, aux_ids) as aux_of:  # id L: the pre-norm residual
+            hs = model(input_ids=seq, output_hidden_states=True, use_cache=False, **kw).hidden_states
+        aux = aux_of(hs)                                                     # [1, T, n_aux*H]
     else:  # the decoder's own: every position but the last, whose drafts are never matched
         width = drafter.config.hidden_size * len(aux_ids)
         if not isinstance(features, torch.Tensor) or features.dim() != 3 or features.shape[0] != 1 \

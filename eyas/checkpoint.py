@@ -6,7 +6,7 @@ Layout of a checkpoint directory (``<checkpoint_dir>/state/``)::
                               opt.<i>.<key>     optimizer state tensors of parameter i (exp_avg, ...)
                               rng.torch         torch.get_rng_state() (uint8)
                               rng.cuda.<d>      torch.cuda.get_rng_state(d) per visible device
-    train_state.json          step, epoch, batch_in_epoch, fingerprint, optimizer scalars and
+    train_state.json          step, epoch, batch_in_epoch, fingerprint, code, optimizer scalars and
                               param groups, scheduler state_dict, caller extras, and the sha256 of
                               the safetensors file; ``"complete": true``
 
@@ -14,7 +14,12 @@ The directory is built under a temporary name and renamed into place (:func:`eya
 so ``state/`` is either the previous complete checkpoint or the new one. A kill inside the rename
 leaves the previous one at ``.state.old``; :func:`load_train_state` falls back to it. Anything else
 (a temporary ``.state.*.tmp`` directory, a truncated file, a hash mismatch, a checkpoint written for
-other inputs: a different ``fingerprint``) is ignored with a warning, never loaded.
+other inputs: a different ``fingerprint``, or by other code: a different ``code`` digest) is ignored
+with a one-line warning naming what differs, never loaded; it stays in place until the new run's
+first checkpoint replaces it. The code digest (:func:`eyas.resume.code_digest` of the stage) is
+there because a stage whose code changed reruns under DVC with the same params and data: resuming
+would finish a run begun by other code (the DVC ``checkpoint`` outputs had the same hole:
+``treeverse/dvc`` issue 4821).
 
 Python's ``random`` and numpy RNGs are not used by training, so only torch's are saved.
 """
@@ -76,7 +81,7 @@ def _json_default(o):
 
 def save_train_state(checkpoint_dir: str | Path, drafter: torch.nn.Module, optimizer: torch.optim.Optimizer,
                      scheduler, *, step: int, epoch: int, batch_in_epoch: int, fingerprint: str,
-                     extra: dict | None = None,
+                     code: str | None = None, extra: dict | None = None,
                      full_state: tuple[dict[str, torch.Tensor], dict] | None = None) -> Path:
     """Atomically write the full training state after optimizer step ``step``.
 
@@ -85,6 +90,8 @@ def save_train_state(checkpoint_dir: str | Path, drafter: torch.nn.Module, optim
             ``batch_in_epoch`` of epoch ``epoch`` (``PackedLoader.batches(epoch, start=...)``).
         fingerprint: identifies the run's inputs (params, features, initial drafter); a checkpoint
             with another fingerprint is never resumed.
+        code: the digest of the code that trains (:func:`eyas.resume.code_digest`); a checkpoint
+            with another one is never resumed by a caller that passes its own.
         extra: JSON-serialisable state of the caller (curves, running counts, ...).
         full_state: (trainable weights {name: full tensor}, optimizer state dict in the
             one-process layout) written instead of ``drafter``'s parameters and
@@ -117,6 +124,7 @@ def save_train_state(checkpoint_dir: str | Path, drafter: torch.nn.Module, optim
         "epoch": epoch,
         "batch_in_epoch": batch_in_epoch,
         "fingerprint": fingerprint,
+        "code": code,
         "optimizer": {"param_groups": sd["param_groups"], "scalars": opt_scalars,
                       "state_keys": sorted(str(i) for i in sd["state"])},
         "scheduler": scheduler.state_dict() if scheduler is not None else None,
@@ -131,8 +139,9 @@ def save_train_state(checkpoint_dir: str | Path, drafter: torch.nn.Module, optim
     return dest
 
 
-def _read_complete(d: Path, fingerprint: str | None) -> tuple[dict, dict]:
-    """(meta, tensors) of a complete checkpoint directory ``d``; CheckpointError otherwise."""
+def _read_complete(d: Path, fingerprint: str | None, code: str | None = None) -> tuple[dict, dict]:
+    """(meta, tensors) of a complete checkpoint directory ``d`` written for ``fingerprint`` (None:
+    any) by ``code`` (None: any); CheckpointError otherwise, naming what differs."""
     if not (d / META).is_file() or not (d / TENSORS).is_file():
         raise CheckpointError(f"{d}: incomplete checkpoint (no {META} or {TENSORS})")
     try:
@@ -143,9 +152,16 @@ def _read_complete(d: Path, fingerprint: str | None) -> tuple[dict, dict]:
         raise CheckpointError(f"{d / META}: not a complete eyas checkpoint (format {meta.get('format_version')})")
     if sha256_file(d / TENSORS) != meta.get("tensors_sha256"):
         raise CheckpointError(f"{d / TENSORS}: sha256 differs from {META} (truncated or corrupted)")
+    changed = []
     if fingerprint is not None and meta.get("fingerprint") != fingerprint:
-        raise CheckpointError(f"{d}: written for other inputs (fingerprint {meta.get('fingerprint')} != "
-                              f"{fingerprint}): params, features or the initial drafter changed")
+        changed.append(f"written for other inputs (fingerprint {meta.get('fingerprint')} != {fingerprint}: "
+                       f"params, features or the initial drafter changed)")
+    if code is not None and meta.get("code") != code:
+        changed.append(f"written by other code (digest {str(meta.get('code'))[:12]} != {code[:12]}: a file the "
+                       f"stage imports changed)")
+    if changed:
+        raise CheckpointError(f"{d}: {' and '.join(changed)}: not resumed, training "
+                              f"starts afresh (this checkpoint stays until the new run's first one replaces it)")
     try:
         tensors = load_safetensors(d / TENSORS)
     except ValueError as e:
@@ -153,15 +169,17 @@ def _read_complete(d: Path, fingerprint: str | None) -> tuple[dict, dict]:
     return meta, tensors
 
 
-def find_checkpoint(checkpoint_dir: str | Path, fingerprint: str | None = None) -> Path | None:
-    """The newest complete checkpoint usable for ``fingerprint``: ``state/``, else ``.state.old``
-    (left by a kill during the rename); ``None`` when there is none. Unusable ones are logged."""
+def find_checkpoint(checkpoint_dir: str | Path, fingerprint: str | None = None,
+                    code: str | None = None) -> Path | None:
+    """The newest complete checkpoint usable for ``fingerprint`` and ``code`` (None: any):
+    ``state/``, else ``.state.old`` (left by a kill during the rename); ``None`` when there is
+    none. Unusable ones are logged, one warning line each naming why."""
     root = Path(checkpoint_dir)
     for d in (root / STATE, root / f".{STATE}.old"):
         if not d.exists():
             continue
         try:
-            _read_complete(d, fingerprint)
+            _read_complete(d, fingerprint, code)
             return d
         except CheckpointError as e:
             log.warning("ignoring checkpoint: %s", e)
@@ -169,12 +187,13 @@ def find_checkpoint(checkpoint_dir: str | Path, fingerprint: str | None = None) 
 
 
 def load_train_state(checkpoint_dir: str | Path, drafter: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                     scheduler, *, fingerprint: str,
+                     scheduler, *, fingerprint: str, code: str | None = None,
                      install: Callable[[dict[str, torch.Tensor], dict], None] | None = None
                      ) -> TrainState | None:
-    """Restore the newest complete checkpoint for ``fingerprint`` into ``drafter``, ``optimizer``,
-    ``scheduler`` and torch's RNG. Returns ``None`` (and changes nothing) when there is none;
-    incomplete, corrupted or foreign checkpoints are ignored with a warning, never loaded.
+    """Restore the newest complete checkpoint for ``fingerprint`` and ``code``
+    (:func:`find_checkpoint`) into ``drafter``, ``optimizer``, ``scheduler`` and torch's RNG.
+    Returns ``None`` (and changes nothing) when there is none; incomplete, corrupted or foreign
+    checkpoints (other inputs, other code) are ignored with a warning, never loaded.
     Temporary directories of interrupted writes are removed.
 
     ``install(weights, optimizer_state)`` puts the full trainable weights {name: tensor} and the
@@ -190,10 +209,10 @@ def load_train_state(checkpoint_dir: str | Path, drafter: torch.nn.Module, optim
         for tmp in root.glob(f".{STATE}.*.tmp"):
             log.warning("removing an interrupted checkpoint write: %s", tmp)
             shutil.rmtree(tmp, ignore_errors=True)
-    d = find_checkpoint(root, fingerprint)
+    d = find_checkpoint(root, fingerprint, code)
     if d is None:
         return None
-    meta, tensors = _read_complete(d, fingerprint)
+    meta, tensors = _read_complete(d, fingerprint, code)
     params = _trainable(drafter)
     want = {f"model.{n}" for n in params}
     have = {k for k in tensors if k.startswith("model.")}

@@ -48,6 +48,10 @@ MANIFEST = "manifest.json"
 PROGRESS = "progress.json"  # resumable extraction: the complete shards so far (removed at finish)
 FORMAT_VERSION = 1
 LAYER_CONVENTION = "hf_hidden_states_index"  # see eyas/layers.py
+# manifest key: what aux layer id L (the layer count) holds: PRE_NORM, the residual before the final
+# norm, as the engines serve it (eyas/layers.py capture_aux); manifests without the key held HF's
+# post-norm hidden_states[L] there (refused on open)
+AUX_AT_L, PRE_NORM = "aux_layer_L", "pre_norm_residual"
 
 
 class FeatureError(ValueError):
@@ -159,14 +163,56 @@ def quantize_fp8(x: torch.Tensor, groups: int) -> tuple[torch.Tensor, torch.Tens
     return q.reshape(n, d), scale
 
 
-def _check_finite_scales(scale: torch.Tensor, where: str) -> None:
-    """Raise ValueError naming the first token and aux layer whose fp8 scale [T, n_aux] is not
-    finite: that row of the target's hidden states held inf/NaN, which e4m3 cannot store."""
-    bad = ~torch.isfinite(scale)
-    if bad.any():
-        t, g = bad.nonzero()[0].tolist()
-        raise ValueError(f"{where}: aux hidden state of token {t}, aux layer {g} is not finite (inf/NaN "
-                         f"in the target's forward); fp8 storage cannot hold it")
+class NonFiniteFeatureError(FeatureError):
+    """A hidden state is inf/NaN as it would be stored (after the cast to the storage dtype)."""
+
+
+def check_finite(sample: dict[str, torch.Tensor], n_aux: int, dtype: torch.dtype, where: str,
+                 aux_layers: list[int] | None = None) -> None:
+    """Refuse a sample whose hidden states, as stored, hold inf or NaN: whatever the storage dtype,
+    such a value reaches the training loss and turns it NaN at the first optimizer step.
+
+    float16 holds |x| <= 65504 (``torch.finfo(torch.float16).max``), and Llama-family targets carry
+    a few massive activations on the first token (``SafeAILab/EAGLE`` PR #69 rescales them before a
+    float16 cast), so a cast of a finite state can give inf; bfloat16 and float32 cover the range
+    of any finite state, and fp8 rows are scaled into range (an inf/NaN scale means the target's
+    own forward was not finite).
+
+    Args:
+        sample: as stored by :class:`ShardWriter`: ``aux_hidden`` [T, n_aux*H] (fp8 with
+            ``aux_hidden_scale`` [T, n_aux] float32) and ``final_hidden`` [T, H].
+        n_aux: aux layers concatenated in ``aux_hidden``.
+        dtype: the storage dtype (``extract.dtype``).
+        where: the split directory, shard and sample, for the message.
+        aux_layers: the HF ``hidden_states`` indices of the aux layers (named in the message),
+            or None (their positions are named).
+    Raises:
+        NonFiniteFeatureError: naming ``where``, the token, the layer (aux HF index or the final
+            hidden state), the storage dtype and what to store instead.
+    """
+    T = sample["final_hidden"].shape[0]
+    scale = sample.get("aux_hidden" + SCALE_SUFFIX)
+    aux = scale if scale is not None else sample["aux_hidden"].reshape(T, n_aux, -1)
+    bad_aux = ~torch.isfinite(aux.float()) if scale is not None else ~torch.isfinite(aux).all(-1)
+    bad_final = ~torch.isfinite(sample["final_hidden"]).all(-1)
+    if not bool(bad_aux.any()) and not bool(bad_final.any()):
+        return
+    if bad_aux.any():
+        t, g = bad_aux.nonzero()[0].tolist()
+        layer = (f"aux layer {g} (HF hidden_states index {aux_layers[g]})" if aux_layers
+                 else f"aux layer {g} of {n_aux}")
+        stored = sample["aux_hidden"].dtype
+    else:
+        t, layer, stored = int(bad_final.nonzero()[0]), "the final hidden state", sample["final_hidden"].dtype
+    stored = str(stored).removeprefix("torch.")
+    if dtype == torch.float16:
+        why = ("float16 holds |x| <= 65504, and a larger activation (a massive activation, e.g. on "
+               "the first token) becomes inf: store extract.dtype: bfloat16 (or float32)")
+    else:
+        why = ("the target's own forward gave inf/NaN (no storage dtype can hold it): check the "
+               "target and target.dtype")
+    raise NonFiniteFeatureError(f"{where}: token {t}, {layer}: inf/NaN as stored in {stored} "
+                                f"(extract.dtype {str(dtype).removeprefix('torch.')}); {why}")
 
 
 def dequantize_fp8(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
@@ -203,8 +249,10 @@ class ShardWriter:
 
     def __init__(self, out_dir: str | Path, shard_samples: int, dtype: torch.dtype,
                  background: bool = False, writers: int = 2, max_pending: int = 4,
-                 resume_key: str | None = None):
-        """With ``resume_key`` (a fingerprint of everything that determines the samples and their
+                 resume_key: str | None = None, aux_layers: list[int] | None = None):
+        """``aux_layers`` (HF ``hidden_states`` indices) only names layers in errors (:func:`check_finite`).
+
+        With ``resume_key`` (a fingerprint of everything that determines the samples and their
         order), complete shards are recorded in ``progress.json`` (atomic) as they land; a new
         writer on the same directory with the same key keeps the leading run of complete, full,
         readable shards and sets :attr:`resumed_samples` (the caller skips that many samples).
@@ -215,6 +263,7 @@ class ShardWriter:
         self.shard_samples = shard_samples
         self.dtype = dtype
         self.resume_key = resume_key
+        self.aux_layers = aux_layers
         self._lock = threading.Lock()
         self._done: dict[str, dict] = {}
         kept = self._resumable() if resume_key is not None else []
@@ -259,8 +308,9 @@ class ShardWriter:
         Raises:
             ValueError: pre-quantised input that does not fit: fp8 ``aux_hidden`` other than
                 e4m3, or for non-fp8 storage; ``aux_scale`` missing, not float32 [T, n_aux], or
-                given with unquantised ``aux_hidden``; with fp8 storage, an aux hidden state that is
-                not finite (its scale would be inf/NaN and the stored row garbage).
+                given with unquantised ``aux_hidden``.
+            NonFiniteFeatureError: a hidden state is inf/NaN after the cast to the storage dtype
+                (:func:`check_finite`; names the split directory, shard, sample, token and layer).
         """
         sample = {
             "input_ids": input_ids.to(torch.int32).cpu(),
@@ -283,11 +333,13 @@ class ShardWriter:
             else:
                 q, scale = quantize_fp8(aux_hidden, n_aux)
             sample["aux_hidden"], sample["aux_hidden" + SCALE_SUFFIX] = q.cpu(), scale.cpu()
-            _check_finite_scales(sample["aux_hidden" + SCALE_SUFFIX], f"{self.out}: sample {self.num_samples}")
             sample["final_hidden"] = final_hidden.to(torch.bfloat16).cpu()
         else:
             sample["aux_hidden"] = aux_hidden.to(self.dtype).cpu()
             sample["final_hidden"] = final_hidden.to(self.dtype).cpu()
+        check_finite(sample, n_aux, self.dtype, aux_layers=self.aux_layers,
+                     where=f"{self.out} (split {self.out.name}): shard-{len(self.shards):05d}.safetensors, "
+                           f"sample {self.num_samples} ({len(self.buf)} in its shard)")
         self.buf.append(sample)
         self.num_samples += 1
         self.num_tokens += int(input_ids.numel())
@@ -398,6 +450,7 @@ class ShardWriter:
             "storage_dtype": str(self.dtype).removeprefix("torch."),
             "shards": self.shards,
             "aux_layers_convention": LAYER_CONVENTION,
+            AUX_AT_L: PRE_NORM,
             **manifest_fields,
         }
         write_json(self.out / MANIFEST, manifest)
@@ -464,13 +517,23 @@ class FeatureStore:
 
     @classmethod
     def open(cls, root: str | Path) -> "FeatureStore":
-        """Raises FeatureError when the manifest is missing (extraction incomplete) or a shard is."""
+        """Raises FeatureError when the manifest is missing (extraction incomplete) or a shard is, or
+        when the features hold aux layer id L (the layer count) captured other than
+        :data:`PRE_NORM` (manifests before :data:`AUX_AT_L` stored HF's post-norm
+        ``hidden_states[L]``, which no engine serves)."""
         root = Path(root)
         if not (root / MANIFEST).is_file():
             raise FeatureError(f"{root}: no {MANIFEST}; extraction did not finish (rerun `dvc repro extract`)")
         m = read_json(root / MANIFEST)
         if m.get("format_version") != FORMAT_VERSION:
             raise FeatureError(f"{root / MANIFEST}: format_version {m.get('format_version')} != {FORMAT_VERSION}")
+        L = m.get("num_layers")
+        if m.get("contents", FEATURES) == FEATURES and L in m.get("aux_layers", []) and m.get(AUX_AT_L) != PRE_NORM:
+            was = m.get(AUX_AT_L, "post-norm hidden_states[L]")
+            raise FeatureError(
+                f"{root / MANIFEST}: aux layer id {L} (L) was captured as {was!r}, "
+                f"but vLLM, llama.cpp and SGLang (PR #32334) serve the residual before the final norm there "
+                f"({AUX_AT_L}: {PRE_NORM!r}): re-extract (`dvc repro extract`)")
         for s in m["shards"]:
             if not (root / s["file"]).is_file():
                 raise FeatureError(f"{root / s['file']}: listed in the manifest but missing")

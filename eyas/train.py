@@ -272,7 +272,7 @@ class Trainer:
                  f" per rank, {self.world} ranks" if self.world > 1 else "", self.lr)
 
     # --- resume -----------------------------------------------------------------------------
-    def resume(self, checkpoint_dir, fp: str, found) -> None:
+    def resume(self, checkpoint_dir, fp: str, found, code: str | None = None) -> None:
         """Restore weights, optimizer, schedule, RNG, data position, curve and the MLflow history
         from the checkpoint ``found`` (``ckpt.find_checkpoint``) in ``checkpoint_dir``.
 
@@ -282,7 +282,7 @@ class Trainer:
         install = (lambda w, o: dist_utils.load_full_train_state(self.model, self.opt, "drafter.", w, o)) \
             if self.fsdp else None
         st = ckpt.load_train_state(checkpoint_dir, self.drafter, self.opt, self.sched, fingerprint=fp,
-                                   install=install)
+                                   code=code, install=install)
         if st is None:  # it was complete a moment ago: someone removed it while we started
             raise ckpt.CheckpointError(f"{found}: checkpoint vanished while resuming; rerun")
         self.step, self.start_epoch, self.start_batch, self.last_ckpt = st.step, st.epoch, st.batch_in_epoch, st.path
@@ -379,7 +379,7 @@ class Trainer:
         return val
 
     # --- checkpoint -------------------------------------------------------------------------
-    def checkpoint(self, checkpoint_dir, fp: str, epoch: int, batch_in_epoch: int) -> None:
+    def checkpoint(self, checkpoint_dir, fp: str, epoch: int, batch_in_epoch: int, code: str | None = None) -> None:
         """Write the resumable state after the current step (rank 0 writes; collective under
         FSDP, which gathers the full state) and flush the tracker, so the run holds every point
         up to it even if killed next."""
@@ -387,7 +387,7 @@ class Trainer:
         if self.rank == 0:
             ckpt.save_train_state(
                 checkpoint_dir, self.drafter, self.opt, self.sched, step=self.step, epoch=epoch,
-                batch_in_epoch=batch_in_epoch, fingerprint=fp,
+                batch_in_epoch=batch_in_epoch, fingerprint=fp, code=code,
                 extra={"step0": [list(self.step0), list(self.step0.values())],
                        "curve": [[list(r), list(r.values())] for r in self.curve],
                        "tokens": self.tokens,
@@ -420,7 +420,8 @@ class Trainer:
 def train_drafter(drafter: Eagle3Drafter, *, train_store: FeatureStore, val_store: FeatureStore,
                   lm_head: torch.Tensor, tp: TrainParams, lr: float, seed: int, tracker,
                   device: torch.device, gate: Callable[[dict], None] | None = None,
-                  checkpoint_dir=None, checkpoint_every: int | None = None, capture=None) -> TrainResult:
+                  checkpoint_dir=None, checkpoint_every: int | None = None, capture=None,
+                  code: str | None = None) -> TrainResult:
     """Train ``drafter`` in place with TTT.
 
     Args:
@@ -438,6 +439,9 @@ def train_drafter(drafter: Eagle3Drafter, *, train_store: FeatureStore, val_stor
             0 = none).
         capture: for token stores (``train.mode: online``): computes each batch's hidden states
             (eyas/online.py ``capture_for``); None for feature stores.
+        code: the digest of the code the stage runs (:func:`eyas.resume.code_digest`), kept with
+            each checkpoint: one written by other code is not resumed (a warning line names the
+            change and training starts afresh); None resumes whatever code wrote it.
     Raises:
         NonFiniteLossError: at the first non-finite loss, naming the step, samples and the last
             good checkpoint.
@@ -459,18 +463,18 @@ def train_drafter(drafter: Eagle3Drafter, *, train_store: FeatureStore, val_stor
         fp = ckpt.fingerprint(tp_fp, lr, seed, world, train_store.manifest.get("shards"),
                               val_store.manifest.get("shards"), train_store.manifest.get("num_tokens"),
                               *[p.detach() for p in drafter.parameters() if p.requires_grad])
-        found = ckpt.find_checkpoint(checkpoint_dir, fp)
+        found = ckpt.find_checkpoint(checkpoint_dir, fp, code)
     if found is None:
         t.step0 = t.log_val()
         if gate is not None:
             gate(t.step0)
     t.build(train_loader)
     if found is not None:
-        t.resume(checkpoint_dir, fp, found)
+        t.resume(checkpoint_dir, fp, found, code)
     for epoch, b_i, batch in t.batches(train_loader):
         t.train_step(batch, epoch)
         if t.step % tp.eval_every == 0 and t.step < t.total:
             t.log_val()
         if checkpoint_dir is not None and every > 0 and t.step % every == 0 and t.step < t.total:
-            t.checkpoint(checkpoint_dir, fp, epoch, b_i + 1)
+            t.checkpoint(checkpoint_dir, fp, epoch, b_i + 1, code)
     return t.finish()

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
+from eyas import layers
 from eyas.drafter import Eagle3Drafter, KVCache
 from eyas.speculative import EagleProposer, _aux_layers, _forward, _model, stop_set
 
@@ -204,20 +205,22 @@ def tree_generate(target_model, drafter: Eagle3Drafter, prompt_ids: list[int], *
     if max_new_tokens <= 0:
         return result
     cache = DynamicCache()
-    out = _forward(model, prompt_ids, cache, last_only=True, output_hidden_states=True)
+    with layers.capture_aux(model, aux_ids) as aux_of:  # id L: the pre-norm residual
+        out = _forward(model, prompt_ids, cache, last_only=True, output_hidden_states=True)
     x = int(out.logits[0, -1].argmax())
-    proposer.prefill(prompt_ids + [x], torch.cat([out.hidden_states[i] for i in aux_ids], dim=-1))
+    proposer.prefill(prompt_ids + [x], aux_of(out.hidden_states))
     tokens, n_done = [x], len(prompt_ids)
     while len(tokens) < max_new_tokens and x not in stop:
         tree = proposer.propose_tree(topk, num_steps, num_draft_tokens)
         pos = torch.tensor([[n_done] + [n_done + dd for dd in tree.depths()]], device=device)
-        out = _forward(model, [x] + tree.tokens, cache, output_hidden_states=True, position_ids=pos,
-                       attention_mask=tree_attention_mask(tree, n_done, dtype, device))
+        with layers.capture_aux(model, aux_ids) as aux_of:
+            out = _forward(model, [x] + tree.tokens, cache, output_hidden_states=True, position_ids=pos,
+                           attention_mask=tree_attention_mask(tree, n_done, dtype, device))
         path, committed = verify_tree_greedy(tree, out.logits[0].argmax(-1).tolist(), stop)
         committed = committed[: max_new_tokens - len(tokens)]
         rows = [0] + [j + 1 for j in path]  # the root and the accepted nodes: the tokens the target read
         _keep(cache, n_done, rows[: len(committed)])
-        aux = torch.cat([out.hidden_states[i] for i in aux_ids], dim=-1)[:, rows[: len(committed)]]
+        aux = aux_of(out.hidden_states)[:, rows[: len(committed)]]
         tokens += committed
         result["committed_per_step"].append(len(committed))
         result["accepted_per_step"].append(min(len(path), len(committed)))

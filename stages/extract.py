@@ -114,8 +114,9 @@ def extract_split(target, rendered: list[dict], truncated: int, empty: int, refu
     dev = target.device
     # Overlap: batch i+1's forward runs while batch i's features cross to pinned host memory on a
     # side stream and earlier shards are written (fsync'd) by writer threads.
+    # the writer refuses a hidden state that is inf/NaN as stored (features.check_finite)
     writer = features.ShardWriter(out_dir, e.shard_samples, dtype, background=dev.type == "cuda",
-                                  resume_key=resume_key)
+                                  resume_key=resume_key, aux_layers=aux_ids)
     if writer.resumed_samples:
         print(f"extract {out_dir.name}: resuming after {writer.resumed_samples} samples in complete shards")
     host = features.HostCopy(dev)
@@ -211,8 +212,7 @@ def main() -> None:
                 "".join(sorted(map(str, target.tokenizer.get_vocab().items()))).encode()).hexdigest(),
             "chat_template_sha256": hashlib.sha256(template.encode()).hexdigest(),
             "aux_layers": aux_ids,
-            "aux_layers_default": (p.extract.aux_layers is None
-                                   or aux_ids == layers.default_hf_indices(target.num_layers)),
+            "aux_layers_default": layers.normalise(aux_ids, target.num_layers) is None,
             "num_layers": target.num_layers,
             "hidden_size": cfg.hidden_size,
             "vocab_size": cfg.vocab_size,

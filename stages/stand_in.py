@@ -20,6 +20,7 @@ from eyas.config import load_params
 from eyas.features import FeatureStore
 from eyas.online import capture_for
 from eyas.provenance import check, record
+from eyas.resume import code_digest
 from eyas.target import pick_device
 from eyas.tracking import start_stage_run
 from eyas.train import new_drafter, train_drafter
@@ -45,7 +46,8 @@ def main() -> None:
         tp = dataclasses.replace(p.train, epochs=s.epochs, loss_tokens="assistant")  # as published drafters train
         result = train_drafter(drafter, train_store=pub, val_store=val, lm_head=head["lm_head"], tp=tp,
                                lr=s.lr, seed=p.seed + 1, tracker=tracker, device=pick_device(),
-                               checkpoint_dir=checkpoint_dir("stand-in"), capture=capture_for(p, pub))
+                               checkpoint_dir=checkpoint_dir("stand-in"), capture=capture_for(p, pub),
+                               code=code_digest("stages.stand_in"))
         finish_training("stand-in", drafter, result, Path("models/stand_in"), tracker,
                         extra={"vocab": info}, fingerprint=fp)
 

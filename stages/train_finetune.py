@@ -17,6 +17,7 @@ from eyas.features import FeatureStore, check_compatible
 from eyas.formats.load import load_drafter
 from eyas.online import capture_for
 from eyas.provenance import check, record
+from eyas.resume import code_digest
 from eyas.target import pick_device
 from eyas.tracking import start_stage_run
 from eyas.train import step0_gate, train_drafter
@@ -43,7 +44,7 @@ def main() -> None:
         result = train_drafter(drafter, train_store=train, val_store=val, lm_head=head["lm_head"],
                                tp=p.train, lr=p.lr, seed=p.seed, tracker=tracker, device=pick_device(),
                                gate=gate, checkpoint_dir=checkpoint_dir("train-finetune"),
-                               capture=capture_for(p, train))
+                               capture=capture_for(p, train), code=code_digest("stages.train_finetune"))
         m = finish_training("train-finetune", drafter, result, Path("models/finetune"), tracker,
                             fingerprint=fp)
         print(f"train-finetune: val {m.get('val')}")

@@ -14,6 +14,7 @@ from eyas.config import load_params
 from eyas.features import FeatureStore
 from eyas.online import capture_for
 from eyas.provenance import check, record
+from eyas.resume import code_digest
 from eyas.target import pick_device
 from eyas.tracking import start_stage_run
 from eyas.train import new_drafter, train_drafter
@@ -37,7 +38,7 @@ def main() -> None:
         result = train_drafter(drafter, train_store=train, val_store=val, lm_head=head["lm_head"],
                                tp=p.train, lr=p.train_scratch.lr, seed=p.seed, tracker=tracker,
                                device=pick_device(), checkpoint_dir=checkpoint_dir("train-scratch"),
-                               capture=capture_for(p, train))
+                               capture=capture_for(p, train), code=code_digest("stages.train_scratch"))
         m = finish_training("train-scratch", drafter, result, Path("models/scratch"), tracker,
                             fingerprint=fp)
         print(f"train-scratch: val {m.get('val')}")

@@ -241,7 +241,7 @@ def test_zeroed_d2t_gives_accept_len_one_and_is_flagged():
     tgt = transformers.LlamaForCausalLM(transformers.LlamaConfig(
         vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=256)).eval()
-    c = DrafterConfig.for_target(tgt.config, draft_vocab_size=8)
+    c = DrafterConfig.for_target(tgt.config, draft_vocab_size=8, aux_layer_ids=[1, 2, 3])  # L = 4: no valid default
     d = Eagle3Drafter(c).eval()
     d.set_embedding(tgt.get_input_embeddings().weight)
     t2d = torch.zeros(128, dtype=torch.bool)

@@ -16,6 +16,7 @@ from eyas.features import (
     FP8,
     FeatureError,
     FeatureStore,
+    NonFiniteFeatureError,
     ShardWriter,
     bytes_per_token,
     check_disk_space,
@@ -251,7 +252,45 @@ def test_fp8_storage_refuses_non_finite_aux_states(tmp_path, value):
         s = samples[0]
         w.add(s["input_ids"], s["loss_mask"], s["aux_hidden"], s["final_hidden"], s["target_argmax"])
         s = samples[1]
-        with pytest.raises(ValueError, match=r"sample 1: aux hidden state of token 4, aux layer 2 is not finite"):
+        with pytest.raises(NonFiniteFeatureError, match=r"shard-00001.safetensors, sample 1 \(0 in its shard\): "
+                           r"token 4, aux layer 2 of 3: inf/NaN as stored in float8_e4m3fn.*target's own forward"):
             w.add(s["input_ids"], s["loss_mask"], pre["aux_hidden"][0] if scaled else aux, s["final_hidden"],
                   s["target_argmax"], pre["aux_scale"][0] if scaled else None)
         assert w.num_samples == 1 and (tmp_path / f"w{scaled}" / "shard-00000.safetensors").exists()
+
+
+@pytest.mark.parametrize("where", ["aux", "final"])
+def test_float16_overflow_is_refused_naming_split_shard_sample_and_layer(tmp_path, where):
+    """A finite activation above float16's largest value (65504) is inf once cast: the writer
+    refuses it (naming the split directory, shard, sample, token and layer, and bfloat16 to store
+    instead) before it reaches a shard or the training loss; the samples before it stay written.
+    Negative control: the same sample stored in bfloat16 or float32 is accepted and holds the
+    value, and below 65504 float16 accepts it."""
+    from tiny import tiny_target, write_features
+
+    ref = write_features(tiny_target(), tmp_path / "ref", 2, seed=5)
+    s0, s1 = list(ref.iter_samples())
+    H = ref.manifest["hidden_size"]
+    aux, final = s1["aux_hidden"].clone(), s1["final_hidden"].clone()
+    if where == "aux":
+        aux[0, H + 3] = 65536.0  # token 0 (the BOS position), second aux layer (HF index 4)
+        layer = r"aux layer 1 \(HF hidden_states index 4\)"
+    else:
+        final[0, 3] = -65536.0
+        layer = "the final hidden state"
+    assert torch.isinf(torch.tensor(65536.0).half())  # independent fact: float16's max is 65504 (2**16 in bf16 exact)
+    split = tmp_path / "train"
+    w = ShardWriter(split, shard_samples=1, dtype=torch.float16, aux_layers=[2, 4, 5])
+    w.add(s0["input_ids"], s0["loss_mask"], s0["aux_hidden"], s0["final_hidden"], s0["target_argmax"])
+    with pytest.raises(NonFiniteFeatureError, match=rf"split train\): shard-00001.safetensors, sample 1 .*token 0, "
+                                                    rf"{layer}: inf/NaN as stored in float16.*bfloat16"):
+        w.add(s1["input_ids"], s1["loss_mask"], aux, final, s1["target_argmax"])
+    assert w.num_samples == 1 and (split / "shard-00000.safetensors").exists()
+    for dtype in (torch.bfloat16, torch.float32):
+        ok = ShardWriter(tmp_path / str(dtype), shard_samples=2, dtype=dtype)  # held in its buffer
+        ok.add(s1["input_ids"], s1["loss_mask"], aux, final, s1["target_argmax"])
+        got = ok.buf[0]["aux_hidden" if where == "aux" else "final_hidden"]
+        assert abs(float(got[0, H + 3] if where == "aux" else got[0, 3])) == 2.0 ** 16
+    below = ShardWriter(tmp_path / "below", shard_samples=1, dtype=torch.float16)
+    below.add(s1["input_ids"], s1["loss_mask"], aux.clamp(-65504, 65504), final.clamp(-65504, 65504),
+              s1["target_argmax"])

@@ -179,3 +179,37 @@ def test_dvc_exp_run_set_readings(tmp_path):
     out = r.stdout + r.stderr
     assert r.returncode != 0 and "'train.epoch' is not in the committed params.yaml (git HEAD)" in out
     assert "git checkout -- params.yaml" in out
+
+
+@pytest.mark.parametrize("shard", [None, "40KB"])
+def test_local_target_weights_are_part_of_its_identity(tmp_path, monkeypatch, shard):
+    """A local HF target whose weights are replaced under the same config.json gets another
+    identity (so identify-inputs rewrites data/inputs/target.json and DVC reruns what it feeds),
+    for a single model.safetensors and for shards named by the index. Negative control: the
+    untouched directory, hashed again, has the same identity."""
+    from types import SimpleNamespace
+
+    monkeypatch.chdir(tmp_path)  # the hash cache (.eyas/) goes here
+    d = tmp_path / "target"
+    kw = {"max_shard_size": shard} if shard else {}
+    tiny_target(seed=0).model.save_pretrained(d, **kw)
+    config = (d / "config.json").read_bytes()
+    tp = SimpleNamespace(path=str(d), gguf_file=None, revision=None)
+    before = provenance.target_identity(tp)
+    weights = sorted(p.name for p in d.iterdir() if p.suffix == ".safetensors")
+    if shard:  # the index names every shard
+        index = json.loads((d / "model.safetensors.index.json").read_text())
+        assert set(index["weight_map"].values()) == set(weights) and len(weights) > 1
+    else:
+        assert weights == ["model.safetensors"]
+    assert sorted(k for k in before["files"] if k.endswith(".safetensors")) == weights
+    assert provenance.target_identity(tp) == before  # nothing touched: same identity
+    other = tmp_path / "other"
+    tiny_target(seed=1).model.save_pretrained(other, **kw)  # other weights, the same config
+    assert (other / "config.json").read_bytes() == config
+    changed = weights[-1]
+    shutil.copyfile(other / changed, d / changed)
+    after = provenance.target_identity(tp)
+    assert after != before and after["files"]["config.json"] == before["files"]["config.json"]
+    assert [k for k in before["files"] if before["files"][k] != after["files"][k]] == [changed]
+    assert provenance._diff_target(before, after) == [f"{changed} changed"]

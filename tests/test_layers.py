@@ -59,6 +59,27 @@ def test_invalid_ids_refused(ids, bad):
         layers.validate(ids, 8)
 
 
+# the default [2, L//2, L-3] worked by hand on small targets: out of range, repeated, not ascending
+@pytest.mark.parametrize("L, resolved", [(2, r"\[2, 1, -1\]"), (3, r"\[2, 1, 0\]"), (4, r"\[2, 2, 1\]"),
+                                         (5, r"\[2, 2, 2\]"), (6, r"\[2, 3, 3\]")])
+def test_default_ids_refused_on_small_targets(L, resolved):
+    """The default goes through the same validation as explicit ids: every path that resolves it
+    (capture, the drafter config, the export) refuses it, naming the layer count, the ids and the
+    key to set instead."""
+    msg = rf"{L} decoder layers are {resolved}.*extract\.aux_layers"
+    for f in (layers.default_hf_indices, lambda n: layers.resolve(None, n), lambda n: layers.normalise(None, n)):
+        with pytest.raises(layers.LayerIdError, match=msg):
+            f(L)
+    with pytest.raises(layers.LayerIdError, match=msg):
+        _cfg(None, L=L).resolved_aux_layers()
+    with pytest.raises(layers.LayerIdError, match=msg):
+        to_hf_config(_cfg(None, L=L))
+    # negative controls: the smallest target whose default is valid; explicit ids on a small one
+    assert layers.resolve(None, 7) == [2, 3, 4] and layers.normalise(None, 7) is None
+    explicit = [1, 2, 3][:L - 1] + [L]  # [1, 2] for L = 2, [1, 2, 3, 4] for L = 4
+    assert layers.normalise(explicit, L) == explicit and _cfg(explicit, L=L).resolved_aux_layers() == explicit
+
+
 # --- (a) capture == HF output_hidden_states[k], ascending --------------------------------------
 
 @pytest.mark.parametrize("aux, expect", [(None, [2, 4, 5]), ([1, 3, 7], [1, 3, 7])])
@@ -78,6 +99,82 @@ def test_capture_is_hf_hidden_states_in_ascending_order(tiny_target, aux, expect
     assert not torch.equal(got["aux_hidden"][..., :32], hs[expect[0] + 1])
     assert torch.equal(got["final_hidden"], hs[8])  # post-norm final state
     assert torch.equal(got["target_argmax"], out.logits.argmax(-1))
+
+
+def test_id_L_is_the_pre_norm_residual_in_every_capture(tiny_target):
+    """Aux id L (8 here, as GPT-OSS's [24, 30, 36] of 36) is the last decoder layer's output, before
+    the final norm, as vLLM, llama.cpp and SGLang (with its fix) serve it: taken here by a hook on
+    the last decoder layer, independently of eyas' hook on the norm. Negative control: it is not
+    HF's post-norm hidden_states[8] (which is the norm of it). Speculative decoding feeds the
+    drafter the same states as extract stores (cached forwards: close, not bit-equal)."""
+    from eyas.speculative import speculative_generate
+
+    m = tiny_target.model
+    torch.manual_seed(3)
+    ids = torch.randint(0, 128, (1, 9))
+    last = {}
+    h = m.model.layers[-1].register_forward_hook(lambda _m, _a, out: last.setdefault("out", out))
+    try:
+        with torch.no_grad():
+            hs = m(input_ids=ids, output_hidden_states=True).hidden_states
+    finally:
+        h.remove()
+    pre = last["out"][0] if isinstance(last["out"], tuple) else last["out"]
+    got = tiny_target.capture(ids, torch.ones_like(ids), [2, 4, 8])["aux_hidden"]
+    assert torch.equal(got[..., :32], hs[2]) and torch.equal(got[..., 32:64], hs[4])
+    assert torch.equal(got[..., 64:], pre)
+    assert not torch.allclose(got[..., 64:], hs[8], atol=1e-3)  # not the post-norm state
+    with torch.no_grad():
+        assert torch.allclose(m.model.norm(got[..., 64:]), hs[8], atol=1e-6)
+    torch.manual_seed(1)
+    d = Eagle3Drafter(DrafterConfig.for_target(m.config, draft_vocab_size=128, aux_layer_ids=[2, 4, 8])).eval()
+    d.set_embedding(m.get_input_embeddings().weight)
+    d.set_vocab(torch.zeros(128, dtype=torch.int64), torch.ones(128, dtype=torch.bool))
+    out = speculative_generate(m, d, ids[0].tolist(), num_draft_tokens=2, max_new_tokens=4, stop_ids=[],
+                               aux_layer_ids=None, return_features=True)
+    seq = torch.tensor([ids[0].tolist() + out["tokens"][:-1]])
+    ref = tiny_target.capture(seq, torch.ones_like(seq), [2, 4, 8])["aux_hidden"]
+    assert out["features"].shape == ref.shape
+    assert torch.allclose(out["features"], ref, atol=1e-5)
+
+
+def test_features_with_post_norm_id_L_are_refused(tmp_path):
+    """A manifest written before eyas captured id L pre-norm (no aux_layer_L key) is refused by name
+    when it holds id L; one without id L, or with the key, opens."""
+    from tiny import tiny_target as tiny, write_features
+
+    from eyas.features import AUX_AT_L, MANIFEST, PRE_NORM, FeatureStore
+
+    store = write_features(tiny(), tmp_path / "f", 2, seed=1, length=8, aux_layers=[2, 4, 8])
+    assert store.manifest[AUX_AT_L] == PRE_NORM
+    m = json.loads((tmp_path / "f" / MANIFEST).read_text())
+    del m[AUX_AT_L]  # as written before
+    (tmp_path / "f" / MANIFEST).write_text(json.dumps(m))
+    with pytest.raises(FeatureError, match=r"aux layer id 8 \(L\) was captured as 'post-norm hidden_states\[L\]'.*"
+                                           r"PR #32334.*re-extract"):
+        FeatureStore.open(tmp_path / "f")
+    (tmp_path / "f" / MANIFEST).write_text(json.dumps({**m, "aux_layers": [2, 4, 5]}))  # no id L: fine
+    assert FeatureStore.open(tmp_path / "f").aux_layers == [2, 4, 5]
+
+
+def test_describe_says_per_engine_what_id_L_means():
+    d = layers.describe([2, 4, 8], 8)
+    assert d["id_L"]["id"] == 8
+    assert "before the final norm" in d["id_L"]["vllm"] and "46788" in d["id_L"]["vllm"]
+    assert "32334" in d["id_L"]["sglang"] and "never captured" in d["id_L"]["sglang"]
+    assert "18039" in d["id_L"]["llama.cpp"]
+    assert "id_L" not in layers.describe([2, 4, 7], 8) and "id_L" not in layers.describe(None, 8)
+
+
+def test_inspect_names_what_id_L_means_per_engine(tmp_path):
+    from eyas.inspector import inspect_checkpoint
+
+    save_drafter(_drafter([2, 4, 8]), tmp_path / "d")
+    r = inspect_checkpoint(tmp_path / "d")
+    assert r["aux_layers"]["id_L"]["id"] == 8
+    assert any("aux layer id 8 = L" in w and "PR #32334" in w for w in r["warnings"])
+    save_drafter(_drafter([2, 4, 7]), tmp_path / "e")  # negative control: no id L, no such warning
+    assert not any("= L" in w for w in inspect_checkpoint(tmp_path / "e")["warnings"])
 
 
 def test_capture_refuses_unordered_ids(tiny_target):

@@ -161,7 +161,21 @@ def stores(workspace):
     return FeatureStore.open(f / "train"), FeatureStore.open(f / "val")
 
 
-def _train(stores, ckdir, crash_at=None, **kw):
+class _StepsLogged(_CrashAt):
+    """:class:`_CrashAt` that also records the optimizer steps this process trained (a resumed
+    run's earlier steps come through ``replay``, not ``log_metrics``)."""
+
+    def __init__(self, at: int | None):
+        super().__init__(at)
+        self.steps: list[int] = []
+
+    def log_metrics(self, metrics, step=None):
+        if "train/loss" in metrics:
+            self.steps.append(step)
+        super().log_metrics(metrics, step)
+
+
+def _train(stores, ckdir, crash_at=None, code=None, tracker=None, **kw):
     train, val = stores
     target = tiny_target()
     head = target.head_weights()
@@ -170,7 +184,8 @@ def _train(stores, ckdir, crash_at=None, **kw):
     drafter = new_drafter(train.manifest, mapping, head["embed_tokens"], 0)
     tp = dataclasses.replace(default_params().train, **{**TRAIN, "epochs": 1, **kw})
     res = train_drafter(drafter, train_store=train, val_store=val, lm_head=head["lm_head"], tp=tp, lr=3e-3,
-                        seed=0, tracker=_CrashAt(crash_at), device=torch.device("cpu"), checkpoint_dir=ckdir)
+                        seed=0, tracker=tracker or _CrashAt(crash_at), device=torch.device("cpu"),
+                        checkpoint_dir=ckdir, code=code)
     return res, drafter
 
 
@@ -185,6 +200,29 @@ def test_crash_resume_equals_uninterrupted(stores, tmp_path):
     assert str(res.curve) == str(ref.curve)  # same rows, same column order (NaN prints equal)
     for k, v in d_ref.state_dict().items():
         assert torch.equal(v, d.state_dict()[k]), k
+
+
+def test_checkpoint_of_other_code_is_not_resumed(stores, tmp_path, caplog):
+    """A checkpoint written under one code digest is not resumed under another: training starts
+    afresh (all steps trained here, the result equals an uninterrupted run) and one warning line
+    names the code change. Negative control: under the same digest it resumes after step 4."""
+    ref, _ = _train(stores, None, max_steps=7)
+    for code, resumed in (("b" * 64, False), ("a" * 64, True)):
+        ck = tmp_path / code[0]
+        with pytest.raises(_Crash):
+            _train(stores, ck, crash_at=5, code="a" * 64, max_steps=7)  # checkpoints at steps 2 and 4
+        assert json.loads((ck / "state/train_state.json").read_text())["code"] == "a" * 64
+        caplog.clear()
+        rec = _StepsLogged(None)
+        res, _ = _train(stores, ck, code=code, tracker=rec, max_steps=7)
+        assert rec.steps == ([5, 6, 7] if resumed else [1, 2, 3, 4, 5, 6, 7])
+        assert res.final_val == ref.final_val
+        lines = [r.getMessage() for r in caplog.records if "not resumed" in r.getMessage()]
+        if resumed:
+            assert lines == []
+        else:
+            assert len(lines) == 1 and f"by other code (digest {'a' * 12} != {'b' * 12}" in lines[0]
+            assert "starts afresh" in lines[0] and "\n" not in lines[0]
 
 
 def _drafter(stores, seed=0):

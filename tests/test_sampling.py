@@ -41,7 +41,8 @@ def target():
 @pytest.fixture(scope="module")
 def drafter(target):
     torch.manual_seed(1)
-    d = Eagle3Drafter(DrafterConfig.for_target(target.config, draft_vocab_size=DRAFT_V)).eval()
+    # explicit aux ids: the default [2, L//2, L-3] is no valid id set on 2 layers
+    d = Eagle3Drafter(DrafterConfig.for_target(target.config, draft_vocab_size=DRAFT_V, aux_layer_ids=[1, 2])).eval()
     d.set_embedding(target.get_input_embeddings().weight)
     d.lm_head.weight.data *= 20.0  # a confident drafter that is often wrong: every branch of the rule runs
     ids = torch.randperm(V, generator=torch.Generator().manual_seed(2))[:DRAFT_V].sort().values

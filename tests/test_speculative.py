@@ -7,6 +7,7 @@ import pytest
 import torch
 import transformers
 
+from eyas import layers
 from eyas import speculative as spec
 from eyas.drafter import DrafterConfig, Eagle3Drafter
 from eyas.speculative import (
@@ -35,10 +36,12 @@ def target():
     torch.set_num_threads(threads)
 
 
-def make_drafter(model, draft_vocab_size: int, seed: int = 1, aux_layer_ids=None) -> Eagle3Drafter:
+def make_drafter(model, draft_vocab_size: int, seed: int = 1, aux_layer_ids=(1, 2, 4)) -> Eagle3Drafter:
+    """An EAGLE-3 drafter for the 4-layer ``target`` (explicit aux ids: the default [2, L//2, L-3]
+    is no valid id set on 4 layers)."""
     torch.manual_seed(seed)
     cfg = DrafterConfig.for_target(model.config, draft_vocab_size=draft_vocab_size,
-                                   aux_layer_ids=aux_layer_ids)
+                                   aux_layer_ids=list(aux_layer_ids))
     d = Eagle3Drafter(cfg).eval()
     d.set_embedding(model.get_input_embeddings().weight)
     ids = torch.randperm(V)[:draft_vocab_size].sort().values  # draft ids ascend with target ids
@@ -232,9 +235,10 @@ def test_drafter_cache_rollback_matches_fresh_drafting(target):
     aux_ids = drafter.config.resolved_aux_layers()
     with torch.no_grad():
         for seq, drafts in records:
-            hs = target(torch.tensor([seq[:-1]]), output_hidden_states=True).hidden_states
+            with layers.capture_aux(target, aux_ids) as aux_of:  # id 4 = L: the pre-norm residual
+                hs = target(torch.tensor([seq[:-1]]), output_hidden_states=True).hidden_states
             fresh = EagleProposer(drafter)
-            fresh.prefill(seq, torch.cat([hs[i] for i in aux_ids], dim=-1))
+            fresh.prefill(seq, aux_of(hs))
             assert len(fresh.kv) == len(seq) - 1
             assert fresh.propose(k) == drafts
 
