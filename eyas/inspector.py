@@ -27,7 +27,7 @@ import torch
 from safetensors import safe_open
 
 from eyas import layers, rope
-from eyas.engine_keys import ENGINE_KEYS, refusals
+from eyas.engine_keys import ENGINE_KEYS, departs, refusals
 from eyas.files import read_json
 from eyas.formats.eagle import SERVED_KEYS, ExportError, check_served_tensors, config_from_hf
 from eyas.formats.load import detect_layout
@@ -308,9 +308,7 @@ def _honoured_flags(cfg: dict, engine: str) -> list[str]:
     out = []
     col = "sglang" if engine == "sglang" else "vllm"
     for k in ENGINE_KEYS:
-        if k.eyas != "refuses" or "." in k.key or cfg.get(k.key) is None or cfg.get(k.key) == k.default:
-            continue
-        if k.key == "model_type" and cfg.get(k.key) == "llama":
+        if k.eyas != "refuses" or "." in k.key or cfg.get(k.key) is None or not departs(k, cfg[k.key], cfg):
             continue
         src = getattr(k, col)
         out.append(f"{k.key} = {cfg[k.key]!r}: " + (f"not read ({src})" if src.startswith("not read")

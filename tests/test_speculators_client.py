@@ -97,3 +97,53 @@ def test_speculators_loads_the_export_and_agrees(tmp_path, monkeypatch, aux, rop
             diff = (ours - seen[k]).abs().max().item()
             assert diff < 1e-5, (k, diff)
             assert torch.equal(ours.argmax(-1), seen[k].argmax(-1))
+
+
+def _speculators_logits(m, aux_h, ids, pos, doc, steps):
+    seen = []
+    hook = m.lm_head.register_forward_hook(lambda mod, inp, out: seen.append(out.detach()))
+    with torch.no_grad():
+        m(hidden_states=aux_h, input_ids=shift_left(ids, 1, 0), document_ids=doc, position_ids=pos, ttt_steps=steps)
+    hook.remove()
+    return seen
+
+
+def test_a_sliding_window_changes_speculators_forward_and_eyas_refuses_it(tmp_path, monkeypatch):
+    """speculators 0.9.0 honours ``layer_types``/``sliding_window`` of the layer config (its
+    attention mask gets the window); eyas' attention has none, so it refuses the file by name.
+    Negative control: the same file with full attention loads in eyas and agrees with speculators."""
+    import json
+
+    from speculators.models.eagle3 import Eagle3DraftModel
+
+    from eyas.formats.eagle import ExportError
+    from eyas.formats.load import load_drafter
+    from eyas.inspector import inspect_checkpoint
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.chdir(tmp_path)
+    target = _target(tmp_path)
+    d = _drafter(None, target.get_input_embeddings().weight)
+    g = torch.Generator().manual_seed(3)
+    aux_h = torch.randn(1, T, d.config.num_aux * H, generator=g)
+    ids = torch.randint(0, V, (1, T), generator=g)
+    pos, doc = torch.arange(T)[None] + 1, torch.zeros(1, T, dtype=torch.int64)
+    with torch.no_grad():
+        ours = d.logits(d.ttt_step(d.project(aux_h), shift_left(ids, 1, 0), pos, doc, []))
+    for name, layer in (("full", {"layer_types": ["full_attention"]}),
+                        ("sliding", {"layer_types": ["sliding_attention"], "use_sliding_window": True,
+                                     "sliding_window": 4})):
+        write_speculators(d, tmp_path / name, verifier=verifier_identity("target"))
+        cfg = json.loads((tmp_path / name / "config.json").read_text())
+        cfg["transformer_layer_config"].update(layer)
+        (tmp_path / name / "config.json").write_text(json.dumps(cfg))
+        m = Eagle3DraftModel.from_pretrained(str(tmp_path / name)).float().eval()
+        diff = (_speculators_logits(m, aux_h, ids, pos, doc, 1)[0] - ours).abs().max().item()
+        if name == "full":
+            assert diff < 1e-5
+            load_drafter(tmp_path / name)
+        else:
+            assert diff > 0.1, diff  # the window changes speculators' step-0 logits
+            with pytest.raises(ExportError, match=r'layer_types: \["sliding_attention"\].*sliding_window: 4'):
+                load_drafter(tmp_path / name)
+            assert any("sliding_window: 4" in e for e in inspect_checkpoint(tmp_path / name)["errors"])

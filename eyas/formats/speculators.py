@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from eyas import layers
+from eyas.engine_keys import BY_KEY
 from eyas.files import atomic_dir, load_safetensors, read_json, save_safetensors, write_json
 from eyas.formats import hf_config
 from eyas.formats.eagle import llama_layer_fields
@@ -37,6 +38,9 @@ ARCHITECTURE = "Eagle3Speculator"
 LAYER_PREFIX = "layers.0."
 EAGLE_LAYER_PREFIX = "midlayer."
 
+# keys of the nested config that this module sets itself, after checking them: the layer's HF
+# class (not the drafter's), and the dtype (read below, engines cast to theirs)
+_WRITTEN = ("architectures", "torch_dtype")
 # keys of the nested LlamaConfig that describe the one decoder layer
 _LAYER_KEYS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
                "head_dim", "rms_norm_eps", "rope_theta", "rope_parameters", "rope_scaling",
@@ -66,7 +70,13 @@ def config_to_eagle(cfg: dict, source: str = "config.json") -> dict:
     The speculators flags (``norm_before_residual`` etc.) are carried over verbatim so the loader
     can refuse unsupported variants; a missing ``norm_before_residual`` is recorded under
     ``speculators_norm_before_residual_missing`` (vLLM would assume True, speculators' own model
-    config False).
+    config False). So is every key of ``transformer_layer_config`` that an engine reads (the rows of
+    eyas/engine_keys.py: ``tie_word_embeddings``, ``layer_types``, ``sliding_window``, biases, ...):
+    vLLM builds the draft's config from that nested config
+    (``vllm/transformers_utils/configs/speculators/algos.py``), so nothing an engine reads is dropped
+    or overwritten here before :func:`eyas.engine_keys.refusals` has seen it. Only
+    ``architectures`` (the layer's HF class) and ``torch_dtype`` are set here; ``model_type`` and
+    ``num_hidden_layers`` are checked first.
 
     Raises:
         SpeculatorsFormatError: no ``transformer_layer_config``, more than one layer, or a layer
@@ -86,7 +96,10 @@ def config_to_eagle(cfg: dict, source: str = "config.json") -> dict:
             f"{source}: transformer_layer_config.model_type {mt!r}" +
             (" (speculators then assumes Qwen3Config)" if mt is None else "") +
             "; eyas drafters use a Llama decoder layer")
-    out = {k: tlc[k] for k in _LAYER_KEYS if k in tlc}
+    # every key of the layer config that an engine reads (the table of eyas/engine_keys.py) is
+    # carried, so that check_config refuses what eyas does not implement (tie_word_embeddings,
+    # layer_types / sliding_window, biases, ...) instead of it being dropped or overwritten here
+    out = {k: v for k, v in tlc.items() if k in _LAYER_KEYS or (k in BY_KEY and k not in _WRITTEN)}
     # speculators writes the layer config with to_diff_dict(): keys equal to LlamaConfig's defaults
     # are ABSENT and mean LlamaConfig's defaults (rms_norm_eps 1e-6, not eyas' 1e-5)
     full = _llama_defaults(tlc)
@@ -98,7 +111,7 @@ def config_to_eagle(cfg: dict, source: str = "config.json") -> dict:
     out["architectures"] = ["LlamaForCausalLMEagle3"]
     out["model_type"] = "llama"
     out["num_hidden_layers"] = 1
-    out["tie_word_embeddings"] = False
+    out.setdefault("tie_word_embeddings", False)  # LlamaConfig's default, omitted by to_diff_dict()
     for k in ("draft_vocab_size", "target_hidden_size", "eagle_aux_hidden_state_layer_ids",
               "norm_before_residual", "norm_before_fc", "fc_norm", "norm_output", "eyas"):
         if cfg.get(k) is not None:
