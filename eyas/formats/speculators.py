@@ -31,6 +31,7 @@ from eyas.engine_keys import BY_KEY
 from eyas.files import atomic_dir, load_safetensors, read_json, save_safetensors, write_json
 from eyas.formats import hf_config
 from eyas.formats.eagle import llama_layer_fields
+from eyas.vocab import target_id_order
 
 log = logging.getLogger(__name__)
 
@@ -218,6 +219,13 @@ def write_speculators(drafter, path: str | Path, include_embedding: bool = True,
     ``t2d`` bool and ``embed_tokens.weight`` (the target's, frozen), as the speculators converter
     and trainer save them.
 
+    Draft ids are written in ascending target-id order (``lm_head`` rows and ``d2t`` permuted by
+    :func:`eyas.vocab.target_id_order`; every target id keeps its logit, so the file computes the
+    drafter's distribution exactly): speculators 0.9.0 builds ``verifier_lm_head`` (the target
+    distribution its trainer distils from) as the target's lm_head rows selected by ``t2d``, i.e.
+    in ascending target id (``src/speculators/model.py``, ``DraftVocabMixin._load_verifier_weights``:
+    ``lm_head_weight[t2d]``), whatever ``d2t`` says.
+
     Raises:
         UnsafeExportError: ``include_embedding=False``. speculators 0.9.0 lists
             ``embed_tokens.weight`` in ``_keys_to_ignore_on_load_missing``
@@ -232,6 +240,13 @@ def write_speculators(drafter, path: str | Path, include_embedding: bool = True,
             f"export the eagle layout (eyas.formats.eagle.save_drafter) for SGLang/vLLM, which take the target's")
     tensors = {to_speculators_name(k): v.detach().cpu() for k, v in drafter.state_dict_for_export().items()}
     tensors["embed_tokens.weight"] = drafter.embed_tokens.weight.detach().cpu()
+    perm = target_id_order(tensors["d2t"])
+    n = perm.numel()
+    if not torch.equal(perm, torch.arange(n)):
+        log.info("%s: draft ids reordered to ascending target id (speculators' verifier_lm_head assumes it)", path)
+        tids = (torch.arange(n) + tensors["d2t"])[perm]
+        tensors["d2t"] = tids - torch.arange(n)
+        tensors["lm_head.weight"] = tensors["lm_head.weight"][perm].contiguous()
     if verifier is None:
         log.warning("%s: no verifier identity given: speculators_config.verifier.name_or_path is null and "
                     "speculators' Eagle3DraftModel.from_pretrained will fail (pass eyas.verifier.verifier_identity)",
