@@ -15,7 +15,7 @@ META = [".gitattributes", "README.md", "config.json", "generation_config.json", 
 MISTRAL_SHARDS = [f"model-0000{i}-of-00003.safetensors" for i in (1, 2, 3)]
 MISTRAL = META + MISTRAL_SHARDS + ["consolidated.safetensors", "model.safetensors.index.json", "params.json",
                                    "tokenizer.model", "tokenizer.model.v3"]
-MISTRAL_INDEX = {"metadata": {"total_size": 14483464192}, "weight_map": {
+MISTRAL_INDEX = {"metadata": {}, "weight_map": {
     "lm_head.weight": MISTRAL_SHARDS[2], "model.embed_tokens.weight": MISTRAL_SHARDS[0],
     "model.layers.0.mlp.down_proj.weight": MISTRAL_SHARDS[0], "model.layers.15.mlp.up_proj.weight": MISTRAL_SHARDS[1],
     "model.layers.16.self_attn.q_proj.weight": MISTRAL_SHARDS[1], "model.norm.weight": MISTRAL_SHARDS[2]}}
