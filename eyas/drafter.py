@@ -74,7 +74,14 @@ class DrafterConfig:
     @classmethod
     def for_target(cls, target_config, draft_vocab_size: int, aux_layer_ids=None) -> "DrafterConfig":
         """A drafter shaped like one layer of ``target_config`` (a transformers PretrainedConfig,
-        or a namespace of the feature manifest's ``target_config``)."""
+        or a namespace of the feature manifest's ``target_config``).
+
+        Raises:
+            eyas.target.TargetError: the target config has no ``rms_norm_eps`` (a LayerNorm target
+                such as Cohere), naming the key it has.
+            eyas.rope.RopeError: a RoPE scaling eyas does not implement."""
+        from eyas.target import rms_norm_eps
+
         tc = target_config
         theta, scaling = rope.normalise(tc, source="target config")
         return cls(
@@ -88,7 +95,7 @@ class DrafterConfig:
             target_hidden_size=tc.hidden_size,
             num_target_layers=tc.num_hidden_layers,
             aux_layer_ids=layer_ids.normalise(aux_layer_ids, tc.num_hidden_layers),
-            rms_norm_eps=float(tc.rms_norm_eps),
+            rms_norm_eps=rms_norm_eps(tc),
             rope_theta=float(theta),
             max_position_embeddings=int(tc.max_position_embeddings),
             rope_scaling=scaling,

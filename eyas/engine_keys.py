@@ -111,6 +111,22 @@ ENGINE_KEYS: tuple[EngineKey, ...] = (
               "the target's hub id or path (eyas/verifier.py)"),
     EngineKey("torch_dtype", "model config (dtype when --dtype auto)", "model config (dtype when auto)",
               "ignores", None, "recorded; the engines cast to the serving dtype"),
+    EngineKey("layer_types", "not read (models/llama.py LlamaAttention: RadixAttention without a window)",
+              "model_executor/models/llama.py (LlamaAttention: a 'sliding_attention' entry gives the layer "
+              "config.sliding_window; an EAGLE-3 draft indexes it from 0 through target_layer_count)", "refuses",
+              default="full_attention",
+              note=f"every entry must be full_attention; also {_SPEC} (sliding_window_indices: the layer's "
+                   f"attention mask gets the window); eyas' attention has no window"),
+    EngineKey("sliding_window", "not read (models/llama.py)",
+              "model_executor/models/llama.py (LlamaAttention, for the layers layer_types marks sliding)",
+              "refuses", default=None,
+              note=f"also {_SPEC}; refused whatever its size (even one past max_position_embeddings: an engine "
+                   f"may serve longer contexts); allowed only beside use_sliding_window false and no sliding "
+                   f"layer_types (transformers' Qwen2 config then drops it)"),
+    EngineKey("use_sliding_window", "not read (models/llama.py)", "not read (model_executor/models/llama.py)",
+              "refuses", default=False,
+              note="transformers' Qwen2/Qwen3 configs (configuration_qwen2.py): true turns sliding_window on, "
+                   "making layer_types sliding"),
 )
 
 BY_KEY = {k.key: k for k in ENGINE_KEYS}
@@ -142,6 +158,24 @@ def honoured_by(key: str) -> str:
                      if not src.startswith("not read"))
 
 
+def departs(k: EngineKey, value, cfg: dict) -> bool:
+    """Whether ``value`` (not None) of the ``refuses`` row ``k`` makes an engine compute something
+    other than eyas' drafter, in the flat config ``cfg`` (for the keys read together: a
+    ``sliding_window`` is inert only beside ``use_sliding_window: false`` and no sliding layer)."""
+    if k.key == "num_hidden_layers":
+        return value != 1
+    if k.key == "model_type":
+        return value != "llama"
+    if k.key == "logit_scale":
+        return float(value) != 1.0
+    if k.key == "layer_types":
+        return any(t != "full_attention" for t in (value if isinstance(value, list) else [value]))
+    if k.key == "sliding_window":
+        return not (cfg.get("use_sliding_window") is False
+                    and all(t == "full_attention" for t in cfg.get("layer_types") or []))
+    return value != k.default
+
+
 def refusals(cfg: dict) -> list[str]:
     """Every key of ``cfg`` (a flat EAGLE-layout config dict, as :func:`eyas.formats.eagle.config_from_hf`
     reads it) whose value changes an engine's math away from what eyas implements.
@@ -155,18 +189,9 @@ def refusals(cfg: dict) -> list[str]:
         if k.eyas != "refuses":
             continue
         value, present = _lookup(cfg, k.key)
-        if not present or value is None:
-            continue
-        if k.key == "num_hidden_layers":
-            bad = value != 1
-        elif k.key == "model_type":
-            bad = value != "llama"
-        elif k.key == "logit_scale":
-            bad = float(value) != 1.0
-        else:
-            bad = value != k.default
-        if bad:
-            out.append(f"{k.key}: {_json(value)} (eyas implements {_json(k.default)}; honoured by {honoured_by(k.key)}"
+        if present and value is not None and departs(k, value, cfg):
+            by = honoured_by(k.key) or "no engine's EAGLE-3 model directly"
+            out.append(f"{k.key}: {_json(value)} (eyas implements {_json(k.default)}; honoured by {by}"
                        + (f"; {k.note}" if k.note else "") + ")")
     try:
         rope.normalise(cfg, source="config")

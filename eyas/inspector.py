@@ -27,11 +27,11 @@ import torch
 from safetensors import safe_open
 
 from eyas import layers, rope
-from eyas.engine_keys import ENGINE_KEYS, refusals
+from eyas.engine_keys import ENGINE_KEYS, departs, refusals
 from eyas.files import read_json
 from eyas.formats.eagle import SERVED_KEYS, ExportError, check_served_tensors, config_from_hf
 from eyas.formats.load import detect_layout
-from eyas.vocab import VocabError, VocabMapping, compare_mappings, load_mapping, validate_mapping
+from eyas.vocab import VocabError, VocabMapping, compare_mappings, load_mapping, target_id_order, validate_mapping
 
 # what SGLang's LlamaForCausalLMEagle3 has a parameter for (t2d is accepted and ignored)
 _SGLANG_KNOWN = set(SERVED_KEYS) | {"embed_tokens.weight", "fc.bias"}
@@ -315,9 +315,7 @@ def _honoured_flags(cfg: dict, engine: str) -> list[str]:
     out = []
     col = "sglang" if engine == "sglang" else "vllm"
     for k in ENGINE_KEYS:
-        if k.eyas != "refuses" or "." in k.key or cfg.get(k.key) is None or cfg.get(k.key) == k.default:
-            continue
-        if k.key == "model_type" and cfg.get(k.key) == "llama":
+        if k.eyas != "refuses" or "." in k.key or cfg.get(k.key) is None or not departs(k, cfg[k.key], cfg):
             continue
         src = getattr(k, col)
         out.append(f"{k.key} = {cfg[k.key]!r}: " + (f"not read ({src})" if src.startswith("not read")
@@ -415,6 +413,18 @@ def _speculators(raw_cfg, cfg, layout, t, L, warnings) -> dict:
     layout, ``Eagle3DraftModel.from_pretrained`` (``models/eagle3/core.py``); for the eagle layout,
     what ``speculators convert --algorithm eagle3`` (``convert/eagle/eagle3_converter.py``) changes."""
     out: dict = {}
+    d2t = t.get("d2t")
+    if d2t is not None and d2t.dim() == 1 and not torch.equal(target_id_order(d2t), torch.arange(d2t.numel())):
+        out["draft_id_order"] = (
+            "NOT ascending by target id: speculators 0.9.0 builds verifier_lm_head (its trainer's target "
+            "distribution, and the lm_head it initialises from the verifier) as the target's lm_head rows "
+            "selected by t2d, in ascending target id (src/speculators/model.py, "
+            "DraftVocabMixin._load_verifier_weights: lm_head_weight[t2d]), so draft id i gets the row of the "
+            "i-th smallest target id, not of i + d2t[i]")
+        warnings.append("speculators 0.9.0 would train this drafter against the wrong target rows: its draft ids "
+                        "are not in ascending target-id order, which src/speculators/model.py "
+                        "(DraftVocabMixin._load_verifier_weights) assumes; re-export with eyas "
+                        "(eyas.formats.speculators.write_speculators sorts them, exactly)")
     if layout == "speculators":
         ver = ((raw_cfg.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path")
         out["verifier"] = ver

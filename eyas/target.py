@@ -74,6 +74,68 @@ def stop_token_ids(tokenizer, generation_config=None) -> list[int]:
     return sorted(ids)
 
 
+# Config keys that scale a target's logits after lm_head, honoured as the target's own HF forward
+# applies them (transformers, ``src/transformers/models/<model_type>/modeling_<model_type>.py``,
+# ``<Arch>ForCausalLM.forward``): (model types, key, "divides" | "multiplies").
+LOGIT_SCALES = (
+    # modeling_granite.py: ``logits = logits / self.config.logits_scaling`` (granitemoe* alike)
+    (("granite", "granitemoe", "granitemoeshared", "granitemoehybrid"), "logits_scaling", "divides"),
+    # modeling_cohere.py / modeling_cohere2.py: ``logits = logits * self.logit_scale``
+    (("cohere", "cohere2"), "logit_scale", "multiplies"),
+)
+# keys that transform the logits after lm_head in some architectures, each in its own way
+# (``logits_scaling`` divides in Granite and multiplies in HyperCLOVAX; MiniCPM3 divides the hidden
+# state by it; Falcon-H1 ``lm_head_multiplier``): named when :func:`check_head` finds the forward
+# of a model type LOGIT_SCALES does not list transforming its logits
+TRANSFORM_KEYS = ("logits_scaling", "logit_scale", "lm_head_multiplier", "output_multiplier",
+                  "output_multiplier_scale", "final_logit_softcapping")
+
+
+def logit_multiplier(c, model_class: str | None = None) -> float:
+    """The scalar ``s`` with which the target's logits are ``s * lm_head(h)`` (``h`` its post-norm
+    final hidden state), from the config keys of :data:`LOGIT_SCALES`; 1.0 for a plain head.
+
+    Args:
+        c: a transformers config (or any object with its attributes).
+        model_class: the model's class name for messages (default: the config's ``architectures``).
+    Raises:
+        TargetError: ``final_logit_softcapping`` set (Gemma-2/3: ``logits = tanh(logits / cap) *
+            cap``, modeling_gemma2.py; not a scalar, so eyas' teacher cannot honour it), naming
+            the key, its value and the architecture.
+    """
+    mt = getattr(c, "model_type", None)
+    arch = f"{model_class or (getattr(c, 'architectures', None) or ['?'])[0]} (model_type {mt!r})"
+    cap = getattr(c, "final_logit_softcapping", None)
+    if cap is not None:
+        raise TargetError(f"target {arch}: final_logit_softcapping {cap}: its logits are tanh(logits / {cap}) * "
+                          f"{cap} after lm_head (transformers modeling_gemma2.py); eyas' teacher is lm_head(h) "
+                          f"times a scalar and cannot reproduce it, so the drafter would learn another distribution")
+    s = 1.0
+    for types, key, op in LOGIT_SCALES:
+        v = getattr(c, key, None)
+        if mt in types and v is not None:
+            s = s / float(v) if op == "divides" else s * float(v)
+    return s
+
+
+def rms_norm_eps(c) -> float:
+    """The target's ``rms_norm_eps`` (the drafter's RMSNorm eps is the target's).
+
+    Raises:
+        TargetError: the config has none (e.g. Cohere, a LayerNorm target with ``layer_norm_eps``),
+            naming the architecture and the eps key it has.
+    """
+    eps = c.get("rms_norm_eps") if isinstance(c, dict) else getattr(c, "rms_norm_eps", None)
+    if eps is None:
+        other = [k for k in ("layer_norm_eps", "layer_norm_epsilon", "norm_eps", "norm_epsilon")
+                 if (c.get(k) if isinstance(c, dict) else getattr(c, k, None)) is not None]
+        mt = c.get("model_type") if isinstance(c, dict) else getattr(c, "model_type", None)
+        raise TargetError(f"target config (model_type {mt!r}) has no rms_norm_eps"
+                          + (f" (it has {other[0]}: a LayerNorm target)" if other else "")
+                          + "; eyas' drafter is an RMSNorm Llama layer that takes the target's rms_norm_eps")
+    return float(eps)
+
+
 def summarise_config(c) -> dict:
     """The drafter-relevant shape of a target config (a transformers config object): sizes, layer
     count, vocab, ``rms_norm_eps``, ``rope_theta``, ``max_position_embeddings`` and, for a scaled
@@ -94,7 +156,7 @@ def summarise_config(c) -> dict:
         "head_dim": hf_config.head_dim(c),
         "num_hidden_layers": c.num_hidden_layers,
         "vocab_size": c.vocab_size,
-        "rms_norm_eps": float(c.rms_norm_eps),
+        "rms_norm_eps": rms_norm_eps(c),
         "rope_theta": float(theta),
         "max_position_embeddings": int(c.max_position_embeddings),
     }
@@ -112,6 +174,8 @@ class Target:
     model: torch.nn.Module
     tokenizer: object
     identity: dict  # what the manifest records: path, gguf file, file hash, class
+    # s in logits = s * lm_head(h): the scalar after the head (logit_multiplier; check_head)
+    logit_multiplier: float = 1.0
 
     @property
     def config(self):
@@ -140,10 +204,13 @@ class Target:
 
     def head_weights(self) -> dict[str, torch.Tensor]:
         """{'embed_tokens': [V, H], 'lm_head': [V, H]} as float32 CPU tensors (tied models give
-        the same values twice, as separate tensors)."""
+        the same values twice, as separate tensors). ``lm_head`` is the target's effective head:
+        its weight times :attr:`logit_multiplier`, so that ``h @ lm_head.T`` are the target's own
+        logits (the teacher, and the rows a drafter's lm_head starts from)."""
+        head = self.model.get_output_embeddings().weight.detach().float().cpu().clone()
         return {
             "embed_tokens": self.model.get_input_embeddings().weight.detach().float().cpu().clone(),
-            "lm_head": self.model.get_output_embeddings().weight.detach().float().cpu().clone(),
+            "lm_head": head if self.logit_multiplier == 1.0 else head * self.logit_multiplier,
         }
 
     @torch.no_grad()
@@ -171,6 +238,34 @@ class Target:
             "final_hidden": hs[self.num_layers],
             "target_argmax": out.logits.argmax(-1),
         }
+
+
+@torch.no_grad()
+def check_head(model) -> float:
+    """The target's :func:`logit_multiplier`, checked against its own forward: on a few tokens its
+    logits must equal ``s * lm_head(h)`` with ``h`` the last of its hidden states (the teacher
+    eyas recomputes from the features). This catches every post-head transform the key table does
+    not list, before any extraction.
+
+    Raises:
+        TargetError: a refused key (:func:`logit_multiplier`), or the forward's logits differ from
+            ``s * lm_head(h)`` (naming the architecture and the largest difference).
+    """
+    c = model.config
+    s = logit_multiplier(c, type(model).__name__)
+    device = next(model.parameters()).device
+    ids = torch.arange(min(8, c.vocab_size), device=device)[None]
+    out = model(input_ids=ids, output_hidden_states=True, use_cache=False)
+    ours = s * (out.hidden_states[-1].float() @ model.get_output_embeddings().weight.float().T)
+    theirs = out.logits.float()
+    diff = float((ours - theirs).abs().max())
+    if diff > 1e-2 * float(theirs.abs().max()) + 1e-4:
+        keys = {k: getattr(c, k) for k in TRANSFORM_KEYS if getattr(c, k, None) is not None}
+        raise TargetError(f"target {type(model).__name__} (model_type {getattr(c, 'model_type', None)!r}): its "
+                          f"logits are not {s:g} * lm_head(final hidden state) (max difference {diff:.3g}): it "
+                          f"transforms them in a way eyas' teacher does not reproduce"
+                          + (f"; config keys that do so in some architectures: {keys}" if keys else ""))
+    return s
 
 
 def _resolve(path: str, gguf_file: str | None, trust_remote_code: bool,
@@ -214,14 +309,17 @@ def declared_identity(path: str = "embedded", gguf_file: str | None = None,
 def load_tokenizer_and_config(path: str = "embedded", gguf_file: str | None = None,
                               trust_remote_code: bool = False, revision: str | None = None):
     """The target's tokenizer and HF config without its weights (a GGUF's metadata only), so a
-    stage can size its work before the model loads. Raises TargetError as :func:`load_target`."""
+    stage can size its work before the model loads. Raises TargetError as :func:`load_target`
+    (a post-head transform eyas cannot honour: :func:`logit_multiplier`)."""
     from transformers import AutoConfig, AutoTokenizer
 
     path, _, kw = _resolve(path, gguf_file, trust_remote_code, revision)
     tokenizer = AutoTokenizer.from_pretrained(path, **_tokenizer_kw(kw))
     if not getattr(tokenizer, "chat_template", None):
         raise TargetError(f"target {path!r}: the tokenizer has no chat template")
-    return tokenizer, AutoConfig.from_pretrained(path, **_tokenizer_kw(kw))
+    config = AutoConfig.from_pretrained(path, **_tokenizer_kw(kw))
+    logit_multiplier(config)  # a post-head transform eyas cannot honour is refused before any work
+    return tokenizer, config
 
 
 def load_generation_config(path: str = "embedded", gguf_file: str | None = None,
@@ -265,7 +363,8 @@ def load_target(path: str = "embedded", gguf_file: str | None = None, dtype: str
     Raises:
         TargetError: the path is neither a directory nor a hub id; a hub id, revision or file is
             missing or its weights are not safetensors (eyas/hub.py; names the id and revision);
-            the tokenizer has no chat template.
+            the tokenizer has no chat template; the target's logits are more than a scalar times
+            ``lm_head`` of its final hidden state (:func:`check_head`), naming the key.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -277,6 +376,7 @@ def load_target(path: str = "embedded", gguf_file: str | None = None, dtype: str
         raise TargetError(f"target {given!r}: the tokenizer has no chat template")
     model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype), **kw)
     model.eval().to(device or pick_device())
+    multiplier = check_head(model)
     hub = path != given and given != "embedded"
     identity = {**declared, "class": type(model).__name__,
                 "num_layers": model.config.num_hidden_layers, "hidden_size": model.config.hidden_size,
@@ -287,4 +387,4 @@ def load_target(path: str = "embedded", gguf_file: str | None = None, dtype: str
     if weights is None and Path(path, "config.json").is_file():
         weights = Path(path, "config.json")
     identity["file_sha256"] = sha256_file(weights) if weights else None
-    return Target(model, tokenizer, identity)
+    return Target(model, tokenizer, identity, multiplier)

@@ -47,6 +47,19 @@ class VocabMapping:
         return torch.arange(self.draft_vocab_size, dtype=torch.int64) + self.d2t
 
 
+def target_id_order(d2t: torch.Tensor) -> torch.Tensor:
+    """The permutation that puts draft ids in ascending target-id order.
+
+    Args:
+        d2t: [draft_vocab] integer offsets (``target_id = i + d2t[i]``).
+    Returns:
+        ``perm`` [draft_vocab] int64: new draft id j is old draft id ``perm[j]``; the reordered
+        lm_head is ``lm_head[perm]`` and the reordered d2t is ``(i + d2t)[perm] - arange``, which
+        give the same logit to every target id. The identity when the ids already ascend.
+    """
+    return torch.argsort(torch.arange(d2t.numel(), dtype=torch.int64) + d2t.to(torch.int64), stable=True)
+
+
 def count_tokens(input_ids: torch.Tensor, loss_mask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """Counts of supervised (assistant) tokens: ``input_ids``/``loss_mask`` [N] -> [vocab] int64."""
     ids = input_ids[loss_mask.bool()].to(torch.int64)

@@ -380,3 +380,56 @@ def test_sampled_verdict_per_temperature_of_the_served_table():
     del rows["ngram/chain/T1"]
     assert eval_checks.sampled_verdict(rows) == {"T0.7": {"accept_len": 1.622, "ngram_accept_len": 1.2,
                                                           "beats_ngram_floor": True, "separated": None}}
+
+
+# --- keys of the speculators layer config are checked, not overwritten; sliding windows ---------
+
+def _edit_layer_config(path, **changes):
+    p = path / "config.json"
+    cfg = json.loads(p.read_text())
+    cfg["transformer_layer_config"].update(changes)
+    p.write_text(json.dumps(cfg))
+
+
+SLIDING = {"layer_types": ["sliding_attention"], "use_sliding_window": True, "sliding_window": 4}
+
+
+@pytest.mark.parametrize("changes, refused", [
+    ({"tie_word_embeddings": True}, ["tie_word_embeddings: true (eyas implements false"]),
+    (SLIDING, ['layer_types: ["sliding_attention"]', "sliding_window: 4 (eyas implements null",
+               "use_sliding_window: true"]),
+    # a window no context reaches is refused too (an engine may serve past max_position_embeddings)
+    ({"layer_types": ["sliding_attention"], "sliding_window": 1 << 20}, ["sliding_window: 1048576"]),
+    ({"attention_bias": True, "logit_scale": 0.5}, ["attention_bias: true", "logit_scale: 0.5"]),
+])
+def test_engine_keys_of_the_speculators_layer_config_are_refused_by_name(tmp_path, changes, refused, capsys):
+    write_speculators(make_drafter(), tmp_path / "s", verifier=verifier_identity("org/target"))
+    load_drafter(tmp_path / "s")  # negative control: the export as written loads
+    _edit_layer_config(tmp_path / "s", **changes)
+    with pytest.raises(ExportError) as e:
+        load_drafter(tmp_path / "s")
+    errors = " ".join(inspect_checkpoint(tmp_path / "s")["errors"])
+    for r in refused:
+        assert r in str(e.value) and r in errors, (r, str(e.value))
+    assert main(["inspect", str(tmp_path / "s")]) == 1
+    assert refused[0] in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("changes, ok", [
+    (SLIDING, False),
+    ({"sliding_window": 4096}, False),
+    ({"layer_types": ["full_attention"]}, True),
+    # transformers' Qwen2 form of "no window": use_sliding_window false drops sliding_window
+    ({"use_sliding_window": False, "sliding_window": 131072, "layer_types": ["full_attention"]}, True),
+    ({"sliding_window": None}, True),
+])
+def test_sliding_window_keys_at_the_top_of_the_eagle_layout(tmp_path, changes, ok):
+    save_drafter(make_drafter(), tmp_path / "d")
+    edit(tmp_path / "d", **changes)
+    if ok:
+        load_drafter(tmp_path / "d")
+        assert inspect_checkpoint(tmp_path / "d")["errors"] == []
+    else:
+        with pytest.raises(ExportError, match="sliding_window"):
+            load_drafter(tmp_path / "d")
+        assert any("sliding_window" in e for e in inspect_checkpoint(tmp_path / "d")["errors"])

@@ -27,9 +27,11 @@ from pathlib import Path
 import torch
 
 from eyas import layers
+from eyas.engine_keys import BY_KEY
 from eyas.files import atomic_dir, load_safetensors, read_json, save_safetensors, write_json
 from eyas.formats import hf_config
 from eyas.formats.eagle import llama_layer_fields
+from eyas.vocab import target_id_order
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +39,9 @@ ARCHITECTURE = "Eagle3Speculator"
 LAYER_PREFIX = "layers.0."
 EAGLE_LAYER_PREFIX = "midlayer."
 
+# keys of the nested config that this module sets itself, after checking them: the layer's HF
+# class (not the drafter's), and the dtype (read below, engines cast to theirs)
+_WRITTEN = ("architectures", "torch_dtype")
 # keys of the nested LlamaConfig that describe the one decoder layer
 _LAYER_KEYS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
                "head_dim", "rms_norm_eps", "rope_theta", "rope_parameters", "rope_scaling",
@@ -66,7 +71,13 @@ def config_to_eagle(cfg: dict, source: str = "config.json") -> dict:
     The speculators flags (``norm_before_residual`` etc.) are carried over verbatim so the loader
     can refuse unsupported variants; a missing ``norm_before_residual`` is recorded under
     ``speculators_norm_before_residual_missing`` (vLLM would assume True, speculators' own model
-    config False).
+    config False). So is every key of ``transformer_layer_config`` that an engine reads (the rows of
+    eyas/engine_keys.py: ``tie_word_embeddings``, ``layer_types``, ``sliding_window``, biases, ...):
+    vLLM builds the draft's config from that nested config
+    (``vllm/transformers_utils/configs/speculators/algos.py``), so nothing an engine reads is dropped
+    or overwritten here before :func:`eyas.engine_keys.refusals` has seen it. Only
+    ``architectures`` (the layer's HF class) and ``torch_dtype`` are set here; ``model_type`` and
+    ``num_hidden_layers`` are checked first.
 
     Raises:
         SpeculatorsFormatError: no ``transformer_layer_config``, more than one layer, or a layer
@@ -86,7 +97,10 @@ def config_to_eagle(cfg: dict, source: str = "config.json") -> dict:
             f"{source}: transformer_layer_config.model_type {mt!r}" +
             (" (speculators then assumes Qwen3Config)" if mt is None else "") +
             "; eyas drafters use a Llama decoder layer")
-    out = {k: tlc[k] for k in _LAYER_KEYS if k in tlc}
+    # every key of the layer config that an engine reads (the table of eyas/engine_keys.py) is
+    # carried, so that check_config refuses what eyas does not implement (tie_word_embeddings,
+    # layer_types / sliding_window, biases, ...) instead of it being dropped or overwritten here
+    out = {k: v for k, v in tlc.items() if k in _LAYER_KEYS or (k in BY_KEY and k not in _WRITTEN)}
     # speculators writes the layer config with to_diff_dict(): keys equal to LlamaConfig's defaults
     # are ABSENT and mean LlamaConfig's defaults (rms_norm_eps 1e-6, not eyas' 1e-5)
     full = _llama_defaults(tlc)
@@ -98,7 +112,7 @@ def config_to_eagle(cfg: dict, source: str = "config.json") -> dict:
     out["architectures"] = ["LlamaForCausalLMEagle3"]
     out["model_type"] = "llama"
     out["num_hidden_layers"] = 1
-    out["tie_word_embeddings"] = False
+    out.setdefault("tie_word_embeddings", False)  # LlamaConfig's default, omitted by to_diff_dict()
     for k in ("draft_vocab_size", "target_hidden_size", "eagle_aux_hidden_state_layer_ids",
               "norm_before_residual", "norm_before_fc", "fc_norm", "norm_output", "eyas"):
         if cfg.get(k) is not None:
@@ -205,6 +219,13 @@ def write_speculators(drafter, path: str | Path, include_embedding: bool = True,
     ``t2d`` bool and ``embed_tokens.weight`` (the target's, frozen), as the speculators converter
     and trainer save them.
 
+    Draft ids are written in ascending target-id order (``lm_head`` rows and ``d2t`` permuted by
+    :func:`eyas.vocab.target_id_order`; every target id keeps its logit, so the file computes the
+    drafter's distribution exactly): speculators 0.9.0 builds ``verifier_lm_head`` (the target
+    distribution its trainer distils from) as the target's lm_head rows selected by ``t2d``, i.e.
+    in ascending target id (``src/speculators/model.py``, ``DraftVocabMixin._load_verifier_weights``:
+    ``lm_head_weight[t2d]``), whatever ``d2t`` says.
+
     Raises:
         UnsafeExportError: ``include_embedding=False``. speculators 0.9.0 lists
             ``embed_tokens.weight`` in ``_keys_to_ignore_on_load_missing``
@@ -219,6 +240,13 @@ def write_speculators(drafter, path: str | Path, include_embedding: bool = True,
             f"export the eagle layout (eyas.formats.eagle.save_drafter) for SGLang/vLLM, which take the target's")
     tensors = {to_speculators_name(k): v.detach().cpu() for k, v in drafter.state_dict_for_export().items()}
     tensors["embed_tokens.weight"] = drafter.embed_tokens.weight.detach().cpu()
+    perm = target_id_order(tensors["d2t"])
+    n = perm.numel()
+    if not torch.equal(perm, torch.arange(n)):
+        log.info("%s: draft ids reordered to ascending target id (speculators' verifier_lm_head assumes it)", path)
+        tids = (torch.arange(n) + tensors["d2t"])[perm]
+        tensors["d2t"] = tids - torch.arange(n)
+        tensors["lm_head.weight"] = tensors["lm_head.weight"][perm].contiguous()
     if verifier is None:
         log.warning("%s: no verifier identity given: speculators_config.verifier.name_or_path is null and "
                     "speculators' Eagle3DraftModel.from_pretrained will fail (pass eyas.verifier.verifier_identity)",
