@@ -37,7 +37,8 @@ def write_target_dir(model, tokenizer, out: Path, weights: bool = False) -> Path
     """Write the target's ``config.json`` and tokenizer files (transformers ``save_pretrained``) into
     ``out``: what the converter's ``--target-model-dir`` reads for an EAGLE-3 drafter (the vocab,
     the layer count, the hidden size). With ``weights`` also the model's weights as safetensors, in
-    the dtype the model holds (a tied lm_head left to the converter, which ties it again) (the input of :func:`convert` for the target itself).
+    the dtype the model holds (the input of :func:`convert` for the target itself; a tied lm_head is left
+    out, and the converter ties it again).
 
     Args:
         model: a transformers causal LM (``eyas.target.Target.model``).
