@@ -1,15 +1,21 @@
 """The ``eyas`` command line (``pyproject.toml``: ``eyas = "eyas.cli:main"``).
 
 Subcommands:
-    eyas inspect PATH [--vocab DIR] [--num-target-layers N] [--target T [--target-gguf F]] [--json]
-        What a drafter checkpoint is and what SGLang / vLLM / speculators would do with it
+    eyas inspect PATH [--vocab DIR] [--features M] [--num-target-layers N] [--target T [--target-gguf F]] [--json]
+        What a drafter checkpoint is and what SGLang / vLLM / speculators / llama.cpp would do with it
         (eyas/inspector.py); with --target (a hub id, a local HF dir, "embedded", a .gguf file or a
         feature manifest) also its context length, RoPE, vocab, hidden size and aux layers
-        against the target's.
-        Exit status 1 when the checkpoint has errors for serving, 2 when it cannot be read, else 0.
+        against the target's; with --features (the feature manifest it was trained on) the target
+        layers llama.cpp's converter would write against the manifest's aux layers.
+    eyas inspect DRAFTER.gguf [--drafter DIR] [--features M] [--vocab DIR] [--num-target-layers N] [--target T]
+        What llama.cpp will load from an EAGLE-3 drafter GGUF (target layers and what each captures,
+        d2t, norm flags, vocab; eyas/formats/gguf.py), checked against the checkpoint it was
+        converted from (--drafter), the features it was trained on (--features) and the vocab (--vocab).
+        Exit status 1 when the checkpoint (or GGUF) has errors for serving, 2 when it cannot be read,
+        else 0.
     eyas engine-keys
-        The table of every config key SGLang or vLLM reads for an EAGLE-3 drafter, where, and what
-        eyas does with it (eyas/engine_keys.py), as Markdown.
+        The table of every config key SGLang, vLLM or llama.cpp reads for an EAGLE-3 drafter, where,
+        and what eyas does with it (eyas/engine_keys.py), as Markdown.
     eyas compare [--experiment NAME] [--limit N] [--all-params] [--out FILE.md] [--tracking-uri URI]
     eyas compare --metrics DIR [DIR ...]   committed results side by side (metrics/ vs metrics/h200/)
         The latest pipeline runs (DVC experiments) side by side from MLflow: key params, val acc_0,
@@ -31,7 +37,15 @@ import sys
 
 
 def _inspect(args) -> int:
-    from eyas.inspector import inspect_checkpoint, render, target_summary
+    from pathlib import Path
+
+    from eyas.inspector import inspect_checkpoint, inspect_gguf, render, render_gguf, target_summary
+
+    is_gguf = Path(args.path).suffix == ".gguf"
+    if args.drafter is not None and not is_gguf:
+        sys.stderr.write(f"eyas inspect: error: --drafter names the checkpoint a .gguf PATH was converted from; "
+                         f"{args.path} is not a .gguf file\n")
+        return 2
 
     try:
         target = None if args.target is None else target_summary(args.target, args.target_gguf)
@@ -39,12 +53,17 @@ def _inspect(args) -> int:
         sys.stderr.write(f"eyas inspect: error: cannot read the target {args.target}: {type(e).__name__}: {e}\n")
         return 2
     try:
-        report = inspect_checkpoint(args.path, vocab_dir=args.vocab, num_target_layers=args.num_target_layers,
-                                    target=target)
+        if is_gguf:
+            report = inspect_gguf(args.path, drafter_dir=args.drafter, vocab_dir=args.vocab, features=args.features,
+                                  num_target_layers=args.num_target_layers, target=target)
+        else:
+            report = inspect_checkpoint(args.path, vocab_dir=args.vocab, num_target_layers=args.num_target_layers,
+                                        target=target, features=args.features)
     except Exception as e:  # noqa: BLE001 -- anything unreadable is "cannot inspect" (exit 2), never a traceback
         sys.stderr.write(f"eyas inspect: error: cannot read {args.path}: {type(e).__name__}: {e}\n")
         return 2
-    sys.stdout.write(json.dumps(report, indent=2, default=str) + "\n" if args.json else render(report))
+    text = (render_gguf if is_gguf else render)(report)
+    sys.stdout.write(json.dumps(report, indent=2, default=str) + "\n" if args.json else text)
     return 1 if report["errors"] else 0
 
 
@@ -94,9 +113,15 @@ def _push(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="eyas", description="EAGLE-3 drafter tools")
     sub = p.add_subparsers(dest="command", required=True)
-    ins = sub.add_parser("inspect", help="describe a drafter checkpoint and how the engines would load it")
-    ins.add_argument("path", help="checkpoint directory (config.json + model.safetensors)")
+    ins = sub.add_parser("inspect", help="describe a drafter checkpoint (or its llama.cpp GGUF) and how the engines "
+                                         "would load it")
+    ins.add_argument("path", help="checkpoint directory (config.json + model.safetensors), or a drafter .gguf")
     ins.add_argument("--vocab", default=None, help="a vocab directory (vocab.safetensors) to compare with")
+    ins.add_argument("--features", default=None,
+                     help="the feature manifest the drafter was trained on (data/features/train): its aux layers "
+                          "against the target layers llama.cpp uses")
+    ins.add_argument("--drafter", default=None,
+                     help="with a .gguf PATH: the checkpoint directory it was converted from, to check against")
     ins.add_argument("--num-target-layers", type=int, default=None,
                      help="the target's decoder-layer count L (needed when config.json has no eyas record)")
     ins.add_argument("--target", default=None,
@@ -105,8 +130,8 @@ def build_parser() -> argparse.ArgumentParser:
     ins.add_argument("--target-gguf", default=None, help="the GGUF file inside --target's directory")
     ins.add_argument("--json", action="store_true", help="print the report as JSON")
     ins.set_defaults(func=_inspect)
-    keys = sub.add_parser("engine-keys", help="the config keys SGLang/vLLM read for an EAGLE-3 drafter, and what "
-                                               "eyas does with each (Markdown)")
+    keys = sub.add_parser("engine-keys", help="the config keys SGLang/vLLM/llama.cpp read for an EAGLE-3 drafter, "
+                                               "and what eyas does with each (Markdown)")
     keys.set_defaults(func=_engine_keys)
     cmp = sub.add_parser("compare", help="the latest pipeline runs side by side, from MLflow (Markdown)")
     cmp.add_argument("--experiment", default=None,

@@ -1,4 +1,4 @@
-"""``eyas inspect``: what a drafter checkpoint is, and what SGLang and vLLM would do with it.
+"""``eyas inspect``: what a drafter checkpoint is, and what SGLang, vLLM and llama.cpp would do with it.
 
 Reads a checkpoint directory (``config.json`` + ``model.safetensors``) in either layout:
 
@@ -15,8 +15,13 @@ embedding would be discarded. The engine behaviours encoded here are the ones re
 ``sgl-project/sglang``: ``python/sglang/srt/models/llama_eagle3.py`` /
 ``python/sglang/srt/speculative/eagle_worker.py`` and ``vllm-project/vllm``:
 ``vllm/model_executor/models/llama_eagle3.py`` /
-``vllm/transformers_utils/configs/speculators/algos.py``; they are a model of the engines, not the
-engines.
+``vllm/transformers_utils/configs/speculators/algos.py``, and ``ggml-org/llama.cpp``:
+``conversion/llama.py`` (the HF -> GGUF converter) / ``src/models/eagle3.cpp`` /
+``common/speculative.cpp``; they are a model of the engines, not the engines.
+
+A llama.cpp drafter GGUF (``.gguf``, :func:`inspect_gguf`) is read as llama.cpp will load it
+(eyas/formats/gguf.py) and, given what the drafter was trained on (its checkpoint directory, the
+features manifest, the vocab), checked against it: target layers and d2t that differ are errors.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from safetensors import safe_open
 from eyas import layers, rope
 from eyas.engine_keys import ENGINE_KEYS, departs, refusals
 from eyas.files import read_json
+from eyas.formats import gguf
 from eyas.formats.eagle import SERVED_KEYS, ExportError, check_served_tensors, config_from_hf
 from eyas.formats.load import detect_layout
 from eyas.vocab import VocabError, VocabMapping, compare_mappings, load_mapping, target_id_order, validate_mapping
@@ -51,7 +57,8 @@ def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
 
 
 def inspect_checkpoint(path: str | Path, vocab_dir: str | Path | None = None,
-                       num_target_layers: int | None = None, target: dict | None = None) -> dict:
+                       num_target_layers: int | None = None, target: dict | None = None,
+                       features: str | Path | None = None) -> dict:
     """Inspect a drafter checkpoint directory.
 
     Args:
@@ -63,18 +70,24 @@ def inspect_checkpoint(path: str | Path, vocab_dir: str | Path | None = None,
         target: the target's summary (:func:`target_summary`: sizes, layer count, vocab, context,
             RoPE); its layer count stands in for ``num_target_layers``, and ``against_target``
             compares context length, RoPE, vocab size, hidden size and aux layers with it.
+        features: a features manifest (``manifest.json`` or its directory) the drafter was
+            trained on: target layers llama.cpp's converter would write other than its
+            ``aux_layers`` are an error; its ``num_layers`` is the last source of L.
     Returns:
         A JSON-able dict: ``layout``, ``architectures``, ``config`` (sizes), ``tensors``
         (name -> [shape, dtype]), ``num_params``, ``aux_layers``, ``vocab``, ``engines``
         (``sglang`` / ``vllm``: ``skipped_keys``, ``ignored_keys``, ``assumes``,
         ``embedding``, ``non_default_keys`` (keys set away from eyas' math, each "honoured (where)" or
         "not read" by that engine), ``multi_layer``; ``speculators``: what
-        speculators 0.9.0 does with the file, or what ``speculators convert`` would change),
+        speculators 0.9.0 does with the file, or what ``speculators convert`` would change;
+        ``llamacpp``: what llama.cpp's converter writes from it, the target layers it derives and
+        what llama.cpp then captures),
         ``against_target`` (with ``target``), ``compare_vocab`` (with ``vocab_dir``), ``errors`` (the checkpoint is
         wrong for serving, or ``vocab_dir`` maps a target vocab of another size) and ``warnings``.
     Raises:
         FileNotFoundError: config.json or model.safetensors (or ``vocab_dir``'s
-            vocab.safetensors) is missing.
+            vocab.safetensors, or ``features``' manifest) is missing.
+        ValueError: ``features`` is not an eyas features manifest.
         VocabError: ``vocab_dir``'s mapping is invalid in itself.
     """
     path = Path(path)
@@ -97,8 +110,9 @@ def inspect_checkpoint(path: str | Path, vocab_dir: str | Path | None = None,
         names = {k.removeprefix("model."): k for k in raw}
     t = {eyas_name: raw[orig] for eyas_name, orig in names.items()}
 
+    manifest = None if features is None else gguf.features_manifest(features)
     L = (cfg.get("eyas") or {}).get("num_target_layers") or num_target_layers or \
-        (target or {}).get("num_hidden_layers")
+        (target or {}).get("num_hidden_layers") or (manifest[1].get("num_layers") if manifest else None)
     report: dict = {
         "path": str(path),
         "layout": layout,
@@ -156,11 +170,12 @@ def inspect_checkpoint(path: str | Path, vocab_dir: str | Path | None = None,
         "sglang": _sglang(raw_cfg, cfg, layout, names, t, report["aux_layers"], errors, warnings),
         "vllm": _vllm(raw_cfg, cfg, layout, names, t, report["aux_layers"], errors, warnings),
         "speculators": _speculators(raw_cfg, cfg, layout, t, L, warnings),
+        "llamacpp": _llamacpp(raw_cfg, t, L, report["aux_layers"], manifest, errors, warnings),
     }
     nl = _num_layers(raw_cfg, layout)
-    for eng in ("sglang", "vllm"):
+    for eng in ("sglang", "vllm", "llamacpp"):
         report["engines"][eng]["non_default_keys"] = _honoured_flags(cfg, eng)
-        if nl > 1:
+        if nl > 1 and eng in MULTI_LAYER:
             report["engines"][eng]["multi_layer"] = MULTI_LAYER[eng].format(n=nl)
     if target is not None:
         report["against_target"] = _against_target(cfg, L, target, errors, warnings)
@@ -313,13 +328,11 @@ def _honoured_flags(cfg: dict, engine: str) -> list[str]:
     """The table's refused keys that ``cfg`` sets to a non-default value, with whether ``engine``
     honours each (and where)."""
     out = []
-    col = "sglang" if engine == "sglang" else "vllm"
     for k in ENGINE_KEYS:
         if k.eyas != "refuses" or "." in k.key or cfg.get(k.key) is None or not departs(k, cfg[k.key], cfg):
             continue
-        src = getattr(k, col)
-        out.append(f"{k.key} = {cfg[k.key]!r}: " + (f"not read ({src})" if src.startswith("not read")
-                                                    else f"honoured ({src})"))
+        src = getattr(k, engine)
+        out.append(f"{k.key} = {cfg[k.key]!r}: " + (src if src.startswith("not read") else f"honoured ({src})"))
     return out
 
 
@@ -482,6 +495,148 @@ def _speculators(raw_cfg, cfg, layout, t, L, warnings) -> dict:
     return out
 
 
+def _llamacpp(raw_cfg, t, L, aux, manifest, errors, warnings) -> dict:
+    """What llama.cpp's converter (``conversion/llama.py`` ``LlamaModel``) writes from the
+    checkpoint and what llama.cpp then serves (``src/models/eagle3.cpp``; target layer ids as
+    ``common/speculative.cpp`` reads them: eyas/formats/gguf.py)."""
+    cfg = {**raw_cfg, **(raw_cfg.get("transformer_layer_config") or {})}  # the converter merges it so
+    if "draft_vocab_size" not in cfg or cfg.get("num_hidden_layers") != 1:
+        warnings.append("llama.cpp: the converter detects an EAGLE-3 drafter by draft_vocab_size with "
+                        "num_hidden_layers 1 (conversion/llama.py); without them it writes a plain llama GGUF, "
+                        "which --spec-type draft-eagle3 does not serve")
+        return {"architecture": "not detected as EAGLE-3: converted as a plain llama model"}
+    out: dict = {"architecture": "eagle3 (conversion/llama.py: draft_vocab_size with num_hidden_layers 1)"}
+    ids = gguf.converter_target_layers(raw_cfg, L)
+    if ids is None:
+        out["target_layers"] = "[2, L//2, L-3] of --target-model-dir's num_hidden_layers (L unknown here)"
+    else:
+        out["target_layers"] = ids
+        out["target_layers_meaning"] = gguf.describe_target_layers(ids, L)
+    trained = aux.get("hf_hidden_states_indices")
+    if ids is not None and trained is not None:
+        if L in trained:
+            warnings.append(f"llama.cpp: the aux layers {trained} include HF hidden_states[{L}] (after the "
+                            f"target's final norm), which llama.cpp cannot capture: its id {L} is the state "
+                            f"before the final norm (common/speculative.cpp)")
+        elif ids != trained:
+            warnings.append(f"llama.cpp: the converter would write eagle3.target_layers {ids} (it reads only the "
+                            f"top-level eagle_aux_hidden_state_layer_ids), the drafter's aux layers are HF "
+                            f"{trained}: llama.cpp would feed it other hidden states than it was trained on")
+    if manifest is not None and ids is not None and list(manifest[1]["aux_layers"]) != ids:
+        errors.append(f"llama.cpp: the converter would write eagle3.target_layers {ids}, the features the "
+                      f"drafter was trained on ({manifest[0]} aux_layers) are HF {manifest[1]['aux_layers']}")
+    out["target_hidden_size"] = raw_cfg.get("target_hidden_size") or "the target's hidden_size (--target-model-dir)"
+    for f in ("norm_before_residual", "norm_before_fc"):
+        out[f] = bool(raw_cfg.get(f, False))
+    out["d2t"] = ("written as absolute target ids (d2t + arange, int64); t2d dropped" if "d2t" in t else
+                  "none: llama.cpp serves draft id i as target id i (the full vocab)")
+    out["embedding"] = ("embed_tokens.weight -> token_embd.weight: llama.cpp uses it, not the target's"
+                        if "embed_tokens.weight" in t else "none in the file: llama.cpp uses the target's")
+    out["lm_head"] = ("lm_head.weight -> output.weight" if "lm_head.weight" in t else
+                      "none in the file: llama.cpp uses the target's output (the full vocab)")
+    out["convert"] = ("eyas.formats.gguf.convert(<this dir>, <out>.gguf, target_model_dir=<the target's "
+                      "config.json + tokenizer>) runs llama.cpp's convert_hf_to_gguf.py --target-model-dir")
+    return out
+
+
+def inspect_gguf(path: str | Path, drafter_dir: str | Path | None = None, vocab_dir: str | Path | None = None,
+                 features: str | Path | None = None, num_target_layers: int | None = None,
+                 target: dict | None = None) -> dict:
+    """Inspect a llama.cpp EAGLE-3 drafter GGUF: what llama.cpp will load (eyas/formats/gguf.py
+    :func:`~eyas.formats.gguf.read_drafter`) and, with the pipeline context, every way it differs
+    from what the drafter was trained on (:func:`~eyas.formats.gguf.check_against`).
+
+    Args:
+        path: the ``.gguf`` file.
+        drafter_dir: the checkpoint directory it was converted from.
+        vocab_dir: a ``models/vocab``-style directory whose d2t the GGUF's must equal.
+        features: the features manifest the drafter was trained on (its ``aux_layers``).
+        num_target_layers: the target's decoder-layer count L (else the target's, the manifest's,
+            or the drafter config's ``eyas.num_target_layers``).
+        target: the target's summary (:func:`target_summary`).
+    Returns:
+        A JSON-able dict: ``path``, ``layout`` (``"gguf"``), ``architecture``, ``config`` (what
+        llama.cpp loads), ``target_layers`` (ids, L, the meaning of each id), ``vocab`` (token
+        count, draft vocab, first d2t target ids, embedding / lm_head source), ``metadata``
+        (every ``eagle3.*`` key), ``tensors`` (name -> [shape, type]), ``context`` (the sources
+        checked against), ``errors`` (each names the file, the key and llama.cpp) and ``warnings``.
+    Raises:
+        FileNotFoundError: ``path`` (or a given source file) is missing.
+        eyas.formats.gguf.GGUFReadError: ``path`` is not a GGUF or not an EAGLE-3 drafter.
+        ValueError: a given source is unreadable (not JSON, not an eyas features manifest).
+    """
+    info = gguf.read_drafter(path)
+    L = num_target_layers or (target or {}).get("num_hidden_layers")
+    if L is None and features is not None:
+        L = gguf.features_manifest(features)[1].get("num_layers")
+    if L is None and drafter_dir is not None:
+        L = (read_json(Path(drafter_dir) / "config.json").get("eyas") or {}).get("num_target_layers")
+    errors = gguf.check_against(info, drafter_dir=drafter_dir, features=features, vocab_dir=vocab_dir,
+                                num_target_layers=L, target=target)
+    warnings: list[str] = []
+    context = {k: str(v) for k, v in (("drafter_dir", drafter_dir), ("features", features),
+                                      ("vocab_dir", vocab_dir)) if v is not None}
+    if not context:
+        warnings.append("no pipeline context: pass --drafter DIR, --features MANIFEST and/or --vocab DIR to check "
+                        "the target layers and d2t against what the drafter was trained on")
+    if L is None:
+        warnings.append("target layer count unknown: pass --num-target-layers or --target to check the ids")
+    V = (target or {}).get("vocab_size")
+    if V is not None and info["n_tokens"] != V:
+        warnings.append(f"the GGUF embeds {info['n_tokens']} tokens, the target has a vocab of {V}: llama.cpp "
+                        f"scatters draft logits into the GGUF's {info['n_tokens']}")
+    d2t = info["d2t"]
+    return {
+        "path": info["path"],
+        "layout": "gguf",
+        "architecture": info["architecture"],
+        "config": {k: info[k] for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
+                                        "num_attention_heads", "num_key_value_heads", "head_dim", "rms_norm_eps",
+                                        "rope_freq_base", "context_length", "target_hidden_size",
+                                        "norm_before_residual", "norm_before_fc")},
+        "target_layers": {"ids": info["target_layers"], "num_target_layers": L,
+                          "meaning": gguf.describe_target_layers(info["target_layers"], L)},
+        "vocab": {
+            "vocab_size": info["vocab_size"], "n_tokens": info["n_tokens"], "tokenizer": info["tokenizer"],
+            "draft_vocab_size": info["draft_vocab_size"],
+            "d2t": "absent: draft id i = target id i" if d2t is None else "absolute target ids (int64)",
+            "first_target_ids": None if d2t is None else d2t[:8].tolist(),
+            "order": None if d2t is None else
+            ("target_id" if bool((d2t[1:] > d2t[:-1]).all()) else "other (e.g. frequency)"),
+            "embedding": "token_embd.weight (its own)" if info["own_embedding"] else "the target's token_embd",
+            "lm_head": "output.weight (its own)" if info["own_lm_head"] else "the target's output (full vocab)",
+        },
+        "metadata": info["metadata"],
+        "tensors": {k: [v["shape"], v["type"]] for k, v in info["tensors"].items()},
+        "context": context,
+        "errors": errors,
+        "warnings": warnings,
+    }
+
+
+def render_gguf(report: dict) -> str:
+    """The text ``eyas inspect`` prints for a report from :func:`inspect_gguf`."""
+    lines = [f"{report['path']}  [GGUF, general.architecture {report['architecture']}: what llama.cpp loads]", ""]
+    lines.append("architecture")
+    lines += [f"  {k:<22} {v}" for k, v in report["config"].items()]
+    tl = report["target_layers"]
+    lines += ["", f"target layers (eagle3.target_layers, target layers L = {tl['num_target_layers']}; "
+                  f"common/speculative.cpp)", f"  ids                    {tl['ids']}"]
+    lines += [f"  {m}" for m in tl["meaning"]]
+    lines += ["", "vocab"]
+    lines += [f"  {k:<22} {v}" for k, v in report["vocab"].items()]
+    lines += ["", "tensors"]
+    lines += [f"  {k:<44} {str(shape):<16} {dtype}" for k, (shape, dtype) in sorted(report["tensors"].items())]
+    lines += ["", "checked against" + ("" if report["context"] else ": nothing")]
+    lines += [f"  {k:<22} {v}" for k, v in report["context"].items()]
+    lines += [""]
+    lines += [f"ERROR   {e}" for e in report["errors"]]
+    lines += [f"WARNING {w}" for w in report["warnings"]]
+    if not report["errors"] and not report["warnings"]:
+        lines.append("OK: no problems found")
+    return "\n".join(lines) + "\n"
+
+
 def target_summary(path: str, gguf_file: str | None = None) -> dict:
     """The target summary ``--target`` compares with (eyas.target.summarise_config's keys).
 
@@ -626,7 +781,9 @@ def render(report: dict) -> str:
     for eng, d in report["engines"].items():
         lines += ["", f"{eng}"]
         for k, v in d.items():
-            if isinstance(v, list):
+            if isinstance(v, list) and v and all(isinstance(x, int) for x in v):
+                lines.append(f"  {k}: {v}")
+            elif isinstance(v, list):
                 lines.append(f"  {k}:" + ("" if v else " none"))
                 lines += [f"    - {x}" for x in v]
             else:
