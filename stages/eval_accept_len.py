@@ -51,6 +51,7 @@ from eyas.config import flatten, load_params
 from eyas.data import chat_prompts, humaneval_prompts, read_jsonl
 from eyas.distill import fit_prompt
 from eyas.files import sha256_file, write_json
+from eyas.formats.gguf import ServeMismatchError, require_served_as_trained
 from eyas.formats.load import load_drafter
 from eyas.llamacpp import ENGINE, agreement, disagreement_message, serve_benchmark
 from eyas.plots import accept_len_figure
@@ -146,13 +147,19 @@ def quantized_target_file(p) -> Path | None:
     return None
 
 
-def engine_part(name: str, p, prompts: list[list[int]], bench: str) -> dict:
+def engine_part(name: str, p, prompts: list[list[int]], bench: str, num_target_layers: int) -> dict:
     """One benchmark served by llama.cpp (eyas.llamacpp.serve_benchmark): ``same_precision`` with
     the weights eyas evaluates (`models/target_gguf/target.gguf`), and ``quantized`` with the
-    target's own GGUF file when params ``serve.quantized_target`` asks and there is one (else None)."""
+    target's own GGUF file when params ``serve.quantized_target`` asks and there is one (else None).
+    The drafter's GGUF is first checked against its checkpoint (eyas.formats.gguf.require_served_as_trained:
+    a mismatch stops the stage)."""
     e, s = p.eval, p.serve
     kw = {"k": e.num_draft_tokens, "max_new_tokens": e.max_new_tokens, "threads": s.threads}
     drafter = Path("models", f"{name}.gguf")
+    try:  # a GGUF that disagrees with the checkpoint (rebuilt by hand, another drafter's) is not served
+        require_served_as_trained(drafter, Path("models", name), num_target_layers)
+    except ServeMismatchError as e:
+        raise SystemExit(str(e)) from None
     out = {"engine": ENGINE, "num_draft_tokens": e.num_draft_tokens, "threads": s.threads,
            "same_precision": serve_benchmark(TARGET_GGUF / "target.gguf", drafter, prompts,
                                              log_dir=WORK / f"eval_{name}" / bench / "same_precision", **kw)}
@@ -245,7 +252,7 @@ def run(name: str, p, target, drafter, benchmarks: dict[str, tuple], tracker) ->
             engine = parts.get(f"{bench}/engine", valid=_is_engine)
             _say_dropped(name, parts)
             if engine is None:
-                engine = parts.add(f"{bench}/engine", engine_part(name, p, prompts, bench))
+                engine = parts.add(f"{bench}/engine", engine_part(name, p, prompts, bench, target.num_layers))
             else:
                 print(f"eval {name} {bench}: engine resumed from {parts.path}")
             report_engine(name, bench, engine, r, tracker)

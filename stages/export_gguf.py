@@ -1,7 +1,9 @@
 """DVC stage `export-gguf@<drafter>`: the drafter as a GGUF that llama.cpp serves
 (`llama-server -m models/target_gguf/target.gguf -md models/<drafter>.gguf --spec-type draft-eagle3`),
 written by llama.cpp's own converter from `models/<drafter>/` with `--target-model-dir
-models/target_gguf` (eyas/formats/gguf.py), at the precision of `target.dtype` as eval runs it.
+models/target_gguf` (eyas/formats/gguf.py), at the precision of `target.dtype` as eval runs it, then read back and checked against the checkpoint
+(target layers, d2t, sizes, norm flags: eyas.formats.gguf.check_against); a mismatch deletes the
+file and fails the stage.
 Reads params `target.dtype`; writes `models/<drafter>.gguf`.
 Run: `python -m stages.export_gguf scratch`.
 """
@@ -12,7 +14,8 @@ import sys
 from pathlib import Path
 
 from eyas.config import load_params
-from eyas.formats.gguf import OUTTYPES, convert
+from eyas.files import read_json
+from eyas.formats.gguf import OUTTYPES, ServeMismatchError, convert, require_served_as_trained
 from eyas.tracking import start_stage_run
 from stages.common import TARGET_GGUF
 
@@ -22,6 +25,14 @@ def main(name: str) -> None:
     with start_stage_run(f"export-gguf@{name}", p) as tracker:
         out = convert(Path("models", name), Path("models", f"{name}.gguf"), outtype=OUTTYPES[p.target.dtype],
                       target_model_dir=TARGET_GGUF)
+        try:  # the file as llama.cpp will load it, against the checkpoint it came from
+            info = require_served_as_trained(out, Path("models", name),
+                                             read_json(TARGET_GGUF / "config.json")["num_hidden_layers"])
+        except ServeMismatchError as e:
+            out.unlink()
+            raise SystemExit(str(e)) from None
+        print(f"export-gguf@{name}: target layers {info['target_layers']}, draft vocab {info['draft_vocab_size']}, "
+              f"norm_before_residual {info['norm_before_residual']}, norm_before_fc {info['norm_before_fc']}")
         tracker.log_metrics({"gguf_bytes": float(out.stat().st_size)})
         print(f"export-gguf@{name}: {out} ({out.stat().st_size} bytes)")
 

@@ -253,9 +253,10 @@ def test_what_llama_cpp_would_refuse_or_misserve_in_the_file_itself(tmp_path):
 
 def test_target_layers_are_checked_in_llama_cpps_meaning(tmp_path):
     info = gguf.read_drafter(_write_gguf(tmp_path / "a.gguf", target_layers=(2, 15, 30)))
-    # HF hidden_states[30] is after the final norm; llama.cpp's id 30 is before it
-    p = gguf.check_against(info, aux_layers=[2, 15, 30], num_target_layers=30)
-    assert len(p) == 1 and "includes HF hidden_states[30] (after the target's final norm)" in p[0], p
+    # id L = 30: the residual before the final norm, in eyas (eyas.layers.capture_aux) as in llama.cpp
+    assert gguf.check_against(info, aux_layers=[2, 15, 30], num_target_layers=30) == []
+    p = gguf.check_against(info, aux_layers=[2, 15, 29], num_target_layers=30)  # negative control
+    assert len(p) == 1 and "target_layers [2, 15, 30] != the given aux_layers [2, 15, 29]" in p[0], p
     assert gguf.check_against(info, aux_layers=[2, 15, 30], num_target_layers=31) == []  # 30 < L: the same state
     p = gguf.check_against(info, aux_layers=[2, 15, 30], num_target_layers=29)
     assert any("beyond the target's 29: llama.cpp aborts" in x for x in p), p

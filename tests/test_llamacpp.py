@@ -28,7 +28,7 @@ from eyas.config import default_params
 from eyas.data import humaneval_prompts
 from eyas.features import FeatureStore, ShardWriter
 from eyas.formats.eagle import save_drafter
-from eyas.formats.gguf import CONVERTER, convert, write_target_dir
+from eyas.formats.gguf import CONVERTER, ServeMismatchError, convert, require_served_as_trained, write_target_dir
 from eyas.llamacpp import EngineError, agreement, server_binary, serve_benchmark
 from eyas.speculative import greedy_generate
 from eyas.target import load_target
@@ -113,6 +113,7 @@ def _variant(built, name: str, edit) -> Path:
 
 
 def test_the_engine_serves_the_drafter_losslessly_at_eyas_acceptance(built):
+    require_served_as_trained(built["tmp"] / "drafter.gguf", built["tmp"] / "drafter", 30)  # passes: no raise
     e = _serve(built, built["tmp"] / "drafter.gguf", "good")
     r = built["eyas"]
     assert e["lossless"], e["mismatched_prompts"]
@@ -128,7 +129,10 @@ def test_the_engine_serves_the_drafter_losslessly_at_eyas_acceptance(built):
 def test_shifted_aux_layers_fall_to_acceptance_near_one_and_fail_the_agreement(built):
     def shift(cfg, tensors):
         cfg["eagle_aux_hidden_state_layer_ids"] = [3, 16, 28]  # trained on [2, 15, 27]
-    e = _serve(built, _variant(built, "shifted", shift), "shifted")
+    gguf = _variant(built, "shifted", shift)
+    with pytest.raises(ServeMismatchError, match=r"target_layers \[3, 16, 28\] != .*\[2, 15, 27\]"):
+        require_served_as_trained(gguf, built["tmp"] / "drafter", 30)  # eyas refuses it before serving
+    e = _serve(built, gguf, "shifted")
     assert e["lossless"]  # a bad drafter slows the engine but never changes its output
     assert e["accept_len"] < 0.6 * built["eyas"]["accept_len"], e["accept_len"]
     assert not agreement(e["per_prompt"], built["eyas"]["per_prompt"])["ok"]
@@ -140,7 +144,10 @@ def test_a_scrambled_d2t_falls_to_acceptance_near_one(built):
         tids = d2t + torch.arange(len(d2t))
         perm = torch.randperm(len(tids), generator=torch.Generator().manual_seed(0))
         tensors["d2t"] = (tids[perm] - torch.arange(len(tids))).to(d2t.dtype)
-    e = _serve(built, _variant(built, "scrambled", scramble), "scrambled")
+    gguf = _variant(built, "scrambled", scramble)
+    with pytest.raises(ServeMismatchError, match=r"d2t .* agrees with .* at \d+ of 512 draft positions"):
+        require_served_as_trained(gguf, built["tmp"] / "drafter", 30)
+    e = _serve(built, gguf, "scrambled")
     assert e["lossless"]
     assert e["accept_len"] < 1.3, e["accept_len"]
     assert not agreement(e["per_prompt"], built["eyas"]["per_prompt"])["ok"]

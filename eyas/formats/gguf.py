@@ -14,8 +14,8 @@ llama.cpp will load it, and :func:`check_against` compares it with what the draf
 The meaning of the file's ``eagle3.target_layers`` is llama.cpp's (``common/speculative.cpp``,
 ``common_speculative_impl_draft_eagle3``): an id ``k`` below the target's layer count L captures
 the INPUT of target layer ``k`` (= HF ``hidden_states[k]``), ``k == L`` the target's last hidden
-state BEFORE the final norm (HF ``hidden_states[L]`` is after it), ``k > L`` aborts; exactly three
-ids, concatenated in the order written.
+state BEFORE the final norm (HF ``hidden_states[L]`` is after it; eyas captures id ``L`` the same
+way, eyas.layers.capture_aux), ``k > L`` aborts; exactly three ids, concatenated in the order written.
 """
 
 from __future__ import annotations
@@ -327,7 +327,8 @@ def check_against(info: dict, *, drafter_dir: str | Path | None = None, features
     another function than the drafter was trained as: call it before serving and refuse on any.
 
     Target layers are compared in llama.cpp's meaning (module docstring): a trained HF index
-    ``k < L`` is llama.cpp id ``k``; an HF index ``L`` (after the final norm) has no llama.cpp id.
+    ``k < L`` is llama.cpp id ``k``; eyas' id ``L`` is the residual before the final norm
+    (eyas.layers.capture_aux), as llama.cpp's id ``L`` is.
     d2t is compared through target ids, position by position.
 
     Args:
@@ -412,11 +413,7 @@ def check_against(info: dict, *, drafter_dir: str | Path | None = None, features
         problems.append(f"{where}: {a}target_layers {ids} name a layer beyond the target's {L}: llama.cpp aborts "
                         f"({_SPECULATIVE}: target layer id exceeds target n_layer)")
     for src, hf in layer_sources:
-        if L is not None and L in hf:
-            problems.append(f"{where}: {src} {hf} includes HF hidden_states[{L}] (after the target's final norm), "
-                            f"which llama.cpp cannot capture: its id {L} is the state before the final norm "
-                            f"({_SPECULATIVE})")
-        elif list(hf) != ids:
+        if list(hf) != ids:
             problems.append(f"{where}: {a}target_layers {ids} != {src} {hf}: llama.cpp would feed the drafter the "
                             f"inputs of target layers {ids} ({_SPECULATIVE}), not the HF hidden_states {hf} it was "
                             f"trained on")
@@ -431,6 +428,30 @@ def check_against(info: dict, *, drafter_dir: str | Path | None = None, features
         problems.append(f"{where}: d2t maps to target id {int(info['d2t'].max())}, outside the target's "
                         f"vocab of {V:,}")
     return problems
+
+
+class ServeMismatchError(ValueError):
+    """A drafter GGUF would be served as another function than the drafter trained
+    (:func:`check_against`); the message lists every problem."""
+
+
+def require_served_as_trained(gguf_file: str | Path, drafter_dir: str | Path, num_target_layers: int) -> dict:
+    """:func:`read_drafter` of ``gguf_file`` checked against the checkpoint directory it was
+    converted from (:func:`check_against`), for a target of ``num_target_layers`` layers: what the
+    export and the eval call before llama.cpp serves it.
+
+    Returns:
+        :func:`read_drafter`'s dict.
+    Raises:
+        ServeMismatchError: one or more problems (all listed, one per line).
+        GGUFReadError / FileNotFoundError: as :func:`read_drafter`.
+    """
+    info = read_drafter(gguf_file)
+    problems = check_against(info, drafter_dir=drafter_dir, num_target_layers=num_target_layers)
+    if problems:
+        raise ServeMismatchError(f"{gguf_file}: llama.cpp would not serve the drafter of {drafter_dir} as trained:\n"
+                                 + "\n".join(f"- {x}" for x in problems))
+    return info
 
 
 def _d2t_problems(info: dict, src: str, offsets: torch.Tensor | None) -> list[str]:
