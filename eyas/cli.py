@@ -41,10 +41,14 @@ def _inspect(args) -> int:
 
     from eyas.inspector import inspect_checkpoint, inspect_gguf, render, render_gguf, target_summary
 
-    is_gguf = Path(args.path).suffix == ".gguf"
+    is_gguf = _is_gguf(Path(args.path))
     if args.drafter is not None and not is_gguf:
         sys.stderr.write(f"eyas inspect: error: --drafter names the checkpoint a .gguf PATH was converted from; "
                          f"{args.path} is not a .gguf file\n")
+        return 2
+    if args.drafter is not None and not Path(args.drafter).is_dir():
+        sys.stderr.write(f"eyas inspect: error: --drafter {args.drafter} is not a directory: give the checkpoint "
+                         f"directory (config.json + model.safetensors) the .gguf was converted from\n")
         return 2
 
     try:
@@ -65,6 +69,28 @@ def _inspect(args) -> int:
     text = (render_gguf if is_gguf else render)(report)
     sys.stdout.write(json.dumps(report, indent=2, default=str) + "\n" if args.json else text)
     return 1 if report["errors"] else 0
+
+
+def _is_gguf(path) -> bool:
+    """A ``.gguf`` name in any case, or a file that starts with GGUF's magic (``b"GGUF"``)."""
+    if path.suffix.lower() == ".gguf":
+        return True
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == b"GGUF"
+    except OSError:  # a directory, no such file: a checkpoint PATH, whose reader names what is missing
+        return False
+
+
+def _positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (a layer count)."""
+    try:
+        v = int(text)
+    except ValueError:
+        v = 0
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+    return v
 
 
 def _engine_keys(args) -> int:
@@ -122,7 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "against the target layers llama.cpp uses")
     ins.add_argument("--drafter", default=None,
                      help="with a .gguf PATH: the checkpoint directory it was converted from, to check against")
-    ins.add_argument("--num-target-layers", type=int, default=None,
+    ins.add_argument("--num-target-layers", type=_positive_int, default=None,
                      help="the target's decoder-layer count L (needed when config.json has no eyas record)")
     ins.add_argument("--target", default=None,
                      help="the target to compare with: hub id, local HF dir, 'embedded', a .gguf file, or a "

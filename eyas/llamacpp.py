@@ -73,8 +73,10 @@ class LlamaServer:
             chain does (llama.cpp's default stops a draft at a low-probability token).
         threads: ``-t`` (CPU threads). ctx: ``-c``, the context length in tokens.
     Raises:
-        EngineError: the binary is missing, the server exits, or is not healthy within
-            ``startup_s`` seconds (the message holds the log's tail).
+        EngineError: the binary is missing or cannot be started, the server exits, or is not
+            healthy within ``startup_s`` seconds (the message holds the command and the log's tail).
+            Whatever ends the start (these, an interrupt), the process is stopped first: none is
+            left behind.
     """
 
     def __init__(self, model: Path, draft: Path | None, *, k: int, threads: int, ctx: int, log: Path,
@@ -97,7 +99,19 @@ class LlamaServer:
     def __enter__(self) -> LlamaServer:
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log, "w") as f:
-            self.proc = subprocess.Popen(self.cmd, stdout=f, stderr=subprocess.STDOUT)
+            try:
+                self.proc = subprocess.Popen(self.cmd, stdout=f, stderr=subprocess.STDOUT)
+            except OSError as e:  # not executable, not a binary for this machine
+                raise EngineError(f"cannot start llama-server ({' '.join(self.cmd)}): {type(e).__name__}: {e}; "
+                                  f"rebuild it: `bash scripts/build_llama_server.sh`") from None
+        try:
+            self._wait_healthy()
+        except BaseException:  # an exit, a timeout, Ctrl-C, a reply no HTTP client expects: stop it first
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def _wait_healthy(self) -> None:
         deadline = time.monotonic() + self.startup_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -105,11 +119,10 @@ class LlamaServer:
             try:
                 with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
                     if r.status == 200:
-                        return self
+                        return
             except (OSError, urllib.error.URLError):
                 pass
             time.sleep(0.25)
-        self.__exit__(None, None, None)
         raise EngineError(f"llama-server not healthy after {self.startup_s:.0f} s ({' '.join(self.cmd)}):\n"
                           f"{self._tail()}")
 
@@ -187,7 +200,10 @@ def serve_benchmark(target_gguf: Path, drafter_gguf: Path, prompts: list[list[in
         (:func:`request_metrics`).
     Raises:
         EngineError: as :class:`LlamaServer`.
+        ValueError: ``prompts`` is empty.
     """
+    if not prompts:
+        raise ValueError(f"serve_benchmark: no prompts to serve with {drafter_gguf}")
     ctx = max(len(p) for p in prompts) + max_new_tokens + k + 8
     with LlamaServer(target_gguf, None, k=k, threads=threads, ctx=ctx, log=log_dir / "plain.log") as s:
         plain = [s.complete(p, max_new_tokens) for p in prompts]
@@ -221,7 +237,9 @@ def agreement(engine_per_prompt: list[dict], eyas_per_prompt: list[dict]) -> dic
         ``compared`` (prompts with equal outputs), ``equal_outputs`` (their indices),
         ``exact`` (prompts with equal verify steps), ``outside_tolerance`` (``[{prompt,
         engine_steps, eyas_steps, allowed}]``), ``accept_len_engine`` / ``accept_len_eyas`` pooled
-        over the compared prompts, ``tolerance`` (its rule), and ``ok``.
+        over the compared prompts, ``tolerance`` (its rule), ``ok`` (True / False; ``None`` when no
+        prompt could be compared: the check did not run, and it must not read as passed) and
+        ``unchecked`` (why, when ``ok`` is None; else None).
     Raises:
         ValueError: the two lists cover different numbers of prompts.
     """
@@ -244,11 +262,15 @@ def agreement(engine_per_prompt: list[dict], eyas_per_prompt: list[dict]) -> dic
     a_engine = accept_len([engine_per_prompt[i] for i in same])
     a_eyas = accept_len([eyas_per_prompt[i] for i in same])
     pooled_ok = a_engine is None or a_eyas is None or abs(a_engine - a_eyas) <= STEP_TOLERANCE * a_eyas
+    unchecked = None if same else (
+        "no prompts to compare" if not eyas_per_prompt else
+        f"none of the {len(eyas_per_prompt)} prompts has the same greedy output in llama.cpp as in eyas: the engine "
+        f"may not serve the weights eyas evaluates (models/target_gguf/target.gguf vs target.dtype)")
     return {"compared": len(same), "equal_outputs": same, "exact": exact, "outside_tolerance": outside,
             "accept_len_engine": a_engine, "accept_len_eyas": a_eyas,
             "tolerance": f"per prompt |steps - eyas steps| <= max(1, ceil({STEP_TOLERANCE} x eyas steps)); "
                          f"pooled acceptance within {STEP_TOLERANCE:.0%}",
-            "ok": not outside and pooled_ok}
+            "ok": None if unchecked else not outside and pooled_ok, "unchecked": unchecked}
 
 
 def disagreement_message(name: str, bench: str, a: dict) -> str:

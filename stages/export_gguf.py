@@ -2,8 +2,8 @@
 (`llama-server -m models/target_gguf/target.gguf -md models/<drafter>.gguf --spec-type draft-eagle3`),
 written by llama.cpp's own converter from `models/<drafter>/` with `--target-model-dir
 models/target_gguf` (eyas/formats/gguf.py), at the precision of `target.dtype` as eval runs it, then read back and checked against the checkpoint
-(target layers, d2t, sizes, norm flags: eyas.formats.gguf.check_against); a mismatch deletes the
-file and fails the stage.
+(target layers, d2t, sizes, norm flags, weights: eyas.formats.gguf.check_against); a mismatch, or a file
+that is not an eagle3 GGUF (a converter that wrote a plain llama one), deletes the file and fails the stage.
 Reads params `target.dtype`; writes `models/<drafter>.gguf`.
 Run: `python -m stages.export_gguf scratch`.
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 
 from eyas.config import load_params
 from eyas.files import read_json
-from eyas.formats.gguf import OUTTYPES, ServeMismatchError, convert, require_served_as_trained
+from eyas.formats.gguf import OUTTYPES, GGUFReadError, ServeMismatchError, convert, require_served_as_trained
 from eyas.tracking import start_stage_run
 from stages.common import TARGET_GGUF
 
@@ -28,7 +28,7 @@ def main(name: str) -> None:
         try:  # the file as llama.cpp will load it, against the checkpoint it came from
             info = require_served_as_trained(out, Path("models", name),
                                              read_json(TARGET_GGUF / "config.json")["num_hidden_layers"])
-        except ServeMismatchError as e:
+        except (ServeMismatchError, GGUFReadError) as e:  # served otherwise, or not an eagle3 file at all
             out.unlink()
             raise SystemExit(str(e)) from None
         print(f"export-gguf@{name}: target layers {info['target_layers']}, draft vocab {info['draft_vocab_size']}, "

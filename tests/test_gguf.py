@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 from gguf import GGUFReader, GGUFWriter
+from safetensors.torch import save_file
 
 from eyas.cli import main
 from eyas.drafter import DrafterConfig, Eagle3Drafter
@@ -298,3 +299,20 @@ def test_inspect_of_a_checkpoint_says_what_the_converter_writes(tmp_path, capsys
     assert main(["inspect", str(d), "--features", str(bad)]) == 1
     assert main(["inspect", str(d), "--drafter", str(d)]) == 2  # --drafter is for a .gguf
     capsys.readouterr()
+
+
+@pytest.mark.slow  # the tokenizer of the embedded target and four converter runs
+def test_a_gguf_of_another_checkpoint_with_the_same_vocab_and_layers_is_refused(converted, tmp_path):
+    d_dir, path = converted["default"]
+    info = gguf.read_drafter(path)
+    assert gguf.check_against(info, drafter_dir=d_dir) == []  # the control: the checkpoint it came from
+    for name, eyas_name, gguf_name in (("fc", "fc.weight", "fc.weight"), ("norm", "norm.weight", "output_norm.weight")):
+        other = tmp_path / name  # the same drafter retrained: one weight moved by one float32 step
+        shutil.copytree(d_dir, other)
+        w = load_safetensors(other / "model.safetensors")
+        w[eyas_name].view(-1)[7] = torch.nextafter(w[eyas_name].view(-1)[7], torch.tensor(10.0))
+        save_file(w, str(other / "model.safetensors"))
+        assert gguf.check_against(info, drafter_dir=other) == [
+            f"{path}: {gguf_name} is not {other / 'model.safetensors'}'s {eyas_name} (at the GGUF's F32): the file was "
+            f"converted from another checkpoint (another drafter's GGUF, or one from before this drafter was "
+            f"retrained); convert it again"], name

@@ -330,6 +330,8 @@ def check_against(info: dict, *, drafter_dir: str | Path | None = None, features
     ``k < L`` is llama.cpp id ``k``; eyas' id ``L`` is the residual before the final norm
     (eyas.layers.capture_aux), as llama.cpp's id ``L`` is.
     d2t is compared through target ids, position by position.
+    With ``drafter_dir`` also its weights: ``fc.weight`` and the final norm must be the
+    checkpoint's, bit for bit at the GGUF's type (a file converted from another checkpoint).
 
     Args:
         info: :func:`read_drafter`'s dict; its ``problems`` come first in the result.
@@ -393,6 +395,7 @@ def check_against(info: dict, *, drafter_dir: str | Path | None = None, features
                    bool(cfg.get("norm_before_residual", False))),
                   ("norm_before_fc", cfg_path, info["norm_before_fc"], bool(cfg.get("norm_before_fc", False)))]
         d2t_sources.append((w_path, dd2t))
+        problems += _weight_problems(where, w_path)
     if vocab_dir is not None:
         from eyas.vocab import load_mapping
 
@@ -452,6 +455,39 @@ def require_served_as_trained(gguf_file: str | Path, drafter_dir: str | Path, nu
         raise ServeMismatchError(f"{gguf_file}: llama.cpp would not serve the drafter of {drafter_dir} as trained:\n"
                                  + "\n".join(f"- {x}" for x in problems))
     return info
+
+
+_SAME_WEIGHTS = (("fc.weight", "fc.weight"), ("output_norm.weight", "norm.weight"))
+"""(GGUF tensor, eyas tensor) pairs the converter copies unchanged (``conversion/llama.py`` maps
+names only): a GGUF converted from a checkpoint holds exactly its values, at the GGUF's type."""
+
+
+def _weight_problems(where: str, w_path: str) -> list[str]:
+    """The GGUF's :data:`_SAME_WEIGHTS` against the checkpoint's, compared bit for bit at the GGUF's
+    type (F32, F16 or BF16; a quantised type is not compared): a file converted from another
+    checkpoint (another drafter's GGUF with the same vocab and layers, or one left from before
+    the drafter was retrained) has the right shape and metadata and other weights."""
+    import numpy as np
+    from gguf import GGMLQuantizationType, GGUFReader
+
+    as_torch = {GGMLQuantizationType.F32: torch.float32, GGMLQuantizationType.F16: torch.float16,
+                GGMLQuantizationType.BF16: torch.bfloat16}
+    tensors = {t.name: t for t in GGUFReader(where).tensors}
+    out = []
+    with safe_open(w_path, framework="pt") as h:
+        for g_name, e_name in _SAME_WEIGHTS:
+            t = tensors.get(g_name)
+            if t is None or e_name not in h.keys() or t.tensor_type not in as_torch:
+                continue
+            want = h.get_tensor(e_name).to(as_torch[t.tensor_type])
+            raw = np.asarray(t.data).reshape(-1)
+            got = (torch.from_numpy(raw.view(np.int16).copy()).view(torch.bfloat16)
+                   if t.tensor_type == GGMLQuantizationType.BF16 else torch.from_numpy(raw.copy()))
+            if got.numel() != want.numel() or not torch.equal(got, want.reshape(-1)):
+                out.append(f"{where}: {g_name} is not {w_path}'s {e_name} (at the GGUF's {t.tensor_type.name}): the "
+                           f"file was converted from another checkpoint (another drafter's GGUF, or one from before "
+                           f"this drafter was retrained); convert it again")
+    return out
 
 
 def _d2t_problems(info: dict, src: str, offsets: torch.Tensor | None) -> list[str]:
