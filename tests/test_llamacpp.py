@@ -128,8 +128,8 @@ def test_the_engine_serves_the_drafter_losslessly_at_eyas_acceptance(built):
 
 def test_shifted_aux_layers_fall_to_acceptance_near_one_and_fail_the_agreement(built):
     def shift(cfg, tensors):
-        cfg["eagle_aux_hidden_state_layer_ids"] = [1, 2, 3]  # trained on [2, 15, 27]; a one-layer shift barely moves a drafter that memorised its prompts
-    gguf = _variant(built, "shifted", shift)
+        cfg["eagle_aux_hidden_state_layer_ids"] = [1, 2, 3]  # trained on [2, 15, 27]
+    gguf = _variant(built, "shifted", shift)  # far: a one-layer shift barely moves a drafter that memorised its prompts
     with pytest.raises(ServeMismatchError, match=r"target_layers \[1, 2, 3\] != .*\[2, 15, 27\]"):
         require_served_as_trained(gguf, built["tmp"] / "drafter", 30)  # eyas refuses it before serving
     e = _serve(built, gguf, "shifted")
