@@ -629,9 +629,12 @@ def render_gguf(report: dict) -> str:
     lines += [f"  {k:<44} {str(shape):<16} {dtype}" for k, (shape, dtype) in sorted(report["tensors"].items())]
     lines += ["", "checked against" + ("" if report["context"] else ": nothing")]
     lines += [f"  {k:<22} {v}" for k, v in report["context"].items()]
-    lines += [""]
-    lines += [f"ERROR   {e}" for e in report["errors"]]
-    lines += [f"WARNING {w}" for w in report["warnings"]]
+    return _with_verdict(lines, report)
+
+
+def _with_verdict(lines: list[str], report: dict) -> str:
+    """A rendered report: ``lines``, then its errors and warnings, or the OK line when it has none."""
+    lines = [*lines, "", *[f"ERROR   {e}" for e in report["errors"]], *[f"WARNING {w}" for w in report["warnings"]]]
     if not report["errors"] and not report["warnings"]:
         lines.append("OK: no problems found")
     return "\n".join(lines) + "\n"
@@ -788,9 +791,4 @@ def render(report: dict) -> str:
                 lines += [f"    - {x}" for x in v]
             else:
                 lines.append(f"  {k}: {v}")
-    lines += [""]
-    lines += [f"ERROR   {e}" for e in report["errors"]]
-    lines += [f"WARNING {w}" for w in report["warnings"]]
-    if not report["errors"] and not report["warnings"]:
-        lines.append("OK: no problems found")
-    return "\n".join(lines) + "\n"
+    return _with_verdict(lines, report)
