@@ -108,7 +108,7 @@ def supervised(batch: Batch, loss_tokens: str) -> Batch:
     padding). The teacher is the target's own distribution at each position
     (:func:`eyas.unroll.teacher_logits`), as defined at a prompt token as at a reply token, so
     prompt positions are supervision the features already hold: on the CPU default they are ~3/4
-    of the tokens extracted (README, "The data recipe").
+    of the tokens extracted (docs/data-recipe.md).
 
     Raises:
         ValueError: ``loss_tokens`` is not one of :data:`eyas.config.LOSS_TOKENS`.
