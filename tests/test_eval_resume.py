@@ -67,7 +67,8 @@ def ws(tmp_path, monkeypatch):
         p, target=dataclasses.replace(p.target, path="./target", gguf_file=None),
         eval=dataclasses.replace(p.eval, num_draft_tokens=K, max_new_tokens=12, timed_prompts=1, timing_repeats=1,
                                  batch_size=2, served_prompts=1, served_max_new_tokens=8, temperatures=[0.0, 0.8],
-                                 top_p=0.9, seeds=[3], tree_topk=2, tree_num_steps=K, tree_num_draft_tokens=6))
+                                 top_p=0.9, seeds=[3], tree_topk=2, tree_num_steps=K, tree_num_draft_tokens=6),
+        serve=dataclasses.replace(p.serve, engine="none"))  # eyas' own parts; the engine's: tests/test_llamacpp.py
 
 
 def run(setup, p, monkeypatch, capsys, kill_at: tuple[str, int] | None = None):
