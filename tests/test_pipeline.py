@@ -50,7 +50,9 @@ def test_dvc_repro_end_to_end(tmp_path):
     repo.mkdir()
     for name in ("eyas", "stages"):
         shutil.copytree(ROOT / name, repo / name, ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy(ROOT / "dvc.yaml", repo / "dvc.yaml")
+    (repo / "scripts").mkdir()
+    for name in ("dvc.yaml", "scripts/build_llama_server.sh"):  # the build script pins llama.cpp's converter
+        shutil.copy(ROOT / name, repo / name)
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
     for section, values in TINY.items():
         params[section].update(values)
@@ -62,7 +64,8 @@ def test_dvc_repro_end_to_end(tmp_path):
 
     out = run([sys.executable, "-m", "dvc", "repro"], repo, env)
     for stage in ("identify-inputs", "prepare-data", "self-distill", "extract", "build-vocab", "stand-in-drafter",
-                  "remap", "train-scratch", "train-finetune", "eval-accept-len@scratch", "eval-accept-len@finetune"):
+                  "remap", "train-scratch", "train-finetune", "target-gguf", "export-gguf@scratch",
+                  "export-gguf@finetune", "eval-accept-len@scratch", "eval-accept-len@finetune"):
         assert f"Running stage '{stage}'" in out
 
     m = {p.stem: json.loads(p.read_text()) for p in (repo / "metrics").glob("*.json")}
@@ -87,6 +90,9 @@ def test_dvc_repro_end_to_end(tmp_path):
             assert set(rows) == {"eagle/chain/T0", "ngram/chain/T0", "eagle/chain/T1", "ngram/chain/T1",
                                  "eagle/tree/T0"}
             assert rows["eagle/tree/T0"]["matches_greedy"] is True
+            engine = ev[bench]["engine"]  # llama.cpp serving this drafter (eyas/llamacpp.py)
+            assert engine["same_precision"]["lossless"] is True
+            assert engine["agreement"]["ok"] is not False
     cfg = json.loads((repo / "models/scratch/config.json").read_text())
     assert cfg["architectures"] == ["LlamaForCausalLMEagle3"] and cfg["draft_vocab_size"] == 512
     assert "eagle_aux_hidden_state_layer_ids" not in cfg  # default layers write no ids
@@ -106,5 +112,5 @@ def test_dvc_repro_end_to_end(tmp_path):
     with sqlite3.connect(repo / "mlflow.db") as db:
         names = sorted(r[0] for r in db.execute("select name from runs"))
     # one parent + one child per stage
-    assert len(names) == 11 and any(n.startswith("workspace") for n in names)
+    assert len(names) == 14 and any(n.startswith("workspace") for n in names)
     assert "prepare-data" in names

@@ -28,7 +28,9 @@ DVC_YAML = yaml.safe_load((ROOT / "dvc.yaml").read_text())
 DERIVED = stage_deps.derived_deps(ROOT, DVC_YAML)
 EVALS = {"eval-accept-len@scratch", "eval-accept-len@finetune"}
 # train.mode: online runs the target in the training stages (eyas/online.py)
-TARGET_READERS = {"self-distill", "extract", "stand-in-drafter", "remap", "train-scratch", "train-finetune"} | EVALS
+TARGET_READERS = {"self-distill", "extract", "stand-in-drafter", "remap", "train-scratch", "train-finetune",
+                  "target-gguf"} | EVALS
+EXPORTS = {"export-gguf@scratch", "export-gguf@finetune"}  # they read target.dtype, not the target's files
 
 
 def test_dvc_yaml_code_deps_are_the_imports():
@@ -62,7 +64,7 @@ def test_fingerprint_params_are_dvc_yaml_params():
 PARAM_ROWS = {  # section: (key to change, new value, the stages that read it)
     "lr": ("lr", 1.0e-4, {"train-finetune"}),
     "seed": ("seed", 7, {"prepare-data", "stand-in-drafter", "remap", "train-scratch", "train-finetune"}),
-    "target": ("target.dtype", "bfloat16", TARGET_READERS),
+    "target": ("target.dtype", "bfloat16", TARGET_READERS | EXPORTS),
     "data": ("data.val", 3, {"prepare-data"}),
     "distill": ("distill.batch_size", 3, {"self-distill"}),
     "extract": ("extract.max_length", 200, {"self-distill", "extract"}),  # self-distill's prompt budget
@@ -75,6 +77,8 @@ PARAM_ROWS = {  # section: (key to change, new value, the stages that read it)
     "train_scratch": ("train_scratch.lr", 2.0e-3, {"train-scratch"}),
     "train_finetune": ("train_finetune.gate_margin", 0.1, {"train-finetune"}),
     "eval": ("eval.chat_prompts", 1, EVALS),
+    "serve": ("serve.threads", 3, EVALS),
+    "serve.engine": ("serve.engine", "none", EVALS | {"target-gguf"}),
 }
 TARGET_ROWS = {"tokenizer": "tokenizer.json", "chat_template": "chat_template.jinja", "config": "config.json"}
 CODE_ROWS = sorted(str(p.relative_to(ROOT)) for d in ("eyas", "stages") for p in (ROOT / d).rglob("*.py")
@@ -108,7 +112,9 @@ def pipeline(tmp_path_factory) -> Path:
     repo = tmp_path_factory.mktemp("matrix")
     for name in ("eyas", "stages"):
         shutil.copytree(ROOT / name, repo / name, ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy(ROOT / "dvc.yaml", repo / "dvc.yaml")
+    (repo / "scripts").mkdir()
+    for name in ("dvc.yaml", "scripts/build_llama_server.sh"):  # the build script pins llama.cpp's converter
+        shutil.copy(ROOT / name, repo / name)
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
     params["target"]["path"] = "./target"
     params["data"]["source"] = "./source.jsonl"

@@ -28,7 +28,7 @@ def _teacher_and_reference(model, multiplier):
     target's own log-softmax, on 12 tokens."""
     ids = torch.randint(0, SHAPE["vocab_size"], (1, 12), generator=torch.Generator().manual_seed(1))
     t = Target(model, None, {}, multiplier)
-    feats = t.capture(ids, torch.ones_like(ids), None)
+    feats = t.capture(ids, torch.ones_like(ids), [1, 2])  # a 2-layer target has no default aux ids
     logits, lse = teacher_logits(feats["final_hidden"], t.head_weights()["lm_head"])
     with torch.no_grad():
         ref = model(input_ids=ids).logits.float().log_softmax(-1)
@@ -68,7 +68,7 @@ def test_an_unlisted_architecture_that_scales_its_logits_is_refused_naming_the_k
 
 def test_a_layernorm_target_is_refused_by_name_not_by_attribute_error():
     cfg = _model("Cohere", logit_scale=0.25).config
-    for build in (summarise_config, lambda c: DrafterConfig.for_target(c, 8)):
+    for build in (summarise_config, lambda c: DrafterConfig.for_target(c, 8, [1, 2])):
         with pytest.raises(TargetError, match=r"model_type 'cohere'\) has no rms_norm_eps \(it has layer_norm_eps"):
             build(cfg)
     assert summarise_config(_model("Llama").config)["rms_norm_eps"] == 1e-6  # negative control
