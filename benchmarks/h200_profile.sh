@@ -21,6 +21,9 @@
 #   C                      bash benchmarks/device.sh profile run train-scratch stand-in-drafter remap train-finetune (434 s)
 #   D1                     bash benchmarks/device.sh profile keep finetune; bash benchmarks/device.sh profile run eval-accept-len@finetune
 #   D2                     bash benchmarks/device.sh profile run eval-accept-len@scratch           (389 s each eval)
+# With the llama.cpp stages (serve.engine llamacpp): C adds target-gguf export-gguf@NAME (48 + 19 s), and
+# one eval outgrows a 600-s call (on 2026-12-03 the first call ended inside HumanEval's engine block):
+# run it twice; the second call resumes the finished parts (.eyas/work/eval_NAME/parts.json).
 # Measured at 8c39ff4 (2026-12-02): the machine's start cost 94 s of device time and each call ~10 s more
 # than its wall time, so A-D2 need ~1,790 of a session's 1,800 device seconds: one refused start (91 s)
 # and the last eval does not fit. That run got A-C and the scratch eval. `keep NAME` returns models/NAME
