@@ -1,8 +1,9 @@
 """Params presets: a partial ``params.yaml`` (``presets/<name>.yaml``) applied the DVC way.
 
 A preset names only the keys it changes. Applied as ``-S key=value`` overrides of a DVC
-experiment, the run is recorded like any other (``dvc exp show``, MLflow, ``eyas compare``) and
-``params.yaml`` in the workspace is left as it is::
+experiment, the run is recorded like any other (``dvc exp show``, MLflow, ``eyas compare``); the
+workspace holds its params and results until ``git checkout -- params.yaml dvc.lock`` (or ``dvc exp
+apply`` of another experiment) brings the committed ones back::
 
     dvc exp run -n h200 $(python -m eyas.preset presets/h200.yaml)
 
