@@ -2,8 +2,14 @@
 
 import importlib.util
 import os
+from pathlib import Path
 
 import pytest
+
+# Subprocesses the tests start (dvc stages, servers, `python -m eyas...`) import the checkout under
+# test, whichever copy of eyas `pip install -e` last pointed at.
+_ROOT = str(Path(__file__).resolve().parents[1])
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_ROOT, os.environ.get("PYTHONPATH")) if p)
 
 
 @pytest.fixture(scope="session")
