@@ -161,7 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
     keys.set_defaults(func=_engine_keys)
     cmp = sub.add_parser("compare", help="the latest pipeline runs side by side, from MLflow (Markdown)")
     cmp.add_argument("--experiment", default=None,
-                     help="MLflow experiment name (default: $EYAS_EXPERIMENT or 'eyas')")
+                     help="MLflow experiment name (default: $MLFLOW_EXPERIMENT_NAME or 'eyas')")
     cmp.add_argument("--limit", type=int, default=8, help="how many latest pipeline runs (0 = all)")
     cmp.add_argument("--all-params", action="store_true",
                      help="a row for every key param, also those equal in every column")

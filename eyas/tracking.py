@@ -22,9 +22,10 @@ store at ``$DVC_ROOT`` (the *original* repo root, also for queued runs):
 defaults. ``$MLFLOW_TRACKING_URI`` (e.g. a local ``mlflow server``, the preferred option)
 overrides it, verbatim.
 
-Environment switches: ``EYAS_EXPERIMENT`` (MLflow experiment name, default ``eyas``),
-``EYAS_TRACKING=off`` (no MLflow at all: every tracker is the no-op one), and ``RANK``
-(logging on rank 0 only, as nanochat/torchtitan do: section 4).
+The experiment is ``MLFLOW_EXPERIMENT_NAME`` (MLflow's own variable, read through
+``mlflow.environment_variables`` as ``mlflow.start_run`` reads it), else ``eyas``.
+``EYAS_TRACKING=off`` turns MLflow off (every tracker is the no-op one); ``RANK`` logs on rank 0
+only, as nanochat/torchtitan do (section 4). Every variable eyas reads: docs/pipeline.md.
 """
 
 from __future__ import annotations
@@ -106,7 +107,10 @@ def _sqlite_path(uri: str) -> Path | None:
 
 
 def _experiment_name() -> str:
-    return os.environ.get("EYAS_EXPERIMENT") or DEFAULT_EXPERIMENT
+    """``$MLFLOW_EXPERIMENT_NAME``, else ``eyas``."""
+    from mlflow.environment_variables import MLFLOW_EXPERIMENT_NAME
+
+    return MLFLOW_EXPERIMENT_NAME.get() or DEFAULT_EXPERIMENT
 
 
 @contextlib.contextmanager
@@ -137,7 +141,7 @@ def _client(uri: str):
 
 
 def _get_or_create_experiment(client, uri: str) -> str:
-    """The id of the ``eyas`` experiment (``$EYAS_EXPERIMENT``), created if missing.
+    """The id of the experiment (``$MLFLOW_EXPERIMENT_NAME``, else ``eyas``), created if missing.
 
     For sqlite stores the experiment gets an ABSOLUTE ``artifact_location`` under the repo
     root: MLflow fixes it when the experiment is created, and one first created from inside a

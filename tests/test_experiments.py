@@ -162,7 +162,7 @@ LR_STAGES = {"train-finetune", "eval-accept-len@finetune"}
 def _env(root: Path) -> dict:
     env = dict(os.environ)
     for var in ("MLFLOW_TRACKING_URI", "DVC_ROOT", "DVC_STAGE", "DVC_EXP_NAME", "DVC_EXP_BASELINE_REV",
-                "EYAS_TRACKING", "EYAS_EXPERIMENT", "RANK"):
+                "EYAS_TRACKING", "MLFLOW_EXPERIMENT_NAME", "RANK"):
         env.pop(var, None)
     env.update(DVC_NO_ANALYTICS="1", GIT_TERMINAL_PROMPT="0", PYTHONUNBUFFERED="1",
                PATH=os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", ""))
@@ -460,7 +460,7 @@ def unit_store(tmp_path, monkeypatch):
     root.mkdir()
     (root / "dvc.yaml").write_text("stages: {}\n")
     for var in ("MLFLOW_TRACKING_URI", "DVC_STAGE", "DVC_EXP_NAME", "DVC_EXP_BASELINE_REV", "RANK",
-                "EYAS_TRACKING", "EYAS_EXPERIMENT"):
+                "EYAS_TRACKING", "MLFLOW_EXPERIMENT_NAME"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("DVC_ROOT", str(root))
     monkeypatch.chdir(root)

@@ -81,7 +81,7 @@ def test_compare_shows_the_served_table(tmp_path, monkeypatch):
     root = tmp_path / "repo"
     root.mkdir()
     (root / "dvc.yaml").write_text("stages: {}\n")
-    for var in ("MLFLOW_TRACKING_URI", "DVC_EXP_BASELINE_REV", "RANK", "EYAS_TRACKING", "EYAS_EXPERIMENT"):
+    for var in ("MLFLOW_TRACKING_URI", "DVC_EXP_BASELINE_REV", "RANK", "EYAS_TRACKING", "MLFLOW_EXPERIMENT_NAME"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("DVC_ROOT", str(root))
     monkeypatch.setenv("DVC_EXP_NAME", "exp-s")

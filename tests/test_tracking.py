@@ -29,7 +29,7 @@ def bare_repo(tmp_path, monkeypatch):
     root = tmp_path / "repo"
     root.mkdir()
     (root / "dvc.yaml").write_text("stages: {}\n")
-    for var in (*DVC_VARS, "MLFLOW_TRACKING_URI", "RANK", "EYAS_TRACKING", "EYAS_EXPERIMENT"):
+    for var in (*DVC_VARS, "MLFLOW_TRACKING_URI", "RANK", "EYAS_TRACKING", "MLFLOW_EXPERIMENT_NAME"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.chdir(root)
     return root.resolve()
@@ -338,3 +338,17 @@ def test_parallel_fresh_store(bare_repo):
         assert len(client.get_metric_history(run_id, "train/loss_0")) == 50
         assert client.get_run(run_id).info.status == "FINISHED"
     assert len(client.search_experiments(filter_string="name = 'eyas'")) == 1
+
+
+def test_mlflow_experiment_name_is_read_as_mlflow_reads_it(repo, monkeypatch):
+    """``MLFLOW_EXPERIMENT_NAME`` (MLflow's own variable) names the experiment the stages log to,
+    and ``eyas compare`` reads; unset, it is ``eyas``."""
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "team-a")
+    tracking.ensure_store(tracking.tracking_uri())
+    with tracking.start_stage_run("train-scratch", default_params()) as t:
+        run_id = t.run_id
+    client = _client(repo)
+    assert client.get_run(run_id).info.experiment_id == client.get_experiment_by_name("team-a").experiment_id
+    assert client.get_experiment_by_name("eyas") is None  # negative control: the default was not used
+    monkeypatch.delenv("MLFLOW_EXPERIMENT_NAME")
+    assert tracking._experiment_name() == "eyas"
