@@ -1,4 +1,4 @@
-"""The checkpoint-format package: one reader of HF config fields, and no import cycle in eyas."""
+"""The one reader of HF config fields (eyas/target/hf_config.py); import cycles: tests/test_import_graph.py."""
 
 from __future__ import annotations
 
@@ -7,37 +7,9 @@ from pathlib import Path
 import pytest
 from transformers import LlamaConfig
 
-from eyas.pipeline import stage_deps
 from eyas.target import hf_config, rope
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _module(f: Path) -> str:
-    name = ".".join(f.relative_to(ROOT).with_suffix("").parts)
-    return name.removesuffix(".__init__")
-
-
-def test_eyas_imports_have_no_cycle():
-    """Every import (top level or inside a function) between eyas modules, as eyas/pipeline/stage_deps.py
-    reads them: the graph is acyclic (it held eyas.export <-> eyas.speculators_format and
-    eyas.drafter.model -> eyas.drafter.head_loss -> eyas.drafter.model)."""
-    files = {_module(f): f for f in (ROOT / "eyas").rglob("*.py")}
-    graph = {m: {d for d in stage_deps._imported_modules(f, m) if d in files and d != m} for m, f in files.items()}
-    assert {"eyas.export.eagle", "eyas.export.speculators", "eyas.export.load", "eyas.target.hf_config"} <= set(graph)
-    state: dict[str, int] = {}  # 1: on the current path, 2: done
-
-    def visit(m: str, path: list[str]) -> None:
-        state[m] = 1
-        for d in sorted(graph[m]):
-            assert state.get(d) != 1, "import cycle: " + " -> ".join(path[path.index(d):] + [d])
-            if d not in state:
-                visit(d, path + [d])
-        state[m] = 2
-
-    for m in sorted(graph):
-        if m not in state:
-            visit(m, [m])
 
 
 def test_head_dim_and_kv_heads_from_dicts_and_transformers_configs():

@@ -249,7 +249,7 @@ def test_preset_names_a_broken_params_file_it_merges_into(tmp_path, capsys, text
     pre = tmp_path / "p.yaml"
     pre.write_text("train:\n  epochs: 3\n")
     assert preset.main([str(pre), "--params", str(f), "--write", str(tmp_path / "out.yaml")]) == 2
-    assert re.match(rf"^eyas\.preset: error: {f}: {message}", capsys.readouterr().err)
+    assert re.match(rf"^eyas\.pipeline\.preset: error: {f}: {message}", capsys.readouterr().err)
     assert not (tmp_path / "out.yaml").exists()
 
 
@@ -279,4 +279,5 @@ def test_a_preset_error_names_the_presets_line(tmp_path, capsys, text, message):
     pre = tmp_path / "p.yaml"
     pre.write_text(text)
     assert preset.main([str(pre), "--params", str(base)]) == 2
-    assert re.match(rf"^eyas\.preset: error: .*{message} \(line 4 of {pre}\)$", capsys.readouterr().err.strip())
+    err = capsys.readouterr().err.strip()
+    assert re.match(rf"^eyas\.pipeline\.preset: error: .*{message} \(line 4 of {pre}\)$", err)
