@@ -8,8 +8,8 @@ Run once per world size and strategy (plain python = 1 GPU; torchrun = W GPUs):
         --out scale_fsdp_w8.json
 
 Shapes and step body as bench_train.py (lm_head trainable, as eyas trains it), wrapped exactly as
-eyas.train.train_drafter does under torchrun: ``eyas.unroll.TTTUnroll`` wrapped by
-``eyas.distributed.wrap_data_parallel`` (``--strategy ddp``: bucketed gradient all-reduce
+eyas.training.loop.train_drafter does under torchrun: ``eyas.training.unroll.TTTUnroll`` wrapped by
+``eyas.training.distributed.wrap_data_parallel`` (``--strategy ddp``: bucketed gradient all-reduce
 overlapping backward; ``fsdp``: FSDP2 ``fully_shard``, weights, gradients and AdamW state sharded
 over the ranks; kernels: params.yaml's ``train.backend``), each step's loss normalised by the
 GLOBAL supervised-token count (all-reduced), loss all-reduced for logging, clip (under FSDP the
@@ -44,11 +44,11 @@ import torch  # noqa: E402
 
 from benchmarks.bench_train import DOCS, TINY_DOCS, config, make_batch  # noqa: E402
 from benchmarks.common import RESULTS, median, timed, write_result  # noqa: E402
-from eyas import distributed as du  # noqa: E402
-from eyas.config import load_params  # noqa: E402
-from eyas.drafter import Eagle3Drafter  # noqa: E402
-from eyas.ttt import Batch, autocast  # noqa: E402
-from eyas.unroll import TTTUnroll, supervised_counts  # noqa: E402
+from eyas.drafter.model import Eagle3Drafter  # noqa: E402
+from eyas.training import distributed as du  # noqa: E402
+from eyas.training.batches import Batch, autocast  # noqa: E402
+from eyas.training.params import load_params  # noqa: E402
+from eyas.training.unroll import TTTUnroll, supervised_counts  # noqa: E402
 
 BACKEND = load_params(Path(__file__).resolve().parents[1] / "params.yaml").train.backend
 
@@ -90,7 +90,7 @@ def make_step(model, params, opt, sched, world, ttt, strategy, losses, grad_norm
         opt.zero_grad(set_to_none=True)
         loss.backward()
         gn = torch.nn.utils.clip_grad_norm_(params, 1.0)
-        if fsdp:  # the norm over all shards, as eyas.train clips
+        if fsdp:  # the norm over all shards, as eyas.training.loop clips
             gn = gn.full_tensor()
         opt.step()
         sched.step()

@@ -5,8 +5,8 @@
     python benchmarks/bench_distill_backends.py --prompts 8 --max-new-tokens 16   # a quick look
 
 The same planned prompts (the last assistant turn of the first ``--prompts`` chitchat
-conversations, the stage's prompt budget) go through :func:`eyas.distill.regenerate` (fp32, batch
-``--batch-size``) and through :func:`eyas.serving.regenerate_via_server` at each ``--concurrency``
+conversations, the stage's prompt budget) go through :func:`eyas.data.distill.regenerate` (fp32, batch
+``--batch-size``) and through :func:`eyas.data.serving.regenerate_via_server` at each ``--concurrency``
 (llama-server started with that many slots and ``--threads`` threads; the binary from
 scripts/build_llama_server.sh). Figures: generated tokens / generation seconds (model load
 excluded, as the stage's metric), the model load seconds, and how many replies are identical
@@ -34,10 +34,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from benchmarks.common import write_result  # noqa: E402
-from eyas.data import load_conversations  # noqa: E402
-from eyas.distill import plan_prompts, regenerate  # noqa: E402
-from eyas.serving import regenerate_via_server  # noqa: E402
-from eyas.target import embedded_target, load_target, load_tokenizer_and_config  # noqa: E402
+from eyas.data.conversations import load_conversations  # noqa: E402
+from eyas.data.distill import plan_prompts, regenerate  # noqa: E402
+from eyas.data.serving import regenerate_via_server  # noqa: E402
+from eyas.target.model import embedded_target, load_target, load_tokenizer_and_config  # noqa: E402
 
 
 def start_server(exe: str, gguf: Path, port: int, slots: int, threads: int, log: Path) -> subprocess.Popen:

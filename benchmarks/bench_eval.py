@@ -1,6 +1,6 @@
 """Time of one speculative (chain) step vs a bare target decode step, 8B-shaped target and drafter.
 
-A speculative step = k drafter decode calls (eyas.drafter.Eagle3Drafter.decode with its KV cache)
+A speculative step = k drafter decode calls (eyas.drafter.model.Eagle3Drafter.decode with its KV cache)
 + one target forward over k+1 tokens (verify) + rolling both caches back; a bare step = one target
 forward over 1 token. Both at a context of --ctx tokens, batch 1, bf16, random weights (speed
 only). Speed-up at acceptance length a (tokens committed per verify, bonus included) is
@@ -21,8 +21,8 @@ import torch  # noqa: E402
 
 from benchmarks.bench_extract import build  # noqa: E402
 from benchmarks.common import median, timed, write_result  # noqa: E402
-from eyas.drafter import DrafterConfig, Eagle3Drafter, KVCache  # noqa: E402
-from eyas.speculative import _crop  # noqa: E402
+from eyas.drafter.model import DrafterConfig, Eagle3Drafter, KVCache  # noqa: E402
+from eyas.eval.speculative import _crop  # noqa: E402
 
 
 def main():
@@ -52,7 +52,7 @@ def main():
         dkv = KVCache()
         feats = torch.randn(1, a.ctx, 3 * cfg.hidden_size, device=dev, dtype=dt)
         pos = torch.arange(a.ctx, device=dev)[None]
-        w = d.midlayer.weights()  # built once per sequence, as eyas.speculative.EagleProposer does
+        w = d.midlayer.weights()  # built once per sequence, as eyas.eval.speculative.EagleProposer does
         d.decode(feats, ctx, pos, dkv, w)
         one = ctx[:, -1:]
 

@@ -2,7 +2,7 @@
 
 Rows (tokens/s, median over timed batches of B x T tokens):
   bare      model.model(input_ids) (the decoder stack only: the floor extraction is compared with);
-  capture   eyas.target.Target.capture (aux + final hidden states + full-vocab argmax: adds the
+  capture   eyas.target.model.Target.capture (aux + final hidden states + full-vocab argmax: adds the
             lm_head, ~7.5% of the FLOPs of an 8B forward);
   e2e_sync  capture + per-sample synchronous .cpu() + synchronous shard writes (the old extract);
   e2e       what stages/extract.py does now: capture, cast on device, async copy to pinned host
@@ -34,7 +34,7 @@ import torch  # noqa: E402
 
 from benchmarks.common import median, sync, timed, write_result  # noqa: E402
 from eyas.features import FP8, HostCopy, ShardWriter, bytes_per_token, quantize_capture  # noqa: E402
-from eyas.target import Target  # noqa: E402
+from eyas.target.model import Target  # noqa: E402
 
 
 def build(tiny: bool):

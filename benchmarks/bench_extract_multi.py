@@ -9,7 +9,7 @@ would give.)
 
 Mode ``split``: one process, the target's layers split over ``--gpus`` GPUs in sequence with
 accelerate's dispatch_model (what ``device_map="auto"`` does): bare forward and capture tokens/s,
-captured shapes, weights and peak memory per GPU; whether eyas.target.Target.capture works
+captured shapes, weights and peak memory per GPU; whether eyas.target.model.Target.capture works
 unchanged on it. ``--shape 70b`` is Llama-3.1-70B's shape (141 GB of bf16 weights: 4 GPUs); the
 weights are made on the meta device and materialised piece by piece on their GPU (random, normal
 std 0.02, norms 1, as transformers initialises Llama), so no GPU ever holds the whole target.
@@ -35,7 +35,7 @@ import torch  # noqa: E402
 
 from benchmarks.bench_extract import build, e2e  # noqa: E402
 from benchmarks.common import median, sync, timed, write_result  # noqa: E402
-from eyas import distributed as du  # noqa: E402
+from eyas.training import distributed as du  # noqa: E402
 
 
 def data_mode(a) -> dict:
@@ -127,7 +127,7 @@ def build_split(shape: str, gpus: int):
 
 
 def split_mode(a) -> dict:
-    from eyas.target import Target
+    from eyas.target.model import Target
 
     shape = "tiny" if a.tiny else a.shape
     model, cfg, dm = build_split(shape, a.gpus)

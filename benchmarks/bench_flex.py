@@ -1,4 +1,4 @@
-"""The TTT step-0 attention of the 8B drafter (flex_attention over packed documents, eyas.attention)
+"""The TTT step-0 attention of the 8B drafter (flex_attention over packed documents, eyas.drafter.attention)
 under different kernel settings: the largest non-GEMM cost of a TTT step at 8192 tokens (15.6 of
 215 ms, `results/profile_train.json`), forward + backward, 7 calls per step.
 
@@ -24,8 +24,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.bench_kernels import cuda_ms  # noqa: E402
 from benchmarks.bench_train import DOCS  # noqa: E402
 from benchmarks.common import write_result  # noqa: E402
-from eyas.attention import doc_causal_block_mask  # noqa: E402
-from eyas.backend import Backend  # noqa: E402
+from eyas.drafter.attention import doc_causal_block_mask  # noqa: E402
+from eyas.drafter.backend import Backend  # noqa: E402
 
 SETTINGS = {
     "default": None,

@@ -1,5 +1,5 @@
 """The two memory-bound pieces of a TTT step at the 8B drafter's 8192-token shape, Triton kernels
-(eyas/triton_ttt.py) against their torch definitions through torch.compile (what ran before):
+(eyas/drafter/kernels.py) against their torch definitions through torch.compile (what ran before):
 
 - head loss pass over [4, 2048, 32000] bf16 logits and teacher logits (loss, argmax, gradient);
 - diagonal merge forward + backward, q [4, 32, 2048, 128] bf16 over 8 kv heads, n = 1..6
@@ -21,9 +21,9 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.common import write_result  # noqa: E402
-from eyas import triton_ttt  # noqa: E402
-from eyas.attention import merge_diagonal  # noqa: E402
-from eyas.head_loss import soft_cross_entropy_grad  # noqa: E402
+from eyas.drafter import kernels as triton_ttt  # noqa: E402
+from eyas.drafter.attention import merge_diagonal  # noqa: E402
+from eyas.drafter.head_loss import soft_cross_entropy_grad  # noqa: E402
 
 
 def cuda_ms(fn, warmup=3, steps=20) -> float:
@@ -71,7 +71,7 @@ def bench_merge(n: int, B=4, nh=32, nkv=8, T=2048, hd=128) -> dict:
     kd, vd = r(n, B, nkv, T, hd), r(n, B, nkv, T, hd)
     do = torch.randn(B, nh, T, hd, device="cuda", dtype=torch.bfloat16)
     inputs = (q, o0, lse0, kd, vd)
-    W = max(n, 2)  # the compiled torch path pads n = 1 to 2 and stacks on dim 3 (eyas.attention.flex_ttt_attention)
+    W = max(n, 2)  # the compiled torch path pads n = 1 to 2 and stacks on dim 3 (eyas.drafter.attention.flex_ttt_attention)
 
     def pad(t):
         t = t.permute(1, 2, 3, 0, 4)

@@ -4,8 +4,8 @@ An 8B-shaped Llama target (random bf16 weights, sdpa; as bench_extract.py) and t
 eyas builds for it (draft vocab 32,000, ``--ttt`` steps), on random token ids packed into rows of
 ``--max-len`` tokens, ``--batch-tokens`` per optimizer step. Everything goes through eyas' own
 code: ``stages.extract.extract_split`` writes the feature store (offline) or the token store
-(online), ``eyas.train.train_drafter`` trains (one GPU: CUDA-graph steps), with
-``eyas.online.TargetCapture`` as the online capture.
+(online), ``eyas.training.loop.train_drafter`` trains (one GPU: CUDA-graph steps), with
+``eyas.training.online.TargetCapture`` as the online capture.
 
 Figures (tokens/s: train_drafter's train_tokens per second, i.e. positions of the packed batches):
   extract        extract_split's tokens/s and bytes written (feature store, bf16);
@@ -45,14 +45,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from benchmarks.common import env, sync, write_result  # noqa: E402
-from eyas import layers  # noqa: E402
-from eyas.config import parse_params  # noqa: E402
 from eyas.features import FeatureStore  # noqa: E402
-from eyas.online import OnlineLoader, TargetCapture  # noqa: E402
-from eyas.target import Target, summarise_config  # noqa: E402
-from eyas.tracking import Tracker  # noqa: E402
-from eyas.train import new_drafter, train_drafter  # noqa: E402
-from eyas.vocab import build_mapping, count_tokens  # noqa: E402
+from eyas.pipeline.tracking import Tracker  # noqa: E402
+from eyas.target import layers  # noqa: E402
+from eyas.target.model import Target, summarise_config  # noqa: E402
+from eyas.training.loop import new_drafter, train_drafter  # noqa: E402
+from eyas.training.online import OnlineLoader, TargetCapture  # noqa: E402
+from eyas.training.params import parse_params  # noqa: E402
+from eyas.vocab.mapping import build_mapping, count_tokens  # noqa: E402
 from stages.extract import extract_split  # noqa: E402
 
 

@@ -1,4 +1,4 @@
-"""Cost of the served table (eyas/served.py) at the params' eval settings: wall and process CPU
+"""Cost of the served table (eyas/eval/served.py) at the params' eval settings: wall and process CPU
 seconds of evaluate_served per benchmark, with the trained drafter of a local pipeline run.
 
 The eval stage adds this to its chain eval; on a loaded CPU the process time is the better
@@ -20,12 +20,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from benchmarks.common import write_result  # noqa: E402
-from eyas.config import load_params  # noqa: E402
-from eyas.data import chat_prompts, humaneval_prompts, read_jsonl  # noqa: E402
-from eyas.distill import fit_prompt  # noqa: E402
-from eyas.formats.load import load_drafter  # noqa: E402
-from eyas.served import evaluate_served  # noqa: E402
-from eyas.target import load_target  # noqa: E402
+from eyas.data.conversations import chat_prompts, humaneval_prompts, read_jsonl  # noqa: E402
+from eyas.data.distill import fit_prompt  # noqa: E402
+from eyas.eval.served import evaluate_served  # noqa: E402
+from eyas.export.load import load_drafter  # noqa: E402
+from eyas.target.model import load_target  # noqa: E402
+from eyas.training.params import load_params  # noqa: E402
 
 
 def main():

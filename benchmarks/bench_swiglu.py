@@ -1,7 +1,7 @@
 """The 8B drafter's SwiGLU ``silu(gate) * up`` over the [T, 2I] gate_up GEMM output (I = 14336),
 forward and backward: Inductor's fused kernels inside the compiled layer (4.2 + 1.2 ms per step at
 8192 tokens, `results/profile_train.json`) against a plain Triton kernel per direction, to size the
-lever before building it into the layer. eyas.triton_ttt.swiglu now runs the same two kernels there
+lever before building it into the layer. eyas.drafter.kernels.swiglu now runs the same two kernels there
 (with ``I`` a runtime argument, behind the custom op's dispatch); here they stay as measured (``I`` a
 compile-time constant, launched directly).
 

@@ -4,11 +4,11 @@ Shapes as the peer benchmark (vLLM's speculators 0.9.0 trainer step; benchmarks/
 4096, 32/8 heads, head_dim 128, intermediate 14336, target vocab 128256, draft vocab 32000; packed
 documents (2048 tokens/step: 1024+640+384; 8192: 2048+1536+1024+1024+1024+768+512+256 packed into
 rows of 2048, eyas' row length); bf16 autocast, fp32 master weights, AdamW, grad clip, cosine
-schedule; the step body of eyas.train.Trainer.train_step (the TTT unroll, finite check, backward,
+schedule; the step body of eyas.training.loop.Trainer.train_step (the TTT unroll, finite check, backward,
 clip, step, loss.item()), in two modes: ``graphs`` (forward + backward replayed as one CUDA graph,
-eyas/graphed.py, what train_drafter does on one GPU) and ``eager`` (compiled parts only). Median of
+eyas/training/graphed.py, what train_drafter does on one GPU) and ``eager`` (compiled parts only). Median of
 --steps after --warmup (which includes compilation and graph capture). The kernels are
-``params.yaml``'s ``train.backend`` (eyas/backend.py) unless --attention / --no-compile /
+``params.yaml``'s ``train.backend`` (eyas/drafter/backend.py) unless --attention / --no-compile /
 --no-compile-layers / --no-triton say otherwise.
 
 Exact FLOP count (the peer's): fc 6PT once; decoder linears 6PT per TTT step; lm_head 4PT per
@@ -31,13 +31,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from benchmarks.common import PEAK_BF16_TFLOPS, median, sync, timed, write_result  # noqa: E402
-from eyas.backend import ATTENTION, Backend  # noqa: E402
-from eyas.config import load_params  # noqa: E402
-from eyas.drafter import DrafterConfig, Eagle3Drafter  # noqa: E402
-from eyas.graphed import GraphedTTT  # noqa: E402
-from eyas.train import clip_in_step  # noqa: E402
-from eyas.ttt import Batch, autocast  # noqa: E402
-from eyas.unroll import TTTUnroll, ttt_forward  # noqa: E402
+from eyas.drafter.backend import ATTENTION, Backend  # noqa: E402
+from eyas.drafter.model import DrafterConfig, Eagle3Drafter  # noqa: E402
+from eyas.training.batches import Batch, autocast  # noqa: E402
+from eyas.training.graphed import GraphedTTT  # noqa: E402
+from eyas.training.loop import clip_in_step  # noqa: E402
+from eyas.training.params import load_params  # noqa: E402
+from eyas.training.unroll import TTTUnroll, ttt_forward  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -141,7 +141,7 @@ def profile_steps(step, n: int, top_n: int = 25) -> dict:
 def bench(c, dev, tokens: int, ttt: int, freeze_lm_head: bool, warmup: int, steps: int, tiny: bool,
           backend: Backend, graphs: bool = False, profile: int = 0, profile_top: int = 25) -> dict:
     """One timed configuration; ``graphs``: forward + backward replayed as a CUDA graph
-    (eyas.graphed.GraphedTTT, as train_drafter does on one GPU), else eager with compiled parts.
+    (eyas.training.graphed.GraphedTTT, as train_drafter does on one GPU), else eager with compiled parts.
     ``profile`` > 0: then that many steps under torch.profiler (:func:`profile_steps`)."""
     torch.manual_seed(0)
     with torch.device(dev):  # initialise on the device (a 1B-parameter CPU init takes seconds)
@@ -164,7 +164,7 @@ def bench(c, dev, tokens: int, ttt: int, freeze_lm_head: bool, warmup: int, step
     it = [0]
     graphed = GraphedTTT(TTTUnroll(d, head_rows, ttt, 0.8, backend)) if graphs else None
 
-    def step():  # the body of eyas.train.Trainer.train_step
+    def step():  # the body of eyas.training.loop.Trainer.train_step
         b = batches[it[0] % 2]  # noqa: F821
         it[0] += 1
         if graphed is not None:
@@ -177,7 +177,7 @@ def bench(c, dev, tokens: int, ttt: int, freeze_lm_head: bool, warmup: int, step
         if graphed is None:
             opt.zero_grad(set_to_none=True)  # noqa: F821
             loss.backward()
-        # Trainer's clip: inside the fused AdamW kernel on CUDA (eyas.train.clip_in_step)
+        # Trainer's clip: inside the fused AdamW kernel on CUDA (eyas.training.loop.clip_in_step)
         gn = clip_in_step(opt, 1.0) if dev.type == "cuda" else torch.nn.utils.clip_grad_norm_(params, 1.0)  # noqa: F821
         opt.step()  # noqa: F821
         sched.step()

@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.bench_kernels import cuda_ms  # noqa: E402
 from benchmarks.common import write_result  # noqa: E402
 
-# [N, K] of the 8B drafter's decoder matrices as the unroll uses them (eyas.drafter.LayerWeights)
+# [N, K] of the 8B drafter's decoder matrices as the unroll uses them (eyas.drafter.model.LayerWeights)
 SHAPES = {"qkv": (6144, 8192), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
 
 

@@ -1,10 +1,10 @@
 """Code data (data.code_prompts) on one GPU: extract features for the committed distilled chat train/val plus the
 self-distilled code conversations, train two scratch drafters (chat only / chat + code) with the
-default params, and measure real speculative decoding (eyas.speculative.evaluate_prompts) on the
+default params, and measure real speculative decoding (eyas.eval.speculative.evaluate_prompts) on the
 10 HumanEval + 10 chat prompts of the default eval.
 Run on the device (nvidia-h200) as `python3 benchmarks/<this file> <dir> [seeds]`, where <dir> holds
 params.yaml, the GGUF target under smol/, data/distilled/{train,val}.jsonl of the committed run and
-code_{train,val}_raw.jsonl from `eyas.code_data` (prepare-data with data.code_prompts); results
+code_{train,val}_raw.jsonl from `eyas.data.code` (prepare-data with data.code_prompts); results
 under $OUT (committed as results/code_data_h200*.json). An experiment driver, not a pipeline stage.
 """
 import json
@@ -15,16 +15,16 @@ from pathlib import Path
 
 import torch
 
-from eyas import layers
-from eyas.config import load_params
-from eyas.data import read_jsonl
+from eyas.data.conversations import read_jsonl
+from eyas.eval.speculative import NgramProposer, evaluate_prompts, greedy_generate
+from eyas.export.eagle import save_drafter
+from eyas.export.load import load_drafter
 from eyas.features import FeatureStore
-from eyas.formats.eagle import save_drafter
-from eyas.formats.load import load_drafter
-from eyas.speculative import NgramProposer, evaluate_prompts, greedy_generate
-from eyas.target import load_target
-from eyas.train import new_drafter, train_drafter
-from eyas.vocab import load_mapping
+from eyas.target import layers
+from eyas.target.model import load_target
+from eyas.training.loop import new_drafter, train_drafter
+from eyas.training.params import load_params
+from eyas.vocab.mapping import load_mapping
 from stages.extract import extract_split
 
 C = Path(sys.argv[1]); OUT = Path(os.environ["OUT"]); W = Path("/tmp/h6w")
@@ -41,8 +41,8 @@ prov = {"target": target.identity, "aux_layers": aux, "num_layers": target.num_l
         "target_config": target.config_summary()}
 res = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "load_s": round(time.time() - T0, 1)}
 chat_tr, chat_va = read_jsonl(C / "distilled/train.jsonl"), read_jsonl(C / "distilled/val.jsonl")
-from eyas.data import write_jsonl
-from eyas.distill import regenerate
+from eyas.data.conversations import write_jsonl
+from eyas.data.distill import regenerate
 from stages.self_distill import prompt_budget
 
 code = {}

@@ -2,7 +2,7 @@
 build-vocab does in a pipeline run with data.code_prompts > 0), for 64 and 128 code prompts.
 Run on the device (nvidia-h200) as `python3 benchmarks/<this file> <dir> [seeds]`, where <dir> holds
 params.yaml, the GGUF target under smol/, data/distilled/{train,val}.jsonl of the committed run and
-code_{train,val}_raw.jsonl from `eyas.code_data` (prepare-data with data.code_prompts); results
+code_{train,val}_raw.jsonl from `eyas.data.code` (prepare-data with data.code_prompts); results
 under $OUT (committed as results/code_data_h200*.json). An experiment driver, not a pipeline stage.
 """
 import json
@@ -13,17 +13,17 @@ from pathlib import Path
 
 import torch
 
-from eyas import layers
-from eyas.config import load_params
-from eyas.data import read_jsonl
-from eyas.distill import regenerate
+from eyas.data.conversations import read_jsonl
+from eyas.data.distill import regenerate
+from eyas.eval.speculative import evaluate_prompts, greedy_generate
+from eyas.export.eagle import save_drafter
+from eyas.export.load import load_drafter
 from eyas.features import FeatureStore
-from eyas.formats.eagle import save_drafter
-from eyas.formats.load import load_drafter
-from eyas.speculative import evaluate_prompts, greedy_generate
-from eyas.target import load_target
-from eyas.train import new_drafter, train_drafter
-from eyas.vocab import build_mapping, count_tokens
+from eyas.target import layers
+from eyas.target.model import load_target
+from eyas.training.loop import new_drafter, train_drafter
+from eyas.training.params import load_params
+from eyas.vocab.mapping import build_mapping, count_tokens
 from stages.extract import extract_split
 from stages.self_distill import prompt_budget
 

@@ -24,12 +24,12 @@ from pathlib import Path
 import torch
 
 from benchmarks.common import write_result
-from eyas.config import load_params
 from eyas.features import FP8, FeatureStore, ShardWriter, bytes_per_token, dequantize_fp8, head_path, quantize_fp8
-from eyas.files import load_safetensors
-from eyas.tracking import NoOpTracker
-from eyas.train import new_drafter, train_drafter
-from eyas.vocab import load_mapping
+from eyas.io import load_safetensors
+from eyas.pipeline.tracking import NoOpTracker
+from eyas.training.loop import new_drafter, train_drafter
+from eyas.training.params import load_params
+from eyas.vocab.mapping import load_mapping
 
 WRITER_KEYS = {"format_version", "num_samples", "num_tokens", "supervised_tokens", "storage_dtype", "shards",
                "aux_layers_convention"}

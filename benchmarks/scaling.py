@@ -8,11 +8,11 @@ On the embedded default's existing features (``data/features/{train,val}``, ``mo
 stores samples sorted by length, so they are found by their token ids), for each N in ``--sizes``. Every size runs ``train.epochs`` epochs, so training tokens grow with N.
 
 Each drafter is then measured two ways:
-- val acc_0..3 / loss_0..3: ``eyas.unroll.evaluate`` on the full val split, the definition of
+- val acc_0..3 / loss_0..3: ``eyas.training.unroll.evaluate`` on the full val split, the definition of
   ``metrics/train_*.json`` ``val``;
 - acceptance length at k = ``eval.num_draft_tokens`` on the eval prompts (params ``eval``: chat
   prompts from ``data/conversations/test.jsonl`` and HumanEval), pooled over verify steps like
-  ``metrics/eval_*.json``, with the exact chain oracle ``eyas.chain_oracle`` (it equals real
+  ``metrics/eval_*.json``, with the exact chain oracle ``eyas.eval.oracle`` (it equals real
   speculative decoding under greedy verification) against the target's greedy outputs, which are
   computed once and cached (``<work>/greedy.json``). Chain lengths 1..k come from the same counts.
 
@@ -51,17 +51,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from eyas import checkpoint  # noqa: E402
-from eyas.config import load_params  # noqa: E402
+from eyas.export.eagle import save_drafter  # noqa: E402
+from eyas.export.load import load_drafter  # noqa: E402
 from eyas.features import FeatureStore, ShardWriter, check_compatible, head_path  # noqa: E402
-from eyas.files import load_safetensors, read_json, sha256_file, write_json  # noqa: E402
-from eyas.formats.eagle import save_drafter  # noqa: E402
-from eyas.formats.load import load_drafter  # noqa: E402
-from eyas.tracking import Tracker  # noqa: E402
-from eyas.train import new_drafter, step0_gate, train_drafter  # noqa: E402
-from eyas.ttt import PackedLoader, head_rows_for  # noqa: E402
-from eyas.unroll import TTTUnroll, evaluate  # noqa: E402
-from eyas.vocab import load_mapping  # noqa: E402
+from eyas.io import load_safetensors, read_json, sha256_file, write_json  # noqa: E402
+from eyas.pipeline.tracking import Tracker  # noqa: E402
+from eyas.training import checkpoint  # noqa: E402
+from eyas.training.batches import PackedLoader, head_rows_for  # noqa: E402
+from eyas.training.loop import new_drafter, step0_gate, train_drafter  # noqa: E402
+from eyas.training.params import load_params  # noqa: E402
+from eyas.training.unroll import TTTUnroll, evaluate  # noqa: E402
+from eyas.vocab.mapping import load_mapping  # noqa: E402
 
 ARMS = ("scratch", "finetune")
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -74,13 +74,13 @@ _COMPUTED = {"format_version", "num_samples", "num_tokens", "supervised_tokens",
 def conversation_order(store: FeatureStore, convs: list[dict], tokenizer, max_length: int) -> list[int]:
     """Store sample indices in conversation (file) order. Extract sorts samples by length, so the
     first N samples of a store are the N shortest; this matches each conversation, rendered as
-    extract renders it (eyas.data.render_with_loss_mask at ``max_length``), to the sample with
+    extract renders it (eyas.data.conversations.render_with_loss_mask at ``max_length``), to the sample with
     the same input_ids. Conversations without a sample (no supervised tokens) are skipped.
 
     Raises:
         ValueError: some sample matches no conversation (other data or tokenizer than extract's).
     """
-    from eyas.data import render_with_loss_mask
+    from eyas.data.conversations import render_with_loss_mask
 
     by_ids: dict[tuple, list[int]] = {}
     for i, s in enumerate(store.iter_samples(("input_ids",))):
@@ -119,9 +119,9 @@ def subset_features(src: FeatureStore, indices: list[int], out_dir: Path) -> Fea
 
 
 def tokenizer_for(p):
-    """The target's tokenizer alone at ``target.revision`` (as eyas.target.load_target finds it; no
+    """The target's tokenizer alone at ``target.revision`` (as eyas.target.model.load_target finds it; no
     weights loaded)."""
-    from eyas.target import load_tokenizer_and_config
+    from eyas.target.model import load_tokenizer_and_config
 
     return load_tokenizer_and_config(p.target.path, p.target.gguf_file, p.target.trust_remote_code,
                                      revision=p.target.revision)[0]
@@ -132,7 +132,7 @@ def train_order(root: Path, work: Path) -> list[int]:
     cache = work / "train_order.json"
     if cache.is_file():
         return read_json(cache)["order"]
-    from eyas.data import read_jsonl
+    from eyas.data.conversations import read_jsonl
 
     p = load_params(root / "params.yaml")
     store = FeatureStore.open(root / "data/features/train")
@@ -201,7 +201,7 @@ def committed_record(arm: str, root: Path) -> dict:
 
 
 def val_metrics(drafter, root: Path, p, head: dict) -> dict:
-    """``eyas.unroll.evaluate`` of a loaded drafter on the full val split (as train_drafter's final
+    """``eyas.training.unroll.evaluate`` of a loaded drafter on the full val split (as train_drafter's final
     evaluation: PackedLoader(val, batch_tokens, seed, shuffle=False), CPU fp32)."""
     val = FeatureStore.open(root / "data/features/val")
     drafter.set_embedding(head["embed_tokens"])
@@ -214,7 +214,7 @@ def val_metrics(drafter, root: Path, p, head: dict) -> dict:
 
 def eval_prompts(root: Path, p, tokenizer) -> dict[str, list[list[int]]]:
     """Rendered prompt ids per benchmark, exactly as stages/eval_accept_len.py builds them."""
-    from eyas.data import chat_prompts, humaneval_prompts, read_jsonl, render_prompt
+    from eyas.data.conversations import chat_prompts, humaneval_prompts, read_jsonl, render_prompt
 
     e = p.eval
     chats = {"chat": chat_prompts(read_jsonl(root / "data/conversations/test.jsonl"), e.chat_prompts),
@@ -225,7 +225,7 @@ def eval_prompts(root: Path, p, tokenizer) -> dict[str, list[list[int]]]:
 def greedy_outputs(target, prompts: dict, p, cache: Path) -> dict[str, list[list[int]]]:
     """The target's greedy outputs (``eval.max_new_tokens``, stop token included) per benchmark and
     prompt, cached in ``cache`` keyed by the prompts and settings (recomputed when they differ)."""
-    from eyas.speculative import greedy_generate
+    from eyas.eval.speculative import greedy_generate
 
     key = {"prompts": prompts, "max_new_tokens": p.eval.max_new_tokens, "stop_ids": target.stop_ids}
     if cache.is_file():
@@ -241,14 +241,14 @@ def greedy_outputs(target, prompts: dict, p, cache: Path) -> dict[str, list[list
 
 
 def acceptance(target, drafter, prompts: dict, outputs: dict, k: int, real: dict | None = None) -> dict:
-    """Acceptance length per benchmark from the exact chain oracle (eyas/chain_oracle.py): counts
+    """Acceptance length per benchmark from the exact chain oracle (eyas/eval/oracle.py): counts
     at k drafts per prompt, walked at chain lengths 1..k and pooled over prompts as
     sum(new tokens - 1) / sum(verify steps) (the prefill's token is not a verify step), the
     definition of metrics/eval_*.json ``accept_len``. Also the pooled figure at k without the
     outputs that end in a repetition loop. With ``real`` (an eval_*.json of this drafter on the
     same prompts), ``oracle_matches_real`` says whether the k-walk reproduces its verify steps,
     new tokens and accepted histogram exactly."""
-    from eyas.chain_oracle import accepted_draft_counts, chain_acceptance_length, chain_report, repetition_loop_period
+    from eyas.eval.oracle import accepted_draft_counts, chain_acceptance_length, chain_report, repetition_loop_period
 
     drafter.set_embedding(target.model.get_input_embeddings().weight)  # as the eval stage does
     aux = drafter.config.resolved_aux_layers()
@@ -362,7 +362,7 @@ def main() -> None:
 
     def target_side() -> dict:
         if not ev:
-            from eyas.target import load_target
+            from eyas.target.model import load_target
 
             ev["target"] = t = load_target(p.target.path, p.target.gguf_file, p.target.dtype,
                                            p.target.trust_remote_code, revision=p.target.revision)

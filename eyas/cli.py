@@ -3,28 +3,28 @@
 Subcommands:
     eyas inspect PATH [--vocab DIR] [--features M] [--num-target-layers N] [--target T [--target-gguf F]] [--json]
         What a drafter checkpoint is and what SGLang / vLLM / speculators / llama.cpp would do with it
-        (eyas/inspector.py); with --target (a hub id, a local HF dir, "embedded", a .gguf file or a
+        (eyas/export/inspector.py); with --target (a hub id, a local HF dir, "embedded", a .gguf file or a
         feature manifest) also its context length, RoPE, vocab, hidden size and aux layers
         against the target's; with --features (the feature manifest it was trained on) the target
         layers llama.cpp's converter would write against the manifest's aux layers.
     eyas inspect DRAFTER.gguf [--drafter DIR] [--features M] [--vocab DIR] [--num-target-layers N] [--target T]
         What llama.cpp will load from an EAGLE-3 drafter GGUF (target layers and what each captures,
-        d2t, norm flags, vocab; eyas/formats/gguf.py), checked against the checkpoint it was
+        d2t, norm flags, vocab; eyas/export/gguf.py), checked against the checkpoint it was
         converted from (--drafter), the features it was trained on (--features) and the vocab (--vocab).
         Exit status 1 when the checkpoint (or GGUF) has errors for serving, 2 when it cannot be read,
         else 0.
     eyas engine-keys
         The table of every config key SGLang, vLLM or llama.cpp reads for an EAGLE-3 drafter, where,
-        and what eyas does with it (eyas/engine_keys.py), as Markdown.
+        and what eyas does with it (eyas/export/engine_keys.py), as Markdown.
     eyas compare [--experiment NAME] [--limit N] [--all-params] [--out FILE.md] [--tracking-uri URI]
     eyas compare --metrics DIR [DIR ...]   committed results side by side (metrics/ vs metrics/h200/)
         The latest pipeline runs (DVC experiments) side by side from MLflow: key params, val acc_0,
-        accept_len per benchmark and the n-gram floor, as Markdown (eyas/compare.py). Exit status
+        accept_len per benchmark and the n-gram floor, as Markdown (eyas/pipeline/compare.py). Exit status
         2 when there is no store or no such experiment, 1 when it holds no pipeline run, else 0.
     eyas push DIR --repo ORG/NAME [--target T [--target-gguf F]] [--revision BRANCH] [--public] [--dry-run]
         Publish an exported drafter (config.json + model.safetensors, checked loadable first and, with
         --target, against that target as `eyas inspect --target` checks it) to a Hugging Face Hub
-        model repo (eyas/push.py); prints the plan (files, bytes, sha256) and, unless --dry-run, the
+        model repo (eyas/export/push.py); prints the plan (files, bytes, sha256) and, unless --dry-run, the
         commit. Exit status 2 when the repo id is invalid, the directory is not a servable drafter
         (for that target), or the hub refuses, else 0.
 """
@@ -39,7 +39,7 @@ import sys
 def _inspect(args) -> int:
     from pathlib import Path
 
-    from eyas.inspector import inspect_checkpoint, inspect_gguf, render, render_gguf, target_summary
+    from eyas.export.inspector import inspect_checkpoint, inspect_gguf, render, render_gguf, target_summary
 
     is_gguf = _is_gguf(Path(args.path))
     if args.drafter is not None and not is_gguf:
@@ -94,14 +94,14 @@ def _positive_int(text: str) -> int:
 
 
 def _engine_keys(args) -> int:
-    from eyas.engine_keys import table_markdown
+    from eyas.export.engine_keys import table_markdown
 
     sys.stdout.write(table_markdown())
     return 0
 
 
 def _compare(args) -> int:
-    from eyas.compare import CompareError, compare, compare_dirs, write
+    from eyas.pipeline.compare import CompareError, compare, compare_dirs, write
 
     try:
         text = (compare_dirs(args.metrics) if args.metrics else
@@ -116,8 +116,8 @@ def _compare(args) -> int:
 
 
 def _push(args) -> int:
-    from eyas.inspector import target_summary
-    from eyas.push import PushError, push
+    from eyas.export.inspector import target_summary
+    from eyas.export.push import PushError, push
 
     try:
         target = None if args.target is None else target_summary(args.target, args.target_gguf)

@@ -25,7 +25,7 @@ n_aux * (H + 4) + 2 * H + 9.
 
 A token store (``train.mode: online``, manifest ``"contents": "tokens"``) has the same layout
 with ``input_ids``, ``loss_mask`` and ``offsets`` only (:data:`TOKEN_BYTES` = 5 bytes per token):
-the train stages compute the hidden states from the target batch by batch (eyas/online.py), in
+the train stages compute the hidden states from the target batch by batch (eyas/training/online.py), in
 the storage dtype the manifest names, so they equal what a feature store would hold.
 """
 
@@ -42,14 +42,14 @@ from typing import Iterator
 import torch
 from safetensors import safe_open
 
-from eyas.files import read_json, save_safetensors_parts, write_json
+from eyas.io import read_json, save_safetensors_parts, write_json
 
 MANIFEST = "manifest.json"
 PROGRESS = "progress.json"  # resumable extraction: the complete shards so far (removed at finish)
 FORMAT_VERSION = 1
-LAYER_CONVENTION = "hf_hidden_states_index"  # see eyas/layers.py
+LAYER_CONVENTION = "hf_hidden_states_index"  # see eyas/target/layers.py
 # manifest key: what aux layer id L (the layer count) holds: PRE_NORM, the residual before the final
-# norm, as the engines serve it (eyas/layers.py capture_aux); manifests without the key held HF's
+# norm, as the engines serve it (eyas/target/layers.py capture_aux); manifests without the key held HF's
 # post-norm hidden_states[L] there (refused on open)
 AUX_AT_L, PRE_NORM = "aux_layer_L", "pre_norm_residual"
 

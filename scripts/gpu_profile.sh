@@ -6,8 +6,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ $# -eq 0 ] && command -v dvc >/dev/null; then
-  # shellcheck disable=SC2046  # one -S key=value pair per word, by construction (eyas/preset.py)
-  exec dvc exp run -n h200 $(python3 -m eyas.preset presets/h200.yaml)
+  # shellcheck disable=SC2046  # one -S key=value pair per word, by construction (eyas/pipeline/preset.py)
+  exec dvc exp run -n h200 $(python3 -m eyas.pipeline.preset presets/h200.yaml)
 fi
-python3 -m eyas.preset presets/h200.yaml --write params.yaml
+python3 -m eyas.pipeline.preset presets/h200.yaml --write params.yaml
 exec python3 scripts/run_dag.py "$@"

@@ -1,6 +1,6 @@
 """DVC stage `build-vocab`: the draft vocabulary (d2t/t2d) from the train split's assistant tokens
 (the most frequent; when they hold fewer distinct ids than the draft vocab, the split's other most
-frequent tokens fill the rest: eyas.vocab.build_mapping).
+frequent tokens fill the rest: eyas.vocab.mapping.build_mapping).
 
 Reads params `vocab`; reads `data/features/train/`; writes `models/vocab/` (vocab.safetensors with
 d2t, t2d, counts; vocab.json) and `metrics/vocab.json`. Run: `python -m stages.build_vocab`.
@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import torch
 
-from eyas.config import load_params
 from eyas.features import FeatureStore
-from eyas.files import write_json
-from eyas.provenance import check, record
-from eyas.tracking import start_stage_run
-from eyas.vocab import build_mapping, count_tokens, save_mapping, validate_mapping
+from eyas.io import write_json
+from eyas.pipeline.provenance import check, record
+from eyas.pipeline.tracking import start_stage_run
+from eyas.training.params import load_params
+from eyas.vocab.mapping import build_mapping, count_tokens, save_mapping, validate_mapping
 from stages.common import FEATURES, METRICS, VOCAB
 
 
@@ -35,7 +35,7 @@ def main() -> None:
                          source="build-vocab")
         info["features_manifest"] = {"num_tokens": store.manifest["num_tokens"],
                                      "target": store.manifest["target"]}
-        info["fingerprint"] = fp  # checked by train-scratch and remap (eyas/provenance.py)
+        info["fingerprint"] = fp  # checked by train-scratch and remap (eyas/pipeline/provenance.py)
         save_mapping(VOCAB, mapping, counts, info)
         metrics = {k: info[k] for k in ("coverage", "distinct_tokens", "filled", "padded", "draft_vocab_size",
                                         "assistant_tokens")}

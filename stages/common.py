@@ -2,7 +2,7 @@
 
 Paths are relative to the repository root, where DVC runs every stage (``wdir`` default).
 Kept light on purpose: every stage imports it, so what it imports is a code dep of every stage
-(eyas/stage_deps.py); the train-stage epilogue lives in stages/training.py.
+(eyas/pipeline/stage_deps.py); the train-stage epilogue lives in stages/training.py.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from eyas import features
-from eyas.files import load_safetensors
+from eyas.io import load_safetensors
 
 CONVERSATIONS = Path("data/conversations")
 DISTILLED = Path("data/distilled")  # self-distill: the splits extract reads
@@ -30,7 +30,7 @@ CHECKPOINTS = Path(".eyas/checkpoints")
 
 
 def checkpoint_dir(stage: str) -> Path:
-    """Where ``stage`` keeps its resumable training state (eyas/checkpoint.py)."""
+    """Where ``stage`` keeps its resumable training state (eyas/training/checkpoint.py)."""
     return CHECKPOINTS / stage
 
 logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")

@@ -7,10 +7,10 @@ both decoders stop at the target's stop set (`Target.stop_ids`: the tokenizer's 
 the timed greedy runs of `evaluate_prompts` (interleaved per prompt with the speculative ones,
 `eval.timing_repeats` times): no separate greedy pass.
 Chat prompts longer than `eval.max_prompt_tokens` lose their earliest turns (the rule self-distill
-applies, eyas.distill.fit_prompt; 0 = no budget), and are dropped, counted, when even the last
+applies, eyas.data.distill.fit_prompt; 0 = no budget), and are dropped, counted, when even the last
 user turn does not fit. With `eval.timed_prompts` N > 0 only the first N prompts per benchmark are decoded for real; the
 others' greedy outputs come from batched generate and their acceptance from the exact oracle
-(eyas/acceptance.py). The exact oracle of eyas/chain_oracle.py adds the acceptance length of every chain length 1..k
+(eyas/eval/acceptance.py). The exact oracle of eyas/eval/oracle.py adds the acceptance length of every chain length 1..k
 (its k entry is checked against the real run: `oracle_matches_real`) and the prompts whose greedy
 output falls into a repetition loop, reported apart (`repetition`). The prompt-lookup n-gram floor
 (no training) on the same prompts comes from the same oracle: the same metrics a real n-gram run
@@ -18,13 +18,13 @@ reports (tests/test_chain_oracle.py checks they are equal), without its wall tim
 reads `models/<drafter>/`; writes `metrics/eval_<drafter>.json`.
 With `eval.served_prompts` > 0 it also writes the chain-vs-tree-vs-sampled table of the first prompts of each
 benchmark (`served.<bench>`: greedy chain, greedy static tree, speculative sampling at `eval.temperatures` /
-`eval.top_p` over `eval.seeds`, with 95% bootstrap intervals; eyas/served.py), logged to MLflow as
+`eval.top_p` over `eval.seeds`, with 95% bootstrap intervals; eyas/eval/served.py), logged to MLflow as
 `<bench>/served/<row>/accept_len`.
 Each benchmark's `serving_verdict` says whether the drafter beats the n-gram floor and greedy decoding
-(eyas/eval_checks.py), logged as `<bench>/worth_serving` and warned about when it does not, and with
+(eyas/eval/checks.py), logged as `<bench>/worth_serving` and warned about when it does not, and with
 the served table (`sampled`) whether it beats the floor at each sampling temperature.
 Resumable: each finished part (per benchmark the chain evaluation's measurements, then the served
-table) is saved at once, atomically, to `.eyas/work/eval_<drafter>/parts.json` (eyas.resume.Parts)
+table) is saved at once, atomically, to `.eyas/work/eval_<drafter>/parts.json` (eyas.pipeline.resume.Parts)
 under a resume key (`resume_key`: the drafter's files, params `eval` and `target`, the target's
 identity, the test split's sha256, the prompt ids, the code the stage imports, torch's version and
 the device). The prompt settings, checks and verdicts are recomputed from the measurements on every
@@ -45,21 +45,21 @@ from pathlib import Path
 
 import torch
 
-from eyas import eval_checks
-from eyas.acceptance import evaluate_benchmark
-from eyas.config import flatten, load_params
-from eyas.data import chat_prompts, humaneval_prompts, read_jsonl
-from eyas.distill import fit_prompt
-from eyas.files import sha256_file, write_json
-from eyas.formats.gguf import GGUFReadError, ServeMismatchError, require_served_as_trained
-from eyas.formats.load import load_drafter
-from eyas.llamacpp import ENGINE, agreement, disagreement_message, serve_benchmark
-from eyas.plots import accept_len_figure
-from eyas.provenance import check, digest, sha256_cached, target_identity
-from eyas.resume import Parts, code_digest
-from eyas.served import evaluate_served
-from eyas.target import embedded_target, load_target
-from eyas.tracking import start_stage_run
+from eyas.data.conversations import chat_prompts, humaneval_prompts, read_jsonl
+from eyas.data.distill import fit_prompt
+from eyas.eval import checks as eval_checks
+from eyas.eval.acceptance import evaluate_benchmark
+from eyas.eval.llamacpp import ENGINE, agreement, disagreement_message, serve_benchmark
+from eyas.eval.served import evaluate_served
+from eyas.export.gguf import GGUFReadError, ServeMismatchError, require_served_as_trained
+from eyas.export.load import load_drafter
+from eyas.io import sha256_file, write_json
+from eyas.pipeline.plots import accept_len_figure
+from eyas.pipeline.provenance import check, digest, sha256_cached, target_identity
+from eyas.pipeline.resume import Parts, code_digest
+from eyas.pipeline.tracking import start_stage_run
+from eyas.target.model import embedded_target, load_target
+from eyas.training.params import flatten, load_params
 from stages.common import CONVERSATIONS, METRICS, TARGET_GGUF
 
 # repo-relative: eval_<drafter>/parts.json, the parts of a run finished so far (resume)
@@ -70,7 +70,8 @@ def main(name: str) -> None:
     p = load_params()
     e = p.eval
     with start_stage_run(f"eval-accept-len@{name}", p) as tracker:
-        check(f"models/{name}", p, reader=f"eval-accept-len@{name}")  # stale drafter: refuse (eyas/provenance.py)
+        # stale drafter: refuse (eyas/pipeline/provenance.py)
+        check(f"models/{name}", p, reader=f"eval-accept-len@{name}")
         target = load_target(p.target.path, p.target.gguf_file, p.target.dtype, p.target.trust_remote_code,
                              revision=p.target.revision)
         drafter = load_drafter(f"models/{name}", num_target_layers=target.num_layers)
@@ -107,11 +108,12 @@ def fit_benchmarks(tok, benchmarks: dict[str, list[list[dict]]], max_prompt_toke
 def resume_key(name: str, p, prompts: dict[str, list[list[int]]], device) -> dict:
     """What every part's measurements depend on: the drafter's files (its weights and
     `fingerprint.json`: a retrained drafter can keep its fingerprint and change its weights), the
-    GGUFs llama.cpp serves, params `eval`, `target` and `serve`, the target's identity (eyas.provenance.target_identity, as
-    `data/inputs/target.json`: tokenizer, chat template, config, GGUF), the test split's sha256, each
-    benchmark's prompt ids (which also change with the HumanEval package or the chat template), the
-    code this stage runs (eyas.resume.code_digest: every first-party file it imports, the files
-    dvc.yaml lists as its deps), torch's version and the device (speedups are wall clock)."""
+    GGUFs llama.cpp serves, params `eval`, `target` and `serve`, the target's identity
+    (eyas.pipeline.provenance.target_identity, as `data/inputs/target.json`: tokenizer, chat
+    template, config, GGUF), the test split's sha256, each benchmark's prompt ids (which also change
+    with the HumanEval package or the chat template), the code this stage runs
+    (eyas.pipeline.resume.code_digest: every first-party file it imports, the files dvc.yaml lists as
+    its deps), torch's version and the device (speedups are wall clock)."""
     flat = json.loads(json.dumps(flatten(p), default=str))
     test = CONVERSATIONS / "test.jsonl"
     dev = torch.device(device)
@@ -128,7 +130,7 @@ def resume_key(name: str, p, prompts: dict[str, list[list[int]]], device) -> dic
 
 def chain_part(target, drafter, prompts: list[list[int]], e) -> dict:
     """One benchmark's chain evaluation, the measurement a part keeps:
-    ``{"eagle": r, "ngram": n}`` of eyas.acceptance.evaluate_benchmark."""
+    ``{"eagle": r, "ngram": n}`` of eyas.eval.acceptance.evaluate_benchmark."""
     r, n = evaluate_benchmark(target, drafter, prompts, num_draft_tokens=e.num_draft_tokens,
                               max_new_tokens=e.max_new_tokens, stop_ids=target.stop_ids,
                               aux_layer_ids=drafter.config.resolved_aux_layers(), timed_prompts=e.timed_prompts,
@@ -148,10 +150,10 @@ def quantized_target_file(p) -> Path | None:
 
 
 def engine_part(name: str, p, prompts: list[list[int]], bench: str, num_target_layers: int) -> dict:
-    """One benchmark served by llama.cpp (eyas.llamacpp.serve_benchmark): ``same_precision`` with
+    """One benchmark served by llama.cpp (eyas.eval.llamacpp.serve_benchmark): ``same_precision`` with
     the weights eyas evaluates (`models/target_gguf/target.gguf`), and ``quantized`` with the
     target's own GGUF file when params ``serve.quantized_target`` asks and there is one (else None).
-    The drafter's GGUF is first checked against its checkpoint (eyas.formats.gguf.require_served_as_trained):
+    The drafter's GGUF is first checked against its checkpoint (eyas.export.gguf.require_served_as_trained):
     a mismatch, a file that is not an eagle3 GGUF (empty, truncated, a target's) or no file stops the stage
     with a message naming it, before any server starts."""
     e, s = p.eval, p.serve
@@ -190,7 +192,7 @@ def judge(r: dict, n: dict, prompts: list[list[int]], settings: dict, e, drafter
 
 def report_engine(name: str, bench: str, engine: dict, r: dict, tracker) -> None:
     """Put llama.cpp's figures beside eyas' own in ``r["engine"]`` (with their per-prompt
-    ``agreement``, eyas.llamacpp.agreement), print and log them.
+    ``agreement``, eyas.eval.llamacpp.agreement), print and log them.
 
     Raises:
         SystemExit: the engine's per-prompt counts disagree with eyas' beyond the tolerance (the
@@ -227,7 +229,7 @@ def _is_chain(x) -> bool:
 
 
 def _is_served(x) -> bool:
-    """Whether a stored part has the shape eyas.served.evaluate_served gives (its ``rows``)."""
+    """Whether a stored part has the shape eyas.eval.served.evaluate_served gives (its ``rows``)."""
     return isinstance(x, dict) and isinstance(x.get("rows"), dict)
 
 
@@ -283,7 +285,7 @@ def run(name: str, p, target, drafter, benchmarks: dict[str, tuple], tracker) ->
               f"{r['speedup_predicted']}, flagged {r['speedup_flagged']}); by chain length "
               f"{r['accept_len_by_chain_length']} (oracle matches real: {r['oracle_matches_real']}); "
               f"{r['repetition']['looping_prompts']} looping prompts")
-        if e.served_prompts:  # chain vs tree vs sampled on the first prompts (eyas/served.py)
+        if e.served_prompts:  # chain vs tree vs sampled on the first prompts (eyas/eval/served.py)
             served = parts.get(f"{bench}/served", valid=_is_served)
             _say_dropped(name, parts)
             if served is None:

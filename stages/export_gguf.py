@@ -1,9 +1,10 @@
 """DVC stage `export-gguf@<drafter>`: the drafter as a GGUF that llama.cpp serves
 (`llama-server -m models/target_gguf/target.gguf -md models/<drafter>.gguf --spec-type draft-eagle3`),
 written by llama.cpp's own converter from `models/<drafter>/` with `--target-model-dir
-models/target_gguf` (eyas/formats/gguf.py), at the precision of `target.dtype` as eval runs it, then read back and checked against the checkpoint
-(target layers, d2t, sizes, norm flags, weights: eyas.formats.gguf.check_against); a mismatch, or a file
-that is not an eagle3 GGUF (a converter that wrote a plain llama one), deletes the file and fails the stage.
+models/target_gguf` (eyas/export/gguf.py), at the precision of `target.dtype` as eval runs it, then
+read back and checked against the checkpoint (target layers, d2t, sizes, norm flags, weights:
+eyas.export.gguf.check_against); a mismatch, or a file that is not an eagle3 GGUF (a converter that
+wrote a plain llama one), deletes the file and fails the stage.
 Reads params `target.dtype`; writes `models/<drafter>.gguf`.
 Run: `python -m stages.export_gguf scratch`.
 """
@@ -13,10 +14,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from eyas.config import load_params
-from eyas.files import read_json
-from eyas.formats.gguf import OUTTYPES, GGUFReadError, ServeMismatchError, convert, require_served_as_trained
-from eyas.tracking import start_stage_run
+from eyas.export.gguf import OUTTYPES, GGUFReadError, ServeMismatchError, convert, require_served_as_trained
+from eyas.io import read_json
+from eyas.pipeline.tracking import start_stage_run
+from eyas.training.params import load_params
 from stages.common import TARGET_GGUF
 
 

@@ -9,7 +9,7 @@ when the shards would not fit the free disk (features.check_disk_space: exact to
 With `train.mode: online` it writes a token store instead (input_ids, loss_mask, offsets: 5 bytes
 per token, manifest `"contents": "tokens"`): the target's weights load only for its embedding and
 lm_head, build-vocab counts tokens as before, and the train stages compute the hidden states batch
-by batch (eyas/online.py). The DAG and every output path stay the same.
+by batch (eyas/training/online.py). The DAG and every output path stay the same.
 Run from the repository root: `python -m stages.extract`.
 """
 
@@ -25,13 +25,14 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from eyas import features, layers
-from eyas.config import FEATURE_SPLITS, load_params
-from eyas.data import DataError, read_jsonl, render_with_loss_mask
-from eyas.files import save_safetensors, write_json
-from eyas.provenance import record as fingerprint
-from eyas.target import load_target, load_tokenizer_and_config
-from eyas.tracking import start_stage_run
+from eyas import features
+from eyas.data.conversations import DataError, read_jsonl, render_with_loss_mask
+from eyas.io import save_safetensors, write_json
+from eyas.pipeline.provenance import record as fingerprint
+from eyas.pipeline.tracking import start_stage_run
+from eyas.target import layers
+from eyas.target.model import load_target, load_tokenizer_and_config
+from eyas.training.params import FEATURE_SPLITS, load_params
 from stages.common import DISTILLED, FEATURES, METRICS
 
 SPLITS = FEATURE_SPLITS
@@ -43,11 +44,11 @@ WORK = Path(".eyas", "work", "extract")  # repo-relative
 def sample_of(tokenizer, conv: dict, max_length: int) -> dict:
     """One conversation -> ``{"input_ids", "loss_mask", "truncated"}``.
 
-    A self-distilled row (``reply_ids``, eyas/distill.py) is used as the target generated it:
+    A self-distilled row (``reply_ids``, eyas/data/distill.py) is used as the target generated it:
     ``prompt_ids + reply_ids``, supervised on the reply only (its stop token included when the
     target wrote one; a reply cut at the budget ends without one). Any other conversation (human
     data: the publish split, or ``distill.enabled: false``) is rendered through the chat template
-    with :func:`eyas.data.render_with_loss_mask` (every assistant turn and its end-of-turn token).
+    with :func:`eyas.data.conversations.render_with_loss_mask` (every assistant turn and its end-of-turn token).
     """
     if "reply_ids" in conv:
         ids = list(conv["prompt_ids"]) + list(conv["reply_ids"])
@@ -160,7 +161,7 @@ def store_tokens(rendered: list[dict], truncated: int, empty: int, refused: list
     """``train.mode: online``: store one split's token ids and loss masks only (no target forward)
     -> (manifest with ``"contents": "tokens"``, bytes of tensor data). ``storage_dtype`` in the
     manifest is the dtype the train stages round the target's hidden states to, as extract would
-    have stored them (eyas/online.py)."""
+    have stored them (eyas/training/online.py)."""
     writer = features.ShardWriter(out_dir, p.extract.shard_samples, dtype, resume_key=resume_key)
     for r in rendered[writer.resumed_samples:]:
         writer.add_tokens(torch.tensor(r["input_ids"]), torch.tensor(r["loss_mask"]))
@@ -217,7 +218,7 @@ def main() -> None:
             "hidden_size": cfg.hidden_size,
             "vocab_size": cfg.vocab_size,
             "target_config": target.config_summary(),
-            # what the features were built from, checked by every reader (eyas/provenance.py)
+            # what the features were built from, checked by every reader (eyas/pipeline/provenance.py)
             "fingerprint": fingerprint("extract", p, [DISTILLED / f"{s}.jsonl" for s in SPLITS]),
         }
         FEATURES.mkdir(parents=True, exist_ok=True)

@@ -2,7 +2,7 @@
 
 Reads params `target`, `data.source`, `data.code_prompts`; reads the target's tokenizer, chat
 template and config files (or the embedded GGUF, or the pinned hub revision) and the data source;
-writes `data/inputs/target.json` and `data/inputs/source.json` (eyas/provenance.py). It is
+writes `data/inputs/target.json` and `data/inputs/source.json` (eyas/pipeline/provenance.py). It is
 `always_changed` (DVC cannot hash files outside the repo by itself), cheap, and rewrites a file
 only when its contents change, so the stages that depend on these files rerun exactly when the
 target or the data source changed. No MLflow run: it runs on every `dvc repro`.
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import logging
 
-from eyas.config import load_params
-from eyas.provenance import identify_inputs
+from eyas.pipeline.provenance import identify_inputs
+from eyas.training.params import load_params
 
 
 def main() -> None:

@@ -2,7 +2,7 @@
 
 Reads params `data.*` and `seed`; writes `data/conversations/{train,val,test,publish}.jsonl` and
 `metrics/prepare_data.json`, and logs the counts as the stage's MLflow child run.
-`data.code_prompts` code conversations (eyas.code_data) are added to train and val after the split;
+`data.code_prompts` code conversations (eyas.data.code) are added to train and val after the split;
 when it is > 0, the metrics' `code` section holds, per package (import name), the usable functions
 it gave (`code.<package>.usable`) and why the others were skipped. Run from the repository root:
 `python -m stages.prepare_data`.
@@ -14,10 +14,10 @@ import json
 import os
 from pathlib import Path
 
-from eyas.code_data import add_to_splits, code_conversations
-from eyas.config import flatten, load_params
-from eyas.data import load_conversations, split_conversations, write_jsonl
-from eyas.tracking import start_stage_run
+from eyas.data.code import add_to_splits, code_conversations
+from eyas.data.conversations import load_conversations, split_conversations, write_jsonl
+from eyas.pipeline.tracking import start_stage_run
+from eyas.training.params import flatten, load_params
 
 OUT_DIR = Path("data/conversations")
 METRICS = Path("metrics/prepare_data.json")
@@ -31,7 +31,7 @@ def main() -> None:
                              if isinstance(v, (int, float)) and not isinstance(v, bool)})
         tracker.log_dict(metrics, "prepare_data.json")
     code = metrics["code"]["conversations"]
-    # code conversations join train and val in proportion (eyas.code_data.add_to_splits): say so,
+    # code conversations join train and val in proportion (eyas.data.code.add_to_splits): say so,
     # or a val of data.val + its code share reads like a miscount
     sizes = ", ".join(f"{k} {n}" + (f" ({n - code[k]} chat + {code[k]} code)" if code.get(k) else "")
                       for k, n in metrics["conversations"].items())

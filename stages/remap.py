@@ -1,11 +1,11 @@
 """DVC stage `remap`: move a pretrained drafter's lm_head onto the new vocab mapping.
 
 Reads params `seed`, `remap`, `train` (TTT settings for the step-0 check; train.mode: online runs the
-target here, eyas/online.py), `target`; reads the drafter at `remap.source`, `models/vocab/`,
+target here, eyas/training/online.py), `target`; reads the drafter at `remap.source`, `models/vocab/`,
 `data/features/`, `data/inputs/target.json`; writes `models/remapped/` and
 `metrics/remap.json` (compatibility report and step-0 val loss/acc: the source under its own
 mapping, the naive load that keeps rows in place, and the remapped drafter; `positions_from_target`:
-the source's context length / RoPE fields replaced by the target's, eyas.remap.adopt_target_positions).
+the source's context length / RoPE fields replaced by the target's, eyas.vocab.remap.adopt_target_positions).
 Run: `python -m stages.remap`.
 """
 
@@ -14,22 +14,22 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
-from eyas.config import load_params
-from eyas.drafter import Eagle3Drafter
+from eyas.drafter.model import Eagle3Drafter
+from eyas.export.eagle import save_drafter
+from eyas.export.load import load_drafter
 from eyas.features import FeatureStore, check_compatible
-from eyas.files import write_json
-from eyas.formats.eagle import save_drafter
-from eyas.formats.load import load_drafter
-from eyas.hub import HubError, is_hub_id, snapshot
-from eyas.online import capture_for, loader_for
-from eyas.provenance import FILE as FINGERPRINT
-from eyas.provenance import check, record
-from eyas.remap import adopt_target_positions, naive_lm_head, remap_lm_head
-from eyas.target import pick_device
-from eyas.tracking import start_stage_run
-from eyas.ttt import head_rows_for
-from eyas.unroll import TTTUnroll, evaluate
-from eyas.vocab import VocabMapping, load_mapping
+from eyas.io import write_json
+from eyas.pipeline.provenance import FILE as FINGERPRINT
+from eyas.pipeline.provenance import check, record
+from eyas.pipeline.tracking import start_stage_run
+from eyas.target.hub import HubError, is_hub_id, snapshot
+from eyas.target.model import pick_device
+from eyas.training.batches import head_rows_for
+from eyas.training.online import capture_for, loader_for
+from eyas.training.params import load_params
+from eyas.training.unroll import TTTUnroll, evaluate
+from eyas.vocab.mapping import VocabMapping, load_mapping
+from eyas.vocab.remap import adopt_target_positions, naive_lm_head, remap_lm_head
 from stages.common import FEATURES, METRICS, VOCAB, target_head
 
 OUT = Path("models/remapped")
@@ -49,7 +49,7 @@ def with_vocab(src: Eagle3Drafter, mapping: VocabMapping, lm_head) -> Eagle3Draf
 
 def source_dir(rp) -> tuple[Path, str | None]:
     """``(directory, commit)`` of ``remap.source``: a local drafter directory as given (commit None),
-    or a hub id's snapshot at ``remap.revision`` (eyas/hub.py: safetensors only) and its commit sha.
+    or a hub id's snapshot at ``remap.revision`` (eyas/target/hub.py: safetensors only) and its commit sha.
 
     Raises:
         SystemExit: neither a directory nor a hub id, or the hub id, revision or a file is missing
@@ -77,7 +77,7 @@ def main() -> None:
         src = load_drafter(source, num_target_layers=m["num_layers"])
         check_compatible(m, aux_layers=src.config.resolved_aux_layers(), hidden_size=src.config.target_hidden_size,
                          vocab_size=src.config.vocab_size, source=f"drafter {p.remap.source}")
-        # the source's context length and RoPE belong to ITS target: take this target's (eyas/remap.py)
+        # the source's context length and RoPE belong to ITS target: take this target's (eyas/vocab/remap.py)
         positions = adopt_target_positions(src.config, m["target_config"])
         for msg in positions:
             print(f"remap: WARNING source drafter {p.remap.source}: {msg}")

@@ -2,14 +2,14 @@
 
 Reads params `distill`, `target`, `extract.max_length`, `data.on_bad_line`; reads
 `data/conversations/{train,val,publish}.jsonl`; writes `data/distilled/{train,val,publish}.jsonl`
-(regenerated rows carry the target's token ids: eyas/distill.py) and `metrics/self_distill.json`.
+(regenerated rows carry the target's token ids: eyas/data/distill.py) and `metrics/self_distill.json`.
 Every prompt is rendered with the tokenizer before the target's weights load, so a conversation the
 chat template refuses stops the stage (or, with `data.on_bad_line: skip`, is counted by id) in
 seconds. Splits not named in `distill.splits` (and every split when `distill.enabled` is false) are
 copied byte for byte, so the DAG is the same either way. `distill.backend: server` sends the
-prompts, as token ids, to an engine already serving the target (eyas/serving.py) instead of loading
+prompts, as token ids, to an engine already serving the target (eyas/data/serving.py) instead of loading
 it here. Finished replies are journaled in `self_distill` under `.eyas/work`: a killed run, rerun,
-generates only the rest (eyas.distill.Journal). The test split is never touched (eval reads it from
+generates only the rest (eyas.data.distill.Journal). The test split is never touched (eval reads it from
 data/conversations). Run from the repository root: `python -m stages.self_distill`.
 """
 
@@ -19,13 +19,13 @@ import shutil
 import time
 from pathlib import Path
 
-from eyas.config import FEATURE_SPLITS, ParamsError, load_params
-from eyas.data import read_jsonl, write_jsonl
-from eyas.distill import Journal, plan_prompts, regenerate
-from eyas.files import write_json
-from eyas.serving import ServerError, regenerate_via_server, served_models
-from eyas.target import load_generation_config, stop_token_ids
-from eyas.tracking import start_stage_run
+from eyas.data.conversations import read_jsonl, write_jsonl
+from eyas.data.distill import Journal, plan_prompts, regenerate
+from eyas.data.serving import ServerError, regenerate_via_server, served_models
+from eyas.io import write_json
+from eyas.pipeline.tracking import start_stage_run
+from eyas.target.model import load_generation_config, stop_token_ids
+from eyas.training.params import FEATURE_SPLITS, ParamsError, load_params
 
 SPLITS = FEATURE_SPLITS
 IN_DIR, OUT_DIR = Path("data/conversations"), Path("data/distilled")
@@ -81,7 +81,7 @@ def run(p, in_dir: Path = IN_DIR, out_dir: Path = OUT_DIR, metrics_path: Path = 
     plans = {}
     if todo:
         if load_tokenizer is None:
-            from eyas.target import load_tokenizer_and_config as load_tokenizer
+            from eyas.target.model import load_tokenizer_and_config as load_tokenizer
         tokenizer, _ = load_tokenizer(p.target.path, p.target.gguf_file, p.target.trust_remote_code,
                                       revision=p.target.revision)
         for split in todo:
@@ -101,7 +101,7 @@ def run(p, in_dir: Path = IN_DIR, out_dir: Path = OUT_DIR, metrics_path: Path = 
             metrics["server"] = check_served_model(d.server)
         else:
             if load_target is None:
-                from eyas.target import load_target
+                from eyas.target.model import load_target
             t0 = time.time()
             target = load_target(p.target.path, p.target.gguf_file, p.target.dtype, p.target.trust_remote_code,
                                  tokenizer=tokenizer, revision=p.target.revision)

@@ -4,9 +4,9 @@ It is trained on a disjoint data slice (`publish`) with its own, differently siz
 draft ids are ordered by frequency, as some published drafters are, so `remap` has real work to do.
 Like the EAGLE-3 and SpecForge drafters it stands for, it learns from assistant tokens only
 (`train.loss_tokens: assistant` whatever params.yaml says), and its vocab is built from those tokens
-alone (no fill from other tokens: eyas.vocab.build_mapping).
+alone (no fill from other tokens: eyas.vocab.mapping.build_mapping).
 Reads params `seed`, `train`, `stand_in`, `target` (train.mode: online: the target runs here,
-eyas/online.py); reads `data/features/{publish,val}/`, `data/inputs/target.json`; writes
+eyas/training/online.py); reads `data/features/{publish,val}/`, `data/inputs/target.json`; writes
 `models/stand_in/` (servable checkpoint) and `metrics/stand_in.json`.
 Run: `python -m stages.stand_in`.
 """
@@ -16,15 +16,15 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from eyas.config import load_params
 from eyas.features import FeatureStore
-from eyas.online import capture_for
-from eyas.provenance import check, record
-from eyas.resume import code_digest
-from eyas.target import pick_device
-from eyas.tracking import start_stage_run
-from eyas.train import new_drafter, train_drafter
-from eyas.vocab import build_mapping, count_tokens
+from eyas.pipeline.provenance import check, record
+from eyas.pipeline.resume import code_digest
+from eyas.pipeline.tracking import start_stage_run
+from eyas.target.model import pick_device
+from eyas.training.loop import new_drafter, train_drafter
+from eyas.training.online import capture_for
+from eyas.training.params import load_params
+from eyas.vocab.mapping import build_mapping, count_tokens
 from stages.common import FEATURES, checkpoint_dir, target_head
 from stages.training import finish_training
 

@@ -4,7 +4,7 @@ Writes `models/target_gguf/`: the target's `config.json` and tokenizer files (wh
 converter reads through `--target-model-dir` for every drafter GGUF: vocab, layer count, hidden
 size) and, with `serve.engine: llamacpp`, `target.gguf`: the weights eyas evaluates, as
 transformers loads them (a GGUF target de-quantised), at `target.dtype` (float32 -> f32,
-bfloat16 -> bf16, float16 -> f16), written by llama.cpp's own converter (eyas/formats/gguf.py), so
+bfloat16 -> bf16, float16 -> f16), written by llama.cpp's own converter (eyas/export/gguf.py), so
 the engine serves the very weights eyas' own acceptance is measured on.
 Reads params `target`, `serve.engine`. Run: `python -m stages.target_gguf`.
 """
@@ -16,10 +16,10 @@ import time
 
 import torch
 
-from eyas.config import load_params
-from eyas.formats.gguf import OUTTYPES, convert, write_target_dir
-from eyas.target import load_target
-from eyas.tracking import start_stage_run
+from eyas.export.gguf import OUTTYPES, convert, write_target_dir
+from eyas.pipeline.tracking import start_stage_run
+from eyas.target.model import load_target
+from eyas.training.params import load_params
 from stages.common import TARGET_GGUF
 
 

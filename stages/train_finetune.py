@@ -1,10 +1,10 @@
 """DVC stage `train-finetune`: TTT fine-tuning of the remapped pretrained drafter.
 
 Reads params `lr` (top level, so `dvc exp run -S lr=5e-5` reruns only this stage and its eval),
-`seed`, `train`, `train_finetune`, `target` (train.mode: online: the target runs here, eyas/online.py);
+`seed`, `train`, `train_finetune`, `target` (train.mode: online: the target runs here, eyas/training/online.py);
 reads `data/features/`, `models/remapped/`, `data/inputs/target.json`; writes
 `models/finetune/`, `metrics/train_finetune.json`, `plots/train_finetune/`. Before the first update
-a step-0 gate stops a run whose val accuracy is at chance or under the floor (eyas.train.step0_gate).
+a step-0 gate stops a run whose val accuracy is at chance or under the floor (eyas.training.loop.step0_gate).
 Run: `python -m stages.train_finetune`.
 """
 
@@ -12,15 +12,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from eyas.config import load_params
+from eyas.export.load import load_drafter
 from eyas.features import FeatureStore, check_compatible
-from eyas.formats.load import load_drafter
-from eyas.online import capture_for
-from eyas.provenance import check, record
-from eyas.resume import code_digest
-from eyas.target import pick_device
-from eyas.tracking import start_stage_run
-from eyas.train import step0_gate, train_drafter
+from eyas.pipeline.provenance import check, record
+from eyas.pipeline.resume import code_digest
+from eyas.pipeline.tracking import start_stage_run
+from eyas.target.model import pick_device
+from eyas.training.loop import step0_gate, train_drafter
+from eyas.training.online import capture_for
+from eyas.training.params import load_params
 from stages.common import FEATURES, checkpoint_dir, target_head
 from stages.training import finish_training
 

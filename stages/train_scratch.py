@@ -1,7 +1,7 @@
 """DVC stage `train-scratch`: TTT-train an EAGLE-3 drafter from random initialisation.
 
 Reads params `seed`, `train`, `train_scratch`, `target` (train.mode: online: the target runs here,
-eyas/online.py); reads `data/features/`, `models/vocab/`, `data/inputs/target.json`; writes
+eyas/training/online.py); reads `data/features/`, `models/vocab/`, `data/inputs/target.json`; writes
 `models/scratch/` (servable checkpoint), `metrics/train_scratch.json`, `plots/train_scratch/`.
 Run: `python -m stages.train_scratch`.
 """
@@ -10,15 +10,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from eyas.config import load_params
 from eyas.features import FeatureStore
-from eyas.online import capture_for
-from eyas.provenance import check, record
-from eyas.resume import code_digest
-from eyas.target import pick_device
-from eyas.tracking import start_stage_run
-from eyas.train import new_drafter, train_drafter
-from eyas.vocab import load_mapping
+from eyas.pipeline.provenance import check, record
+from eyas.pipeline.resume import code_digest
+from eyas.pipeline.tracking import start_stage_run
+from eyas.target.model import pick_device
+from eyas.training.loop import new_drafter, train_drafter
+from eyas.training.online import capture_for
+from eyas.training.params import load_params
+from eyas.vocab.mapping import load_mapping
 from stages.common import FEATURES, VOCAB, checkpoint_dir, target_head
 from stages.training import finish_training
 

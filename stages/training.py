@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from eyas import checkpoint, plots
-from eyas.distributed import is_main
-from eyas.drafter import Eagle3Drafter
-from eyas.files import write_json, write_tsv
-from eyas.formats.eagle import save_drafter
-from eyas.provenance import FILE as FINGERPRINT
-from eyas.train import TrainResult
+from eyas.drafter.model import Eagle3Drafter
+from eyas.export.eagle import save_drafter
+from eyas.io import write_json, write_tsv
+from eyas.pipeline import plots
+from eyas.pipeline.provenance import FILE as FINGERPRINT
+from eyas.training import checkpoint
+from eyas.training.distributed import is_main
+from eyas.training.loop import TrainResult
 from stages.common import METRICS, PLOTS, VOCAB_REPORTS, checkpoint_dir
 
 
@@ -23,7 +24,7 @@ def finish_training(stage: str, drafter: Eagle3Drafter, result: TrainResult, out
     Under torchrun only rank 0 writes (the others return an empty dict)."""
     if not is_main():
         return {}
-    # the fingerprint (eyas/provenance.py) goes beside the weights: readers refuse a stale drafter
+    # the fingerprint (eyas/pipeline/provenance.py) goes beside the weights: readers refuse a stale drafter
     save_drafter(drafter.cpu(), out_dir, extra_files={FINGERPRINT: fingerprint} if fingerprint else None)
     name = stage.replace("-", "_")
     metrics = {

@@ -34,7 +34,7 @@ def tiny_greedy():
     Module-scoped: the chain-oracle and tree tests share it with their trained drafter."""
     import torch
 
-    from eyas.speculative import greedy_generate
+    from eyas.eval.speculative import greedy_generate
     from tests.tiny import VOCAB, tiny_target
 
     threads = torch.get_num_threads()

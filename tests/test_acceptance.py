@@ -1,12 +1,12 @@
-"""eyas.acceptance: timing a subset and taking the rest from batched greedy + the exact oracle
+"""eyas.eval.acceptance: timing a subset and taking the rest from batched greedy + the exact oracle
 reports the same acceptance as decoding every prompt for real."""
 
 from __future__ import annotations
 
 import torch
 
-from eyas.acceptance import evaluate_benchmark, k_sweep
-from eyas.drafter import DrafterConfig, Eagle3Drafter
+from eyas.drafter.model import DrafterConfig, Eagle3Drafter
+from eyas.eval.acceptance import evaluate_benchmark, k_sweep
 from tests.tiny import VOCAB, tiny_target
 
 DECODING = ("accept_len", "accept_len_per_prompt_mean", "per_position_accept_rate", "accepted_histogram",

@@ -1,4 +1,4 @@
-"""The kernel choices as one explicit object: eyas/backend.py, read from params.yaml's
+"""The kernel choices as one explicit object: eyas/drafter/backend.py, read from params.yaml's
 ``train.backend`` and passed down; nothing in eyas/stages/benchmarks reads or writes an
 environment variable for them."""
 
@@ -13,8 +13,8 @@ import pytest
 import torch
 import yaml
 
-from eyas.backend import REFERENCE, Backend, BackendError
-from eyas.config import ParamsError, load_params, parse_params
+from eyas.drafter.backend import REFERENCE, Backend, BackendError
+from eyas.training.params import ParamsError, load_params, parse_params
 
 ROOT = Path(__file__).resolve().parents[1]
 FAST = Backend(attention="auto", compile=True, compile_layers=True, triton=True, cuda_graphs=True)
@@ -68,7 +68,7 @@ def test_cuda_choices_follow_the_fields():
 
 
 def test_compile_registry_follows_the_backend():
-    from eyas.compiling import compiled
+    from eyas.drafter.compiling import compiled
 
     def f(x):
         return x + 1

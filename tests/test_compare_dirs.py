@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from eyas.compare import CompareError, compare_dirs, lock_params
+from eyas.pipeline.compare import CompareError, compare_dirs, lock_params
 
 LOCK = """schema: '2.0'
 stages:

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from eyas import config
-from eyas.config import (
+from eyas.training import params as config
+from eyas.training.params import (
     DEFAULTS_FILE,
     Params,
     ParamsError,
@@ -199,12 +199,13 @@ def test_no_default_value_outside_params_yaml():
     did before); every field must take its value from params.yaml."""
     with_default = [k for k, f in _schema_keys(Params).items()
                     if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING]
-    assert with_default == [], f"eyas/config.py gives these fields defaults (params.yaml holds them): {with_default}"
+    assert with_default == [], \
+        f"eyas/training/params.py gives these fields defaults (params.yaml holds them): {with_default}"
 
 
 def test_repo_params_yaml_sets_every_schema_key_and_no_other():
     assert DEFAULTS_FILE == Path(__file__).resolve().parents[1] / "params.yaml"
-    raw = yaml.safe_load(DEFAULTS_FILE.read_text())  # read without eyas.config
+    raw = yaml.safe_load(DEFAULTS_FILE.read_text())  # read without eyas.training.params
     assert _yaml_keys(raw) == set(_schema_keys(Params))
     flat = flatten(default_params())  # the defaults are exactly the file's values
     assert flat == flatten(raw)

@@ -1,4 +1,4 @@
-"""Tests for eyas.data: sources, splits, JSONL I/O, the assistant-only loss mask, eval prompts."""
+"""Tests for eyas.data.conversations: sources, splits, JSONL I/O, the assistant-only loss mask, eval prompts."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from eyas.data import (
+from eyas.data.conversations import (
     DataError,
     chat_prompts,
     humaneval_prompts,

@@ -9,10 +9,10 @@ import pytest
 import torch
 from transformers import GenerationConfig
 
-from eyas.config import ParamsError, load_params
-from eyas.data import DataError, read_jsonl, write_jsonl
-from eyas.distill import Journal, fit_prompt, generate_batch, plan_prompts, regenerate, turn_prompts
-from eyas.speculative import greedy_generate
+from eyas.data.conversations import DataError, read_jsonl, write_jsonl
+from eyas.data.distill import Journal, fit_prompt, generate_batch, plan_prompts, regenerate, turn_prompts
+from eyas.eval.speculative import greedy_generate
+from eyas.training.params import ParamsError, load_params
 from stages import self_distill
 from tests.tiny import VOCAB, tiny_target
 

@@ -1,6 +1,6 @@
 """Data-parallel TTT training: 2 CPU processes (gloo) give the same losses as 1 process on the
 same global batch, with DDP and with FSDP2 (whose checkpoints resume and whose export is the
-one-process format), plus the helpers of eyas/distributed.py and eyas/launch.py."""
+one-process format), plus the helpers of eyas/training/distributed.py and eyas/training/launch.py."""
 
 from __future__ import annotations
 
@@ -16,14 +16,14 @@ import torch
 import torch.multiprocessing as mp
 from safetensors.torch import load_file
 
-from eyas import distributed as D
-from eyas import launch
-from eyas.config import default_params
-from eyas.drafter import DrafterConfig, Eagle3Drafter
+from eyas.drafter.model import DrafterConfig, Eagle3Drafter
+from eyas.export.eagle import save_drafter
 from eyas.features import FeatureStore, ShardWriter
-from eyas.formats.eagle import save_drafter
-from eyas.tracking import Tracker
-from eyas.train import train_drafter
+from eyas.pipeline.tracking import Tracker
+from eyas.training import distributed as D
+from eyas.training import launch
+from eyas.training.loop import train_drafter
+from eyas.training.params import default_params
 
 H, V, DV, AUX = 32, 128, 64, 3
 ROW = 24  # longest sample: the packed row length

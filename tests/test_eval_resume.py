@@ -1,10 +1,10 @@
-"""A killed eval-accept-len resumes the parts it finished (eyas/resume.py, stages/eval_accept_len.py).
+"""A killed eval-accept-len resumes the parts it finished (eyas/pipeline/resume.py, stages/eval_accept_len.py).
 
 The stage's body (`run`) on the tiny target with a briefly trained drafter, in a temporary
 workspace; the kill is a fault injected into the real evaluate_benchmark / evaluate_served (an
 exception on a chosen call), which also count the calls. A rerun must not call a finished part
 again, and must print, log and write what the interrupted run saved; the rest of the metrics must
-equal an uninterrupted run's apart from wall-clock figures. Plus :class:`eyas.resume.Parts` alone.
+equal an uninterrupted run's apart from wall-clock figures. Plus :class:`eyas.pipeline.resume.Parts` alone.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ import pytest
 import torch
 
 import stages.eval_accept_len as stage
-from eyas.config import default_params
-from eyas.resume import Parts
-from eyas.tracking import Tracker
+from eyas.pipeline.resume import Parts
+from eyas.pipeline.tracking import Tracker
+from eyas.training.params import default_params
 from tests.tiny import trained_drafter
 
 K = 3
@@ -148,7 +148,7 @@ def test_killed_eval_resumes_finished_parts(setup, ws, monkeypatch, capsys):
 def test_resumed_parts_are_judged_by_the_code_that_runs_now(setup, ws, monkeypatch, capsys):
     """Killed, then the verdict code changes before the rerun: the resumed chat part and the fresh
     humaneval part both carry the new code's verdict (one metrics file never mixes two versions)."""
-    from eyas import eval_checks
+    from eyas.eval import checks as eval_checks
 
     run(setup, ws, monkeypatch, capsys, kill_at=("chain", 2))
     real = eval_checks.serving_verdict
@@ -216,13 +216,13 @@ def test_parts_resume_store_and_replace(tmp_path):
 
 def test_code_digest_covers_the_files_the_stage_imports():
     """The digest is over the stage's import closure: stable, and another stage's code (another
-    closure) gives another digest; eyas/resume.py itself is in the eval stage's closure."""
-    from eyas.resume import code_digest
-    from eyas.stage_deps import closure
+    closure) gives another digest; eyas/pipeline/resume.py itself is in the eval stage's closure."""
+    from eyas.pipeline.resume import code_digest
+    from eyas.pipeline.stage_deps import closure
 
     assert code_digest("stages.eval_accept_len") == code_digest("stages.eval_accept_len")
     assert code_digest("stages.eval_accept_len") != code_digest("stages.build_vocab")
-    assert "eyas/resume.py" in closure(Path(__file__).resolve().parents[1], ["stages.eval_accept_len"])
+    assert "eyas/pipeline/resume.py" in closure(Path(__file__).resolve().parents[1], ["stages.eval_accept_len"])
 
 
 def test_a_malformed_part_is_recomputed_and_a_directory_is_named(setup, ws, monkeypatch, capsys):

@@ -1,8 +1,8 @@
 """DVC experiments, the queue and MLflow working together, with the REAL dvc and mlflow CLIs.
 
 A tiny three-stage pipeline in a temporary git + DVC repo (no model, trivial work) whose stage
-scripts use the real ``eyas.config`` (typed params), ``eyas.tracking`` (MLflow store anchored at
-``$DVC_ROOT``, parent/child runs) and ``eyas.plots`` (PNG artifacts)::
+scripts use the real ``eyas.training.params`` (typed params), ``eyas.pipeline.tracking`` (MLflow store anchored at
+``$DVC_ROOT``, parent/child runs) and ``eyas.pipeline.plots`` (PNG artifacts)::
 
     prepare-data (params: data) -> train-finetune (params: lr) -> eval-accept-len@finetune
 
@@ -15,7 +15,7 @@ It shows (docs/dvc-mlflow.md §2 and §4):
       ``eyas compare`` puts them side by side;
   (c) an unknown key in params.yaml fails before any compute, naming the key's path;
   (d) ``dvc exp show --json`` lists the metrics of the baseline and both experiments.
-Plus unit tests of eyas.plots, eyas.compare and stages/training.finish_training's artifacts on an
+Plus unit tests of eyas.pipeline.plots, eyas.pipeline.compare and stages/training.finish_training's artifacts on an
 in-process store.
 
 Run: ``python -m pytest tests/test_experiments.py -q`` (about 2 minutes on 2 CPU cores; the
@@ -41,9 +41,9 @@ import yaml
 mlflow = pytest.importorskip("mlflow")
 from mlflow import MlflowClient  # noqa: E402
 
-from eyas import compare as eyas_compare  # noqa: E402
-from eyas import plots, tracking  # noqa: E402
-from eyas.config import parse_params  # noqa: E402
+from eyas.pipeline import compare as eyas_compare  # noqa: E402
+from eyas.pipeline import plots, tracking  # noqa: E402
+from eyas.training.params import parse_params  # noqa: E402
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 QUEUE_TIMEOUT_S = 240
@@ -87,8 +87,8 @@ PREPARE = '''\
 """Stage prepare-data: reads params `data`."""
 import json
 from pathlib import Path
-from eyas.config import load_params
-from eyas.tracking import start_stage_run
+from eyas.training.params import load_params
+from eyas.pipeline.tracking import start_stage_run
 
 p = load_params()  # an unknown key or a wrong type fails HERE, before any compute
 print("COMPUTE prepare-data", flush=True)
@@ -104,9 +104,9 @@ TRAIN = '''\
 """Stage train-finetune: reads params `lr` (top level); a fake curve that depends on lr."""
 import json, math
 from pathlib import Path
-from eyas.config import load_params
-from eyas.plots import ttt_curves_figure
-from eyas.tracking import start_stage_run
+from eyas.training.params import load_params
+from eyas.pipeline.plots import ttt_curves_figure
+from eyas.pipeline.tracking import start_stage_run
 
 p = load_params()
 print("COMPUTE train-finetune", flush=True)
@@ -132,9 +132,9 @@ EVALUATE = '''\
 """Stage eval-accept-len@<drafter>: reads out/model.json; no params."""
 import json, sys
 from pathlib import Path
-from eyas.config import load_params
-from eyas.plots import accept_len_figure
-from eyas.tracking import start_stage_run
+from eyas.training.params import load_params
+from eyas.pipeline.plots import accept_len_figure
+from eyas.pipeline.tracking import start_stage_run
 
 name = sys.argv[1]
 p = load_params()
@@ -249,7 +249,7 @@ def test_exp_run_set_param_reruns_only_lr_stages(repo):
     assert yaml.safe_load((repo / "params.yaml").read_text())["lr"] == "5e-05"
     lock = yaml.safe_load((repo / "dvc.lock").read_text())
     assert lock["stages"]["train-finetune"]["params"]["params.yaml"]["lr"] == "5e-05"
-    # ... and eyas.config hands the stage a float
+    # ... and eyas.training.params hands the stage a float
     model = json.loads((repo / "out" / "model.json").read_text())
     assert model["lr"] == 5e-05 and model["lr_type"] == "float"
     assert json.loads((repo / "metrics" / "train.json").read_text())["lr"] == 5e-05
@@ -426,7 +426,7 @@ def test_exp_show_json_lists_metrics(repo, queued):
 
 
 # --------------------------------------------------------------------------------------------
-# Unit tests: eyas.plots and eyas.compare (in-process, no DVC)
+# Unit tests: eyas.pipeline.plots and eyas.pipeline.compare (in-process, no DVC)
 
 
 def test_plots_render_pngs(tmp_path):
@@ -552,8 +552,8 @@ def test_finish_training_logs_pngs_config_and_vocab_report(unit_store, monkeypat
     import torch
     from tiny import tiny_target, write_features
 
-    from eyas.train import new_drafter, train_drafter
-    from eyas.vocab import build_mapping, count_tokens, save_mapping
+    from eyas.training.loop import new_drafter, train_drafter
+    from eyas.vocab.mapping import build_mapping, count_tokens, save_mapping
     from stages import common, training
 
     target = tiny_target()

@@ -9,9 +9,9 @@ import struct
 import pytest
 import torch
 
-from eyas.drafter import DrafterConfig, Eagle3Drafter
-from eyas.formats.eagle import SERVED_KEYS, ExportError, check_served_tensors, save_drafter
-from eyas.formats.load import load_drafter
+from eyas.drafter.model import DrafterConfig, Eagle3Drafter
+from eyas.export.eagle import SERVED_KEYS, ExportError, check_served_tensors, save_drafter
+from eyas.export.load import load_drafter
 
 V, VD = 128, 16
 
@@ -122,7 +122,7 @@ def test_unknown_key_is_an_error(extra):
 
 
 def test_unknown_key_in_a_file_refuses_to_load(tmp_path):
-    from eyas.files import save_safetensors
+    from eyas.io import save_safetensors
     d = make_drafter()
     save_drafter(d, tmp_path / "out")
     t = dict(d.state_dict_for_export(), **{"midlayer.extra_norm.weight": torch.ones(32)})

@@ -11,7 +11,6 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from eyas.config import ParamsError, parse_params
 from eyas.features import (
     FP8,
     FeatureError,
@@ -24,7 +23,8 @@ from eyas.features import (
     estimate_split_bytes,
     quantize_fp8,
 )
-from eyas.ttt import PackedLoader
+from eyas.training.batches import PackedLoader
+from eyas.training.params import ParamsError, parse_params
 
 sys.path.insert(0, str(Path(__file__).parent))
 

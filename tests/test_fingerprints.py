@@ -1,4 +1,4 @@
-"""Fingerprints checked at load (eyas/provenance.py), and the params-file readings DVC and eyas share.
+"""Fingerprints checked at load (eyas/pipeline/provenance.py), and the params-file readings DVC and eyas share.
 
 A workspace with tiny features whose manifests carry extract's fingerprint; the real build-vocab
 stage writes models/vocab; then the stages that read them run on their own (as `dvc repro -s` or
@@ -18,10 +18,10 @@ import pytest
 import yaml
 from tiny import tiny_target, write_features
 
-from eyas import provenance
-from eyas.config import ParamsError, load_params
-from eyas.files import save_safetensors
-from eyas.provenance import StaleError
+from eyas.io import save_safetensors
+from eyas.pipeline import provenance
+from eyas.pipeline.provenance import StaleError
+from eyas.training.params import ParamsError, load_params
 
 REPO = Path(__file__).resolve().parents[1]
 PARAMS = {"seed": 0, "target": {"path": "./target"}, "vocab": {"draft_vocab_size": 16},
@@ -138,7 +138,9 @@ def test_yes_is_a_string_for_eyas_as_for_dvc(tmp_path):
 
 STAGE = """stages:
   check:
-    cmd: python -c "from eyas.config import load_params; print('override', load_params().train_finetune.gate_override)"
+    cmd: >-
+      python -c "from eyas.training.params import load_params;
+      print('override', load_params().train_finetune.gate_override)"
     params: [train_finetune, train]
 """
 

@@ -1,4 +1,4 @@
-"""The checkpoint-format package: one reader of HF config fields, and no import cycle in eyas."""
+"""The one reader of HF config fields (eyas/target/hf_config.py); import cycles: tests/test_import_graph.py."""
 
 from __future__ import annotations
 
@@ -7,37 +7,9 @@ from pathlib import Path
 import pytest
 from transformers import LlamaConfig
 
-from eyas import rope, stage_deps
-from eyas.formats import hf_config
+from eyas.target import hf_config, rope
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _module(f: Path) -> str:
-    name = ".".join(f.relative_to(ROOT).with_suffix("").parts)
-    return name.removesuffix(".__init__")
-
-
-def test_eyas_imports_have_no_cycle():
-    """Every import (top level or inside a function) between eyas modules, as eyas/stage_deps.py
-    reads them: the graph is acyclic (it held eyas.export <-> eyas.speculators_format and
-    eyas.drafter -> eyas.head_loss -> eyas.drafter)."""
-    files = {_module(f): f for f in (ROOT / "eyas").rglob("*.py")}
-    graph = {m: {d for d in stage_deps._imported_modules(f, m) if d in files and d != m} for m, f in files.items()}
-    assert {f"eyas.formats.{m}" for m in ("eagle", "speculators", "load", "hf_config")} <= set(graph)
-    state: dict[str, int] = {}  # 1: on the current path, 2: done
-
-    def visit(m: str, path: list[str]) -> None:
-        state[m] = 1
-        for d in sorted(graph[m]):
-            assert state.get(d) != 1, "import cycle: " + " -> ".join(path[path.index(d):] + [d])
-            if d not in state:
-                visit(d, path + [d])
-        state[m] = 2
-
-    for m in sorted(graph):
-        if m not in state:
-            visit(m, [m])
 
 
 def test_head_dim_and_kv_heads_from_dicts_and_transformers_configs():
@@ -60,5 +32,5 @@ def test_rope_theta_precedence():
     assert hf_config.rope_theta(v5) == 1e6
     c = LlamaConfig(rope_theta=250000.0)
     assert hf_config.rope_theta(c) == 250000.0  # transformers 4: rope_theta; 5: rope_parameters
-    # eyas/rope.py's normal form takes its base from the same reader
+    # eyas/target/rope.py's normal form takes its base from the same reader
     assert rope.normalise({"rope_parameters": {"rope_type": "default", "rope_theta": 1e6}}) == (1e6, None)

@@ -17,12 +17,12 @@ from gguf import GGUFReader, GGUFWriter
 from safetensors.torch import save_file
 
 from eyas.cli import main
-from eyas.drafter import DrafterConfig, Eagle3Drafter
-from eyas.files import load_safetensors
-from eyas.formats import gguf
-from eyas.formats.eagle import save_drafter
-from eyas.inspector import inspect_checkpoint, inspect_gguf, render_gguf
-from eyas.vocab import VocabMapping, save_mapping
+from eyas.drafter.model import DrafterConfig, Eagle3Drafter
+from eyas.export import gguf
+from eyas.export.eagle import save_drafter
+from eyas.export.inspector import inspect_checkpoint, inspect_gguf, render_gguf
+from eyas.io import load_safetensors
+from eyas.vocab.mapping import VocabMapping, save_mapping
 
 L, H, V, VD = 30, 576, 49152, 256
 DEFAULT = [2, 15, 27]  # [2, L//2, L-3] for L = 30
@@ -66,7 +66,7 @@ def converted(tmp_path_factory):
         pytest.skip(f"llama.cpp's converter is not installed at {gguf.CONVERTER} (scripts/build_llama_server.sh)")
     from transformers import LlamaForCausalLM
 
-    from eyas.target import load_tokenizer_and_config
+    from eyas.target.model import load_tokenizer_and_config
 
     tmp = tmp_path_factory.mktemp("gguf")
     tokenizer, cfg = load_tokenizer_and_config("embedded")
@@ -254,7 +254,7 @@ def test_what_llama_cpp_would_refuse_or_misserve_in_the_file_itself(tmp_path):
 
 def test_target_layers_are_checked_in_llama_cpps_meaning(tmp_path):
     info = gguf.read_drafter(_write_gguf(tmp_path / "a.gguf", target_layers=(2, 15, 30)))
-    # id L = 30: the residual before the final norm, in eyas (eyas.layers.capture_aux) as in llama.cpp
+    # id L = 30: the residual before the final norm, in eyas (eyas.target.layers.capture_aux) as in llama.cpp
     assert gguf.check_against(info, aux_layers=[2, 15, 30], num_target_layers=30) == []
     p = gguf.check_against(info, aux_layers=[2, 15, 29], num_target_layers=30)  # negative control
     assert len(p) == 1 and "target_layers [2, 15, 30] != the given aux_layers [2, 15, 29]" in p[0], p

@@ -1,4 +1,4 @@
-"""eyas/graphed.py: padding to a static shape leaves the TTT loss, gradients and counts unchanged
+"""eyas/training/graphed.py: padding to a static shape leaves the TTT loss, gradients and counts unchanged
 (CPU), and on CUDA one graph replay gives the eager loss and gradients for batches whose documents
 differ (the block mask is rebuilt inside the graph)."""
 
@@ -9,11 +9,11 @@ import dataclasses
 import pytest
 import torch
 
-from eyas.backend import Backend
-from eyas.drafter import DrafterConfig, Eagle3Drafter
-from eyas.graphed import GraphedTTT
-from eyas.ttt import Batch, autocast, pad_batch
-from eyas.unroll import TTTUnroll, ttt_forward
+from eyas.drafter.backend import Backend
+from eyas.drafter.model import DrafterConfig, Eagle3Drafter
+from eyas.training.batches import Batch, autocast, pad_batch
+from eyas.training.graphed import GraphedTTT
+from eyas.training.unroll import TTTUnroll, ttt_forward
 
 CFG = DrafterConfig(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
                     head_dim=16, vocab_size=100, draft_vocab_size=40, target_hidden_size=32, num_target_layers=8)
@@ -95,11 +95,11 @@ def test_training_stage_with_graphs_matches_eager(tmp_path, monkeypatch):
     """train_drafter on a GPU, the default (graph replay: padded static batches, one capture)
     against ``train.backend.cuda_graphs: false`` (eager): same train losses, val metrics and weights to bf16
     precision over 6 optimizer steps."""
-    import eyas.graphed as graphed
-    from eyas.config import default_params
-    from eyas.tracking import Tracker
-    from eyas.train import new_drafter, train_drafter
-    from eyas.vocab import build_mapping, count_tokens
+    import eyas.training.graphed as graphed
+    from eyas.pipeline.tracking import Tracker
+    from eyas.training.loop import new_drafter, train_drafter
+    from eyas.training.params import default_params
+    from eyas.vocab.mapping import build_mapping, count_tokens
     from tests.tiny import tiny_target, write_features
 
     target = tiny_target()
@@ -133,7 +133,7 @@ def test_training_stage_with_graphs_matches_eager(tmp_path, monkeypatch):
 
 
 class _Loader:
-    """The two attributes and the method :func:`eyas.unroll.evaluate` reads of a loader."""
+    """The two attributes and the method :func:`eyas.training.unroll.evaluate` reads of a loader."""
 
     def __init__(self, batches: list[Batch], rows: int, row_tokens: int):
         self.bs, self.rows_per_batch, self.row_tokens = batches, rows, row_tokens
@@ -151,8 +151,8 @@ def test_validation_compiles_once_for_batches_of_every_length():
     reference backend's."""
     from torch._dynamo.utils import counters
 
-    from eyas.backend import REFERENCE
-    from eyas.unroll import evaluate
+    from eyas.drafter.backend import REFERENCE
+    from eyas.training.unroll import evaluate
 
     d, head = drafter("cuda")
     bs = [batch(rows, seed=s) for s, rows in enumerate([[[40, 20]], [[30, 42], [16]], [[70], [50, 38]], [[96]]])]

@@ -1,4 +1,4 @@
-"""The head loss with its gradient made in the forward (eyas/head_loss.py): a hand-worked value and
+"""The head loss with its gradient made in the forward (eyas/drafter/head_loss.py): a hand-worked value and
 gradient, gradients against autograd through torch's own soft-target cross-entropy in float64,
 and a whole TTT unroll's loss and parameter gradients against the same unroll with that plain
 autograd loss swapped in."""
@@ -9,9 +9,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import eyas.unroll as unroll
-from eyas.backend import Backend
-from eyas.head_loss import head_loss
+import eyas.training.unroll as unroll
+from eyas.drafter.backend import Backend
+from eyas.drafter.head_loss import head_loss
 from tests.test_ttt import make_batch, make_drafter
 
 

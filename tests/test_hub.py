@@ -1,4 +1,4 @@
-"""Hub ids for target.path and remap.source (eyas/hub.py), offline against a real HF cache layout.
+"""Hub ids for target.path and remap.source (eyas/target/hub.py), offline against a real HF cache layout.
 
 The cache is made here, in huggingface_hub's layout (``models--org--name/{refs/main,
 snapshots/<sha>/}``), from the embedded target's tokenizer and config (a small random model of its
@@ -42,8 +42,8 @@ def hub_cache(tmp_path_factory, smollm_tokenizer):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from eyas.drafter import DrafterConfig, Eagle3Drafter
-    from eyas.formats.eagle import save_drafter
+    from eyas.drafter.model import DrafterConfig, Eagle3Drafter
+    from eyas.export.eagle import save_drafter
 
     cache = tmp_path_factory.mktemp("hf_cache")
     tok = smollm_tokenizer
@@ -96,9 +96,9 @@ def offline(hub_cache):
     """Every hub load, in one offline subprocess (imports once): what each returned or raised."""
     return _offline(hub_cache, f"""
         import json
-        from eyas.config import RemapParams
-        from eyas.formats.load import load_drafter
-        from eyas.target import TargetError, load_target, load_tokenizer_and_config
+        from eyas.training.params import RemapParams
+        from eyas.export.load import load_drafter
+        from eyas.target.model import TargetError, load_target, load_tokenizer_and_config
         from stages.remap import source_dir
         res = {{}}
         t = load_target("eyas-test/tiny-chat", revision="{SHA}")
@@ -129,8 +129,8 @@ def offline(hub_cache):
         # self-distill renders its prompts with the tokenizer at target.revision, not main's
         import tempfile
         from pathlib import Path
-        from eyas.config import load_params
-        from eyas.data import render_prompt
+        from eyas.training.params import load_params
+        from eyas.data.conversations import render_prompt
         from stages import self_distill
         ws = Path(tempfile.mkdtemp())
         (ws / "params.yaml").write_text(json.dumps({{
@@ -199,7 +199,7 @@ def test_a_missing_revision_repo_or_file_and_pickled_weights_are_refused_by_name
 
 
 def test_a_hub_drafter_loads_as_the_local_one(hub_cache, offline):
-    from eyas.formats.load import load_drafter
+    from eyas.export.load import load_drafter
 
     snap = hub_cache / "models--eyas-test--drafter" / "snapshots" / OTHER_SHA
     ref = load_drafter(snap, num_target_layers=4)

@@ -1,4 +1,4 @@
-"""Hub ids that have the ``org/name`` shape but break huggingface_hub's rules (eyas/hub.py).
+"""Hub ids that have the ``org/name`` shape but break huggingface_hub's rules (eyas/target/hub.py).
 
 ``validate_repo_id`` runs before any download, so these need no network and no cache: each is
 refused with the module's error naming the params key, never a raw ``HFValidationError``.
@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from eyas.config import RemapParams
-from eyas.hub import HubError, is_hub_id, snapshot
-from eyas.target import TargetError, load_tokenizer_and_config
+from eyas.target.hub import HubError, is_hub_id, snapshot
+from eyas.target.model import TargetError, load_tokenizer_and_config
+from eyas.training.params import RemapParams
 from stages.remap import source_dir
 
 BAD = [("org/name.git", "cannot end by '.git'"), ("org/na--me", "Cannot have -- or .."),

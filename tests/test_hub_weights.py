@@ -1,4 +1,4 @@
-"""Which weight files a hub snapshot fetches (eyas/hub.py ``weight_files``): the ones transformers
+"""Which weight files a hub snapshot fetches (eyas/target/hub.py ``weight_files``): the ones transformers
 loads, never a second copy in another layout. Pure over a repository's file list and its index, so
 no network and no cache are needed; the layouts are those of real repositories."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from huggingface_hub.utils import filter_repo_objects
 
-from eyas.hub import HubError, weight_files
+from eyas.target.hub import HubError, weight_files
 
 META = [".gitattributes", "README.md", "config.json", "generation_config.json", "tokenizer.json",
         "tokenizer_config.json", "special_tokens_map.json"]

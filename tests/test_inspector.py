@@ -10,13 +10,13 @@ import pytest
 import torch
 
 from eyas.cli import main
-from eyas.drafter import DrafterConfig, Eagle3Drafter
-from eyas.files import load_safetensors, save_safetensors
-from eyas.formats.eagle import ExportError, save_drafter
-from eyas.formats.load import load_drafter
-from eyas.formats.speculators import SpeculatorsFormatError, read_speculators, write_speculators
-from eyas.inspector import inspect_checkpoint, render
-from eyas.vocab import VocabMapping, save_mapping
+from eyas.drafter.model import DrafterConfig, Eagle3Drafter
+from eyas.export.eagle import ExportError, save_drafter
+from eyas.export.inspector import inspect_checkpoint, render
+from eyas.export.load import load_drafter
+from eyas.export.speculators import SpeculatorsFormatError, read_speculators, write_speculators
+from eyas.io import load_safetensors, save_safetensors
+from eyas.vocab.mapping import VocabMapping, save_mapping
 
 V, VD, H = 16, 4, 8
 LAYER_KEYS = ["hidden_norm.weight", "input_layernorm.weight", "mlp.down_proj.weight", "mlp.gate_proj.weight",
@@ -290,7 +290,7 @@ def test_cli_module_entry_runs(tmp_path):
 def test_hardcoded_llama_defaults_match_transformers():
     import transformers
 
-    from eyas.formats.speculators import LLAMA_DEFAULTS
+    from eyas.export.speculators import LLAMA_DEFAULTS
     c = transformers.LlamaConfig()
     rope = (getattr(c, "rope_parameters", None) or {}).get("rope_theta") or getattr(c, "rope_theta", None)
     for k, v in LLAMA_DEFAULTS.items():

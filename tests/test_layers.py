@@ -7,12 +7,12 @@ import pytest
 import torch
 import transformers
 
-from eyas import layers
-from eyas.drafter import DrafterConfig, Eagle3Drafter
+from eyas.drafter.model import DrafterConfig, Eagle3Drafter
+from eyas.export.eagle import ExportError, save_drafter, to_hf_config
+from eyas.export.load import load_drafter
 from eyas.features import LAYER_CONVENTION, FeatureError, check_compatible
-from eyas.formats.eagle import ExportError, save_drafter, to_hf_config
-from eyas.formats.load import load_drafter
-from eyas.target import Target
+from eyas.target import layers
+from eyas.target.model import Target
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +107,7 @@ def test_id_L_is_the_pre_norm_residual_in_every_capture(tiny_target):
     the last decoder layer, independently of eyas' hook on the norm. Negative control: it is not
     HF's post-norm hidden_states[8] (which is the norm of it). Speculative decoding feeds the
     drafter the same states as extract stores (cached forwards: close, not bit-equal)."""
-    from eyas.speculative import speculative_generate
+    from eyas.eval.speculative import speculative_generate
 
     m = tiny_target.model
     torch.manual_seed(3)
@@ -141,7 +141,8 @@ def test_id_L_is_the_pre_norm_residual_in_every_capture(tiny_target):
 def test_features_with_post_norm_id_L_are_refused(tmp_path):
     """A manifest written before eyas captured id L pre-norm (no aux_layer_L key) is refused by name
     when it holds id L; one without id L, or with the key, opens."""
-    from tiny import tiny_target as tiny, write_features
+    from tiny import tiny_target as tiny
+    from tiny import write_features
 
     from eyas.features import AUX_AT_L, MANIFEST, PRE_NORM, FeatureStore
 
@@ -167,7 +168,7 @@ def test_describe_says_per_engine_what_id_L_means():
 
 
 def test_inspect_names_what_id_L_means_per_engine(tmp_path):
-    from eyas.inspector import inspect_checkpoint
+    from eyas.export.inspector import inspect_checkpoint
 
     save_drafter(_drafter([2, 4, 8]), tmp_path / "d")
     r = inspect_checkpoint(tmp_path / "d")

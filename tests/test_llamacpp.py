@@ -2,9 +2,9 @@
 
 A drafter is trained on the embedded SmolLM2 target's own greedy replies to six HumanEval prompts
 (it learns them well, so its acceptance is far from 1), converted by llama.cpp's converter
-(eyas.formats.gguf), and served with the target at the precision eyas evaluates it (an F32 GGUF of
+(eyas.export.gguf), and served with the target at the precision eyas evaluates it (an F32 GGUF of
 the same de-quantised weights). The engine's counters (``timings.draft_n_accepted``) are held to
-eyas' own decoding loop on the same prompts (eyas.llamacpp.agreement), and the engine's output with
+eyas' own decoding loop on the same prompts (eyas.eval.llamacpp.agreement), and the engine's output with
 the drafter to its own output without it (lossless).
 
 Negative controls: the same drafter with its aux layer ids shifted by one, and with its d2t
@@ -23,18 +23,18 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from eyas.acceptance import evaluate_benchmark
-from eyas.config import default_params
-from eyas.data import humaneval_prompts
+from eyas.data.conversations import humaneval_prompts
+from eyas.eval.acceptance import evaluate_benchmark
+from eyas.eval.llamacpp import EngineError, agreement, serve_benchmark, server_binary
+from eyas.eval.speculative import greedy_generate
+from eyas.export.eagle import save_drafter
+from eyas.export.gguf import CONVERTER, ServeMismatchError, convert, require_served_as_trained, write_target_dir
 from eyas.features import FeatureStore, ShardWriter
-from eyas.formats.eagle import save_drafter
-from eyas.formats.gguf import CONVERTER, ServeMismatchError, convert, require_served_as_trained, write_target_dir
-from eyas.llamacpp import EngineError, agreement, server_binary, serve_benchmark
-from eyas.speculative import greedy_generate
-from eyas.target import load_target
-from eyas.tracking import Tracker
-from eyas.train import new_drafter, train_drafter
-from eyas.vocab import build_mapping, count_tokens
+from eyas.pipeline.tracking import Tracker
+from eyas.target.model import load_target
+from eyas.training.loop import new_drafter, train_drafter
+from eyas.training.params import default_params
+from eyas.vocab.mapping import build_mapping, count_tokens
 from stages.eval_accept_len import fit_benchmarks
 
 K = 4

@@ -11,13 +11,13 @@ import threading
 from pathlib import Path
 
 import pytest
+from test_gguf import _tiny_drafter, _write_gguf
 
 from eyas.cli import main
-from eyas.config import default_params
-from eyas.llamacpp import EngineError, LlamaServer, agreement, serve_benchmark, server_binary
-from eyas.target import embedded_target
+from eyas.eval.llamacpp import EngineError, LlamaServer, agreement, serve_benchmark, server_binary
+from eyas.target.model import embedded_target
+from eyas.training.params import default_params
 from stages.eval_accept_len import engine_part
-from test_gguf import _tiny_drafter, _write_gguf
 
 
 def _row(steps: int, new: int, sha: str) -> dict:
@@ -71,7 +71,7 @@ def test_eval_refuses_a_drafter_gguf_it_cannot_read_before_serving(tmp_path, mon
 def test_a_binary_that_cannot_start_is_an_engine_error(tmp_path, monkeypatch):
     bad = tmp_path / "llama-server"
     bad.write_text("not a program")  # not executable
-    monkeypatch.setattr("eyas.llamacpp.server_binary", lambda: bad)
+    monkeypatch.setattr("eyas.eval.llamacpp.server_binary", lambda: bad)
     with pytest.raises(EngineError, match=r"cannot start llama-server \(.*llama-server -m .*PermissionError.*"
                                           r"build_llama_server\.sh"):
         with LlamaServer(tmp_path / "t.gguf", None, k=4, threads=1, ctx=64, log=tmp_path / "l.log"):

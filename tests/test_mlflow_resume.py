@@ -19,7 +19,7 @@ import pytest
 from mlflow import MlflowClient
 from test_resume import CKPT, DRIVER, _copy, _env, workspace  # noqa: F401 - workspace is a fixture
 
-from eyas import checkpoint as ckpt
+from eyas.training import checkpoint as ckpt
 
 
 def _tsv(path) -> list[dict]:

@@ -1,4 +1,4 @@
-"""Online training (eyas/online.py) gives the drafter offline training gives.
+"""Online training (eyas/training/online.py) gives the drafter offline training gives.
 
 Both stores are written by extract's own code (``stages.extract.extract_split``) from the same
 samples with the tiny target: a feature store (``train.mode: offline``) and a token store
@@ -25,14 +25,14 @@ import yaml
 from safetensors import safe_open
 from tiny import LAYERS, VOCAB, manifest_fields, tiny_target
 
-from eyas import layers
-from eyas.config import parse_params
 from eyas.features import TOKENS, FeatureError, FeatureStore
-from eyas.online import OnlineLoader, TargetCapture, capture_for, loader_for, round_to_storage
-from eyas.tracking import Tracker
-from eyas.train import new_drafter, train_drafter
-from eyas.ttt import PackedLoader
-from eyas.vocab import build_mapping, count_tokens
+from eyas.pipeline.tracking import Tracker
+from eyas.target import layers
+from eyas.training.batches import PackedLoader
+from eyas.training.loop import new_drafter, train_drafter
+from eyas.training.online import OnlineLoader, TargetCapture, capture_for, loader_for, round_to_storage
+from eyas.training.params import parse_params
+from eyas.vocab.mapping import build_mapping, count_tokens
 from stages.extract import extract_split
 
 AUX = layers.resolve(None, LAYERS)

@@ -86,18 +86,18 @@ def test_dvc_repro_end_to_end(tmp_path):
             verdict = ev[bench]["serving_verdict"]  # against this benchmark's own n-gram floor
             assert verdict["beats_ngram_floor"] == (ev[bench]["accept_len"] > ev["ngram"][bench]["accept_len"])
             assert set(verdict["sampled"]) == {"T1"}  # the served table's one temperature > 0
-            rows = ev["served"][bench]["rows"]  # the served table (eyas/served.py)
+            rows = ev["served"][bench]["rows"]  # the served table (eyas/eval/served.py)
             assert set(rows) == {"eagle/chain/T0", "ngram/chain/T0", "eagle/chain/T1", "ngram/chain/T1",
                                  "eagle/tree/T0"}
             assert rows["eagle/tree/T0"]["matches_greedy"] is True
-            engine = ev[bench]["engine"]  # llama.cpp serving this drafter (eyas/llamacpp.py)
+            engine = ev[bench]["engine"]  # llama.cpp serving this drafter (eyas/eval/llamacpp.py)
             assert engine["same_precision"]["lossless"] is True
             assert engine["agreement"]["ok"] is not False
     cfg = json.loads((repo / "models/scratch/config.json").read_text())
     assert cfg["architectures"] == ["LlamaForCausalLMEagle3"] and cfg["draft_vocab_size"] == 512
     assert "eagle_aux_hidden_state_layer_ids" not in cfg  # default layers write no ids
 
-    # every artifact later stages read carries its fingerprint (eyas/provenance.py)
+    # every artifact later stages read carries its fingerprint (eyas/pipeline/provenance.py)
     assert json.loads((repo / "data/features/train/manifest.json").read_text())["fingerprint"]["stage"] == "extract"
     assert json.loads((repo / "models/vocab/vocab.json").read_text())["fingerprint"]["stage"] == "build-vocab"
     for d in ("stand_in", "remapped", "scratch", "finetune"):

@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from eyas.data import DataError, render_prompt, render_with_loss_mask
-from eyas.target import load_tokenizer_and_config, stop_token_ids
+from eyas.data.conversations import DataError, render_prompt, render_with_loss_mask
+from eyas.target.model import load_tokenizer_and_config, stop_token_ids
 from stages.extract import render_split, sample_of
 
 IM_END = 2
@@ -118,9 +118,9 @@ def test_the_default_trains_on_the_prompts_it_is_evaluated_on(tok):
     cannot lose earlier turns: the rest were dropped) and trained on no context longer than 128
     tokens, while 142 of the 164 HumanEval problems, as the eval renders them, and the chat
     prompts (cut at eval.max_prompt_tokens, 256) are longer."""
-    from eyas.code_data import code_conversations
-    from eyas.config import default_params
-    from eyas.data import humaneval_prompts, prompt_messages
+    from eyas.data.code import code_conversations
+    from eyas.data.conversations import humaneval_prompts, prompt_messages
+    from eyas.training.params import default_params
     from stages.self_distill import prompt_budget
 
     p = default_params()

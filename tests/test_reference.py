@@ -19,8 +19,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from eyas.drafter import DrafterConfig, Eagle3Drafter, KVCache
-from eyas.formats.eagle import save_drafter
+from eyas.drafter.model import DrafterConfig, Eagle3Drafter, KVCache
+from eyas.export.eagle import save_drafter
 
 V, VD, H, TH = 96, 12, 32, 48
 

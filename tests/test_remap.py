@@ -8,13 +8,13 @@ import pytest
 import torch
 from tiny import tiny_target, write_features
 
-from eyas.config import default_params
-from eyas.remap import naive_lm_head, remap_lm_head
-from eyas.tracking import Tracker
-from eyas.train import GateError, new_drafter, step0_gate, train_drafter
-from eyas.ttt import PackedLoader, head_rows_for
-from eyas.unroll import TTTUnroll, evaluate
-from eyas.vocab import VocabMapping, build_mapping, count_tokens
+from eyas.pipeline.tracking import Tracker
+from eyas.training.batches import PackedLoader, head_rows_for
+from eyas.training.loop import GateError, new_drafter, step0_gate, train_drafter
+from eyas.training.params import default_params
+from eyas.training.unroll import TTTUnroll, evaluate
+from eyas.vocab.mapping import VocabMapping, build_mapping, count_tokens
+from eyas.vocab.remap import naive_lm_head, remap_lm_head
 
 
 def mapping_from_targets(tids, vocab):
@@ -131,13 +131,13 @@ def test_gate_passes_a_domain_shift_and_refuses_chance_accuracy(caplog):
     the loss."""
     tracker = _Metrics()
     gate = step0_gate(4096, margin=0.5, min_acc=0.05, override=False, tracker=tracker)
-    with caplog.at_level(logging.WARNING, logger="eyas.train"):
+    with caplog.at_level(logging.WARNING, logger="eyas.training.loop"):
         gate({"loss_0": 7.871, "acc_0": 0.068})
     assert "other data" in caplog.text and "partly wrong vocab mapping" in caplog.text and "step0_val" in caplog.text
     assert tracker.logged == {"gate/fired": 0.0, "gate/loss_near_chance": 1.0, "gate/chance_loss": math.log(4096)}
     caplog.clear()
     bar = math.log(4096) - 0.5
-    with caplog.at_level(logging.WARNING, logger="eyas.train"):
+    with caplog.at_level(logging.WARNING, logger="eyas.training.loop"):
         gate({"loss_0": bar, "acc_0": 0.068})  # at the bar, not over it: no warning
     assert caplog.text == "" and tracker.logged["gate/loss_near_chance"] == 0.0
     with pytest.raises(GateError, match="predicts at chance"):
@@ -154,7 +154,7 @@ def test_gate_passes_a_domain_shift_and_refuses_chance_accuracy(caplog):
 def test_gate_refuses_rows_in_place_with_no_floor(vocab, acc):
     """Rows left in place (remap's naive_rows_in_place, metrics/remap.json at 4,096 and 6,144 draft
     ids) score 2.3x and 3.7x uniform chance, skewed token frequencies: a floor of 0 (allowed) must
-    still refuse them. With the loss near chance, 10 / V is the chance bar (eyas.train); with a low
+    still refuse them. With the loss near chance, 10 / V is the chance bar (eyas.training.loop); with a low
     loss, 2 / V (a trained drafter on a small vocab sits at 6x uniform chance: the test above)."""
     with pytest.raises(GateError, match="predicts at chance") as e:
         step0_gate(vocab, 0.5, 0.0, False)({"loss_0": 8.7, "acc_0": acc})
@@ -174,7 +174,7 @@ def test_gate_bar_stays_reachable_on_a_tiny_vocab():
 
 
 def test_gate_override_warns_instead(caplog):
-    with caplog.at_level(logging.WARNING, logger="eyas.train"):
+    with caplog.at_level(logging.WARNING, logger="eyas.training.loop"):
         step0_gate(4096, 0.5, 0.05, override=True)({"loss_0": 8.55, "acc_0": 0.0006})
     assert "predicts at chance" in caplog.text and "(overridden)" in caplog.text
 
@@ -188,7 +188,7 @@ def test_gate_fires_on_non_finite_metrics(m, near, caplog):
     with pytest.raises(GateError, match="not finite"):
         step0_gate(4096, 0.5, 0.05, override=False, tracker=tracker)(m)
     assert tracker.logged == {"gate/fired": 1.0, "gate/loss_near_chance": near, "gate/chance_loss": math.log(4096)}
-    with caplog.at_level(logging.WARNING, logger="eyas.train"):  # overridden: warns, with the same message
+    with caplog.at_level(logging.WARNING, logger="eyas.training.loop"):  # overridden: warns, with the same message
         step0_gate(4096, 0.5, 0.05, override=True)(m)
     assert "not finite" in caplog.text and "(overridden)" in caplog.text
 

@@ -25,13 +25,13 @@ from safetensors.torch import load_file
 from tiny import tiny_target, write_features
 from transformers import get_cosine_schedule_with_warmup
 
-from eyas import checkpoint as ckpt
-from eyas.config import default_params
 from eyas.features import PROGRESS, FeatureStore, ShardWriter
-from eyas.files import save_safetensors
-from eyas.tracking import Tracker
-from eyas.train import NonFiniteLossError, new_drafter, train_drafter
-from eyas.vocab import build_mapping, count_tokens, save_mapping
+from eyas.io import save_safetensors
+from eyas.pipeline.tracking import Tracker
+from eyas.training import checkpoint as ckpt
+from eyas.training.loop import NonFiniteLossError, new_drafter, train_drafter
+from eyas.training.params import default_params
+from eyas.vocab.mapping import build_mapping, count_tokens, save_mapping
 
 REPO = Path(__file__).resolve().parents[1]
 CKPT = Path(".eyas/checkpoints/train-scratch")
@@ -41,14 +41,14 @@ TRAIN = {"ttt_length": 2, "step_decay": 0.8, "batch_tokens": 48, "epochs": 2, "w
 # the real stage, slowed down (sleep per optimizer step) so that the test can kill it mid-run
 DRIVER = """
 import os, time
-import eyas.train as t
+import eyas.training.loop as t
 real = t.Trainer.train_step
 def slow(*a, **k):
     time.sleep(float(os.environ.get("EYAS_TEST_STEP_SLEEP", "0")))
     return real(*a, **k)
 t.Trainer.train_step = slow
 # TODO: drop once stages/common.py imports plots
-import eyas.plots, stages.common; stages.common.__dict__.setdefault("plots", eyas.plots)
+import eyas.pipeline.plots, stages.common; stages.common.__dict__.setdefault("plots", eyas.pipeline.plots)
 from stages.train_scratch import main
 main()
 """
@@ -83,9 +83,9 @@ def _copy(ws: Path, dst: Path) -> Path:
 
 def _reference(ws: Path):
     """What train-scratch computes on ``ws`` without interruption (in-process, same seed)."""
-    from eyas.config import load_params
-    from eyas.files import load_safetensors
-    from eyas.vocab import load_mapping
+    from eyas.io import load_safetensors
+    from eyas.training.params import load_params
+    from eyas.vocab.mapping import load_mapping
 
     p = load_params(ws / "params.yaml")
     train, val = FeatureStore.open(ws / "data/features/train"), FeatureStore.open(ws / "data/features/val")

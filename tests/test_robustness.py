@@ -16,8 +16,8 @@ import pytest
 import torch
 import yaml
 
-from eyas.config import ParamsError, load_params
-from eyas.data import DataError, load_conversations
+from eyas.data.conversations import DataError, load_conversations
+from eyas.training.params import ParamsError, load_params
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -102,7 +102,7 @@ def char_target():
     from tokenizers import Tokenizer, models
     from transformers import PreTrainedTokenizerFast
 
-    from eyas.target import Target
+    from eyas.target.model import Target
 
     chars = [chr(c) for c in range(32, 127)] + ["\n"]
     tok = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(chars)}, merges=[]))
@@ -114,7 +114,7 @@ def char_target():
 
 
 def _extract(target, convs, out, max_length):
-    from eyas import layers
+    from eyas.target import layers
     from stages.extract import extract_split, render_split
 
     p = SimpleNamespace(extract=SimpleNamespace(max_length=max_length, dtype="float32", batch_size=2,
@@ -148,7 +148,7 @@ def test_extract_empty_after_filtering(char_target, tmp_path):
 
 
 def test_missing_drafter_dir_is_named(tmp_path):
-    from eyas.formats.load import load_drafter
+    from eyas.export.load import load_drafter
 
     with pytest.raises(FileNotFoundError, match=re.escape(f"drafter '{tmp_path / 'nope'}': no such directory")):
         load_drafter(tmp_path / "nope")
@@ -161,8 +161,8 @@ def test_vocab_size_mismatch_between_features_and_vocab_dir(tmp_path):
     from tiny import manifest_fields, tiny_target
 
     from eyas.features import FeatureError, check_compatible
-    from eyas.train import new_drafter
-    from eyas.vocab import build_mapping, load_mapping, save_mapping
+    from eyas.training.loop import new_drafter
+    from eyas.vocab.mapping import build_mapping, load_mapping, save_mapping
 
     target = tiny_target()
     manifest = manifest_fields(target, [2, 4, 5])
@@ -192,7 +192,7 @@ def test_incomplete_features_are_refused(tmp_path):
 
 
 def test_missing_target_path(tmp_path):
-    from eyas.target import TargetError, load_target
+    from eyas.target.model import TargetError, load_target
 
     with pytest.raises(TargetError, match=re.escape(f"target.path '{tmp_path / 'nope'}': no such directory")):
         load_target(str(tmp_path / "nope"))
@@ -220,8 +220,8 @@ def test_trust_remote_code_off_unless_asked(tmp_path, monkeypatch):
     import transformers
     from tiny import tiny_target
 
-    from eyas.config import default_params
-    from eyas.target import load_target
+    from eyas.target.model import load_target
+    from eyas.training.params import default_params
 
     calls = []
 
@@ -247,7 +247,7 @@ def test_trust_remote_code_off_unless_asked(tmp_path, monkeypatch):
 
 
 def test_secrets_not_logged(monkeypatch):
-    from eyas.tracking import MASK, MlflowTracker, redact
+    from eyas.pipeline.tracking import MASK, MlflowTracker, redact
 
     logged = []
 

@@ -13,10 +13,10 @@ import torch
 import transformers
 from scipy.stats import chi2
 
-from eyas import sampling
-from eyas.drafter import DrafterConfig, Eagle3Drafter
-from eyas.sampling import sampled_generate, target_probs, verify_chain_sampled
-from eyas.speculative import NgramProposer
+from eyas.drafter.model import DrafterConfig, Eagle3Drafter
+from eyas.eval import sampling
+from eyas.eval.sampling import sampled_generate, target_probs, verify_chain_sampled
+from eyas.eval.speculative import NgramProposer
 
 V, DRAFT_V = 16, 10
 PROMPT = [3, 7, 1, 3, 7, 2, 5, 3, 7]  # "3 7" recurs: the n-gram floor drafts from the first step

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from benchmarks.scaling import conversation_order, subset_features
-from eyas.data import render_with_loss_mask
+from eyas.data.conversations import render_with_loss_mask
 from eyas.features import FeatureStore, ShardWriter
 
 H = 4  # hidden size of the fake features

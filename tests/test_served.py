@@ -1,13 +1,13 @@
-"""The served table (eyas/served.py) on the tiny target: every row, each checked against runs
+"""The served table (eyas/eval/served.py) on the tiny target: every row, each checked against runs
 made here independently (greedy chain, seeded sampled runs, the tree's output against greedy),
 and the bootstrap interval on hand-worked cases."""
 
 import pytest
 import torch
 
-from eyas.sampling import sampled_generate
-from eyas.served import bootstrap_ci, evaluate_served, row_name
-from eyas.speculative import greedy_generate, speculative_generate
+from eyas.eval.sampling import sampled_generate
+from eyas.eval.served import bootstrap_ci, evaluate_served, row_name
+from eyas.eval.speculative import greedy_generate, speculative_generate
 from tests.tiny import VOCAB, tiny_target
 from tests.tiny import trained_drafter as train_tiny_drafter
 
@@ -75,8 +75,8 @@ def test_compare_shows_the_served_table(tmp_path, monkeypatch):
     of the served table and the serving verdict."""
     import json
 
-    from eyas import compare, tracking
-    from eyas.config import parse_params
+    from eyas.pipeline import compare, tracking
+    from eyas.training.params import parse_params
 
     root = tmp_path / "repo"
     root.mkdir()

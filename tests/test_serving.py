@@ -1,4 +1,4 @@
-"""Self-distill through a real inference engine (distill.backend: server, eyas/serving.py).
+"""Self-distill through a real inference engine (distill.backend: server, eyas/data/serving.py).
 
 llama.cpp's ``llama-server`` (built by scripts/build_llama_server.sh, which scripts/install.sh runs)
 serves the embedded SmolLM2 GGUF on CPU; the stage sends it token-id prompts and keeps the token
@@ -29,11 +29,11 @@ from pathlib import Path
 
 import pytest
 
-from eyas.config import DistillServerParams, load_params
-from eyas.data import read_jsonl, write_jsonl
-from eyas.distill import Journal, plan_prompts
-from eyas.serving import ServerError, check_reply, parse_reply, regenerate_via_server, served_models
-from eyas.target import embedded_target
+from eyas.data.conversations import read_jsonl, write_jsonl
+from eyas.data.distill import Journal, plan_prompts
+from eyas.data.serving import ServerError, check_reply, parse_reply, regenerate_via_server, served_models
+from eyas.target.model import embedded_target
+from eyas.training.params import DistillServerParams, load_params
 from stages import self_distill
 
 ALIAS = "smollm2"
@@ -161,7 +161,7 @@ def test_the_ids_are_greedy_under_hf_scoring_of_the_same_gguf(distilled):
     HF's top 10, which a reply of another model, another prompt or shifted ids would not be."""
     import torch
 
-    from eyas.target import load_target
+    from eyas.target.model import load_target
 
     rows, _ = distilled
     t = load_target()

@@ -1,4 +1,4 @@
-"""The direct shard writer (eyas.files.save_safetensors_parts) against the safetensors library: the
+"""The direct shard writer (eyas.io.save_safetensors_parts) against the safetensors library: the
 bytes of a shard written part by part equal safetensors' own serialisation of the concatenated
 tensors, and ShardWriter's shards read back as the samples it was given."""
 
@@ -10,7 +10,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from eyas.features import FeatureStore, ShardWriter
-from eyas.files import save_safetensors_parts
+from eyas.io import save_safetensors_parts
 
 
 def test_parts_bytes_equal_safetensors_of_concatenation(tmp_path):

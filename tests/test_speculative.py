@@ -7,10 +7,9 @@ import pytest
 import torch
 import transformers
 
-from eyas import layers
-from eyas import speculative as spec
-from eyas.drafter import DrafterConfig, Eagle3Drafter
-from eyas.speculative import (
+from eyas.drafter.model import DrafterConfig, Eagle3Drafter
+from eyas.eval import speculative as spec
+from eyas.eval.speculative import (
     EagleProposer,
     NgramProposer,
     acceptance_length,
@@ -20,6 +19,7 @@ from eyas.speculative import (
     speculative_generate,
     verify_chain,
 )
+from eyas.target import layers
 
 V = 128
 
@@ -311,8 +311,8 @@ def test_stop_set_ends_the_reply_where_hf_generate_does():
     run past it. A tiny random Llama over the SmolLM2 vocab stands in for the target."""
     from transformers import GenerationConfig
 
-    from eyas.data import render_prompt
-    from eyas.target import Target, load_tokenizer_and_config
+    from eyas.data.conversations import render_prompt
+    from eyas.target.model import Target, load_tokenizer_and_config
 
     tok, _ = load_tokenizer_and_config()
     tok.eos_token = "<|endoftext|>"

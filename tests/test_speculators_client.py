@@ -20,10 +20,10 @@ import torch
 
 speculators = pytest.importorskip("speculators")
 
-from eyas.drafter import DrafterConfig, Eagle3Drafter  # noqa: E402
-from eyas.formats.speculators import write_speculators  # noqa: E402
-from eyas.ttt import shift_left  # noqa: E402
-from eyas.verifier import verifier_identity  # noqa: E402
+from eyas.drafter.model import DrafterConfig, Eagle3Drafter  # noqa: E402
+from eyas.export.speculators import write_speculators  # noqa: E402
+from eyas.export.verifier import verifier_identity  # noqa: E402
+from eyas.training.batches import shift_left  # noqa: E402
 
 V, VD, H, L, T = 96, 24, 32, 8, 128  # T: one flex-attention block (speculators builds 128-token block masks)
 
@@ -116,9 +116,9 @@ def test_a_sliding_window_changes_speculators_forward_and_eyas_refuses_it(tmp_pa
 
     from speculators.models.eagle3 import Eagle3DraftModel
 
-    from eyas.formats.eagle import ExportError
-    from eyas.formats.load import load_drafter
-    from eyas.inspector import inspect_checkpoint
+    from eyas.export.eagle import ExportError
+    from eyas.export.inspector import inspect_checkpoint
+    from eyas.export.load import load_drafter
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.chdir(tmp_path)
@@ -156,9 +156,9 @@ def test_a_frequency_ordered_drafter_is_exported_in_the_order_speculators_assume
     frequency order (as the drafter holds it) gets the rows of other tokens."""
     from speculators.models.eagle3 import Eagle3DraftModel
 
-    from eyas.files import load_safetensors, save_safetensors
-    from eyas.formats.load import load_drafter
-    from eyas.inspector import inspect_checkpoint
+    from eyas.export.inspector import inspect_checkpoint
+    from eyas.export.load import load_drafter
+    from eyas.io import load_safetensors, save_safetensors
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.chdir(tmp_path)

@@ -1,7 +1,7 @@
 """Cached means correct: dvc.yaml's deps cannot drift from the code, and the input matrix.
 
 - ``dvc.yaml`` lists, per stage, exactly the eyas/stages modules its command can import
-  (eyas/stage_deps.py), and the params each fingerprinting stage records are dvc.yaml's.
+  (eyas/pipeline/stage_deps.py), and the params each fingerprinting stage records are dvc.yaml's.
 - The input matrix, one test per row, with the real DVC on a copy of this pipeline whose outputs
   are placeholders committed with ``dvc commit``: changing one input (a code module, a params
   section, the target's tokenizer / chat template / config, the data source) makes exactly the
@@ -21,13 +21,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from eyas import provenance, stage_deps
+from eyas.pipeline import provenance, stage_deps
 
 ROOT = Path(__file__).resolve().parents[1]
 DVC_YAML = yaml.safe_load((ROOT / "dvc.yaml").read_text())
 DERIVED = stage_deps.derived_deps(ROOT, DVC_YAML)
 EVALS = {"eval-accept-len@scratch", "eval-accept-len@finetune"}
-# train.mode: online runs the target in the training stages (eyas/online.py)
+# train.mode: online runs the target in the training stages (eyas/training/online.py)
 TARGET_READERS = {"self-distill", "extract", "stand-in-drafter", "remap", "train-scratch", "train-finetune",
                   "target-gguf"} | EVALS
 EXPORTS = {"export-gguf@scratch", "export-gguf@finetune"}  # they read target.dtype, not the target's files
@@ -36,7 +36,7 @@ EXPORTS = {"export-gguf@scratch", "export-gguf@finetune"}  # they read target.dt
 def test_dvc_yaml_code_deps_are_the_imports():
     diff = stage_deps.differences(ROOT, DVC_YAML)
     assert not diff, f"dvc.yaml code deps differ from what the stages import ({diff}); " \
-                     f"`python3 -m eyas.stage_deps` prints them"
+                     f"`python3 -m eyas.pipeline.stage_deps` prints them"
 
 
 def test_a_module_reached_only_through_an_import_is_caught(tmp_path):
@@ -45,7 +45,7 @@ def test_a_module_reached_only_through_an_import_is_caught(tmp_path):
     for name in ("eyas", "stages"):
         shutil.copytree(ROOT / name, tmp_path / name, ignore=shutil.ignore_patterns("__pycache__"))
     (tmp_path / "eyas/newmod.py").write_text("X = 1\n")
-    with open(tmp_path / "eyas/vocab.py", "a") as f:
+    with open(tmp_path / "eyas/vocab/mapping.py", "a") as f:
         f.write("\n\ndef _late():\n    from eyas.newmod import X\n    return X\n")
     diff = stage_deps.differences(tmp_path, DVC_YAML)
     assert diff["build-vocab"] == {"missing": ["eyas/newmod.py"], "extra": []}

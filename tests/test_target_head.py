@@ -1,5 +1,5 @@
 """The teacher is the target's own distribution: a post-head logit transform is honoured (a scalar)
-or refused by name before anything is extracted (eyas/target.py ``check_head``). Each case is a
+or refused by name before anything is extracted (eyas/target/model.py ``check_head``). Each case is a
 real transformers architecture with tiny random weights; the reference is that model's own
 forward logits, computed by transformers."""
 
@@ -9,9 +9,9 @@ import pytest
 import torch
 import transformers
 
-from eyas.drafter import DrafterConfig
-from eyas.target import Target, TargetError, check_head, summarise_config
-from eyas.unroll import teacher_logits
+from eyas.drafter.model import DrafterConfig
+from eyas.target.model import Target, TargetError, check_head, summarise_config
+from eyas.training.unroll import teacher_logits
 
 SHAPE = dict(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
              num_key_value_heads=1, max_position_embeddings=64, tie_word_embeddings=False)

@@ -37,5 +37,6 @@ def test_every_target_load_from_params_passes_the_revision():
     calls = _calls_from_target_path()
     # the stages that load the target are all found (the scan itself works)
     files = {f for f, _, _ in calls}
-    assert {"stages/self_distill.py", "stages/extract.py", "stages/eval_accept_len.py", "eyas/online.py"} <= files
+    assert {"stages/self_distill.py", "stages/extract.py", "stages/eval_accept_len.py",
+            "eyas/training/online.py"} <= files
     assert [(f, line) for f, line, has in calls if not has] == []

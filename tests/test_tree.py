@@ -1,4 +1,4 @@
-"""Static-tree drafting (eyas/tree.py) on the tiny target: the greedy walk and the tree mask on
+"""Static-tree drafting (eyas/eval/tree.py) on the tiny target: the greedy walk and the tree mask on
 hand-worked trees; a topk-1 tree equals the chain step for step; a branching tree's output equals
 plain greedy decoding token for token (one target forward per step, the KV cache cut back to
 the accepted path)."""
@@ -6,8 +6,8 @@ the accepted path)."""
 import pytest
 import torch
 
-from eyas.speculative import greedy_generate, speculative_generate
-from eyas.tree import DraftTree, EagleTreeProposer, tree_attention_mask, tree_generate, verify_tree_greedy
+from eyas.eval.speculative import greedy_generate, speculative_generate
+from eyas.eval.tree import DraftTree, EagleTreeProposer, tree_attention_mask, tree_generate, verify_tree_greedy
 from tests.tiny import trained_drafter as train_tiny_drafter
 
 K = 4

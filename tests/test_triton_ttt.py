@@ -1,4 +1,4 @@
-"""The Triton kernels of eyas/triton_ttt.py against their torch definitions (CUDA only): the head
+"""The Triton kernels of eyas/drafter/kernels.py against their torch definitions (CUDA only): the head
 loss pass (loss, argmax, logits' gradient, rows of zero weight, a strided teacher window) and the
 diagonal merge forward and backward, grouped-query and not, head counts and head dims that are
 not powers of two; the SwiGLU gating forward and backward, alone and inside the compiled layer."""
@@ -6,8 +6,8 @@ not powers of two; the SwiGLU gating forward and backward, alone and inside the 
 import pytest
 import torch
 
-from eyas.attention import merge_diagonal
-from eyas.head_loss import soft_cross_entropy_grad
+from eyas.drafter.attention import merge_diagonal
+from eyas.drafter.head_loss import soft_cross_entropy_grad
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="Triton kernels run on CUDA")]
@@ -15,7 +15,7 @@ pytestmark = [pytest.mark.gpu,
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_head_loss_kernel_equals_torch(dtype):
-    from eyas import triton_ttt
+    from eyas.drafter import kernels as triton_ttt
 
     g = torch.Generator(device="cuda").manual_seed(0)
     B, T, V, pad = 2, 33, 3001, 3  # V not a multiple of the block
@@ -39,7 +39,7 @@ def test_head_loss_kernel_equals_torch(dtype):
 
 @pytest.mark.parametrize("nh,nkv,hd,n", [(4, 2, 16, 1), (8, 2, 64, 3), (6, 2, 24, 2), (4, 4, 128, 6)])
 def test_diagonal_merge_kernel_equals_torch(nh, nkv, hd, n):
-    from eyas.triton_ttt import DiagonalMerge
+    from eyas.drafter.kernels import DiagonalMerge
 
     g = torch.Generator(device="cuda").manual_seed(1)
     B, T = 2, 37
@@ -67,7 +67,7 @@ def test_diagonal_merge_kernel_equals_torch(nh, nkv, hd, n):
 def test_diagonal_merge_non_dense_inputs_and_bad_shapes():
     """q cut from a wider tensor (a fused qkv output) is copied, not read with strides its
     gradient would not share; shapes that do not fit together are refused."""
-    from eyas.triton_ttt import DiagonalMerge
+    from eyas.drafter.kernels import DiagonalMerge
 
     g = torch.Generator(device="cuda").manual_seed(2)
     B, nh, nkv, T, hd, n = 1, 4, 2, 9, 16, 2
@@ -88,10 +88,10 @@ def test_diagonal_merge_non_dense_inputs_and_bad_shapes():
 @pytest.mark.parametrize("shape,dtype", [((2, 37, 2 * 1500), torch.bfloat16), ((5, 2 * 64), torch.float32),
                                          ((3, 11, 2 * 1024), torch.float32)])
 def test_swiglu_kernel_equals_torch(shape, dtype):
-    """The SwiGLU op's forward and backward against autograd through eyas.drafter.swiglu in
+    """The SwiGLU op's forward and backward against autograd through eyas.drafter.model.swiglu in
     float64 (I = 1500 and 64: not multiples of the kernel's block; 1024: exactly one block)."""
-    from eyas.drafter import swiglu as reference
-    from eyas.triton_ttt import swiglu
+    from eyas.drafter.kernels import swiglu
+    from eyas.drafter.model import swiglu as reference
 
     g = torch.Generator(device="cuda").manual_seed(2)
     gu = (3 * torch.randn(*shape, generator=g, device="cuda")).to(dtype).requires_grad_()
@@ -115,8 +115,8 @@ def test_swiglu_kernel_equals_torch(shape, dtype):
 def test_swiglu_kernel_in_compiled_layer_equals_eager():
     """layer_post compiled with the SwiGLU op inside (one graph, no break) equals the eager layer
     with the torch gating: output and every weight's gradient."""
-    from eyas.drafter import DrafterConfig, Eagle3Drafter, layer_post
-    from eyas.triton_ttt import swiglu
+    from eyas.drafter.kernels import swiglu
+    from eyas.drafter.model import DrafterConfig, Eagle3Drafter, layer_post
 
     torch.manual_seed(3)
     c = DrafterConfig(hidden_size=64, intermediate_size=160, num_attention_heads=4, num_key_value_heads=2,

@@ -7,10 +7,10 @@ import math
 import pytest
 import torch
 
-from eyas.backend import REFERENCE
-from eyas.drafter import DrafterConfig, Eagle3Drafter, KVCache
-from eyas.ttt import Batch, pad_batch, shift_left, supervised
-from eyas.unroll import ttt_forward
+from eyas.drafter.backend import REFERENCE
+from eyas.drafter.model import DrafterConfig, Eagle3Drafter, KVCache
+from eyas.training.batches import Batch, pad_batch, shift_left, supervised
+from eyas.training.unroll import ttt_forward
 
 V, H = 64, 32
 
@@ -216,7 +216,7 @@ def test_flex_ttt_attention_equals_dense_softmax():
     """The CUDA path's attention (flex over step-0 keys, then merge_diagonal through the
     log-sum-exp) equals one softmax over all allowed keys: forward through eager flex_attention
     on CPU (no backward there), and merge_diagonal's gradients from a dense step-0 part."""
-    from eyas.attention import flex_ttt_attention, merge_diagonal
+    from eyas.drafter.attention import flex_ttt_attention, merge_diagonal
 
     eager = REFERENCE  # nothing compiled: eager flex_attention on CPU
     g = torch.Generator().manual_seed(0)
@@ -246,10 +246,10 @@ def test_flex_ttt_attention_equals_dense_softmax():
 
 def test_unroll_module_holds_only_the_drafter_weights():
     """TTTUnroll's parameters and state are the drafter's under a ``drafter.`` prefix (what DDP
-    and FSDP wrap and eyas/distributed.py strips); the teacher rows are neither; its forward is
+    and FSDP wrap and eyas/training/distributed.py strips); the teacher rows are neither; its forward is
     the computation ttt_forward reads back."""
-    from eyas.ttt import counts_from_stats
-    from eyas.unroll import TTTUnroll
+    from eyas.training.batches import counts_from_stats
+    from eyas.training.unroll import TTTUnroll
 
     d, batch = make_drafter(), make_batch()
     head = torch.randn(V, H, generator=torch.Generator().manual_seed(4))

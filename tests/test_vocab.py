@@ -6,9 +6,9 @@ import logging
 import pytest
 import torch
 
-from eyas.drafter import DrafterConfig, Eagle3Drafter
-from eyas.formats.eagle import ExportError, check_served_tensors
-from eyas.vocab import (
+from eyas.drafter.model import DrafterConfig, Eagle3Drafter
+from eyas.export.eagle import ExportError, check_served_tensors
+from eyas.vocab.mapping import (
     VocabError,
     VocabMapping,
     build_mapping,
@@ -153,7 +153,7 @@ def test_too_few_distinct_tokens_warns_pads_and_records_coverage(caplog, tmp_pat
     ids = torch.tensor([2, 2, 2, 4, 6, 6, 8, 10, 12, 12, 12, 12, 12, 0, 1])
     lm = torch.tensor([1] * 13 + [0, 0], dtype=torch.bool)  # 0 and 1 are user tokens: not counted
     counts = count_tokens(ids, lm, 20)
-    with caplog.at_level(logging.WARNING, logger="eyas.vocab"):
+    with caplog.at_level(logging.WARNING, logger="eyas.vocab.mapping"):
         m, info = build_mapping(counts, 8)
     assert "only 6 distinct assistant tokens for a draft vocab of 8" in caplog.text
     # padded with the lowest UNSEEN target ids: 0 and 1 (unseen as assistant tokens)
@@ -183,7 +183,7 @@ def test_fill_counts_fill_the_draft_vocab_with_the_datas_most_frequent_other_tok
     m, info = build_mapping(counts, 8, fill_counts=every)
     assert m.target_ids().tolist() == [0, 2, 4, 6, 8, 10, 12, 15]
     assert (info["distinct_tokens"], info["filled"], info["padded"]) == (6, 2, 0) and info["coverage"] == 1.0
-    with caplog.at_level(logging.WARNING, logger="eyas.vocab"):
+    with caplog.at_level(logging.WARNING, logger="eyas.vocab.mapping"):
         m, info = build_mapping(counts, 10, order="frequency", fill_counts=every)
     assert m.target_ids().tolist() == [12, 2, 6, 4, 8, 10, 15, 0, 1, 3]
     assert (info["filled"], info["padded"]) == (3, 1)

@@ -1,5 +1,5 @@
 """Params files read as DVC reads them: every scalar on which YAML 1.1 (PyYAML) and YAML 1.2 (DVC's
-ruamel.yaml) disagree gets DVC's value in the stage's typed params, in a preset, in ``eyas.preset
+ruamel.yaml) disagree gets DVC's value in the stage's typed params, in a preset, in ``eyas.pipeline.preset
 --write`` and in ``train.nproc``; DVC's own parser (``dvc.utils.serialize.parse_yaml``) is the oracle."""
 
 from __future__ import annotations
@@ -12,8 +12,10 @@ import pytest
 import yaml
 from dvc.utils.serialize import parse_yaml
 
-from eyas import launch, preset, yaml12
-from eyas.config import ParamsError, load_params
+from eyas import yaml12
+from eyas.pipeline import preset
+from eyas.training import launch
+from eyas.training.params import ParamsError, load_params
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -199,7 +201,7 @@ def test_launch_refuses_an_nproc_the_stage_would_refuse_before_starting_processe
     ("eval.json", b'{"a": "\xe9"}', r"cannot read {p}: 'utf-8' codec can't decode byte 0xe9"),
 ])
 def test_compare_metrics_names_the_broken_file_beside_the_metrics(tmp_path, name, data, message):
-    from eyas.compare import CompareError, compare_dirs
+    from eyas.pipeline.compare import CompareError, compare_dirs
 
     d = tmp_path / "m"
     d.mkdir()
@@ -247,7 +249,7 @@ def test_preset_names_a_broken_params_file_it_merges_into(tmp_path, capsys, text
     pre = tmp_path / "p.yaml"
     pre.write_text("train:\n  epochs: 3\n")
     assert preset.main([str(pre), "--params", str(f), "--write", str(tmp_path / "out.yaml")]) == 2
-    assert re.match(rf"^eyas\.preset: error: {f}: {message}", capsys.readouterr().err)
+    assert re.match(rf"^eyas\.pipeline\.preset: error: {f}: {message}", capsys.readouterr().err)
     assert not (tmp_path / "out.yaml").exists()
 
 
@@ -277,4 +279,5 @@ def test_a_preset_error_names_the_presets_line(tmp_path, capsys, text, message):
     pre = tmp_path / "p.yaml"
     pre.write_text(text)
     assert preset.main([str(pre), "--params", str(base)]) == 2
-    assert re.match(rf"^eyas\.preset: error: .*{message} \(line 4 of {pre}\)$", capsys.readouterr().err.strip())
+    err = capsys.readouterr().err.strip()
+    assert re.match(rf"^eyas\.pipeline\.preset: error: .*{message} \(line 4 of {pre}\)$", err)

@@ -8,7 +8,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from eyas.features import FeatureStore, ShardWriter
-from eyas.target import Target
+from eyas.target.model import Target
 
 VOCAB = 128
 LAYERS = 8  # default aux layers [2, 4, 5]
@@ -44,7 +44,7 @@ def write_features(target: Target, out: Path, n_samples: int, seed: int, length:
                    token_range: tuple[int, int] = (0, VOCAB), aux_layers=None) -> FeatureStore:
     """Random token sequences from ``token_range`` (first quarter unsupervised, like a prompt),
     run through ``target`` and stored with :class:`ShardWriter` in float32."""
-    from eyas import layers
+    from eyas.target import layers
 
     ids_all = layers.resolve(aux_layers, LAYERS)
     g = torch.Generator().manual_seed(seed)
@@ -64,9 +64,9 @@ def trained_drafter(target: Target, prompts: list[list[int]], outputs: list[list
     """An EAGLE-3 drafter (full draft vocab) trained briefly (TTT, ``steps`` Adam steps) on the
     target's own greedy ``outputs`` of ``prompts``, so that chains of every length get accepted
     and rejected."""
-    from eyas.drafter import DrafterConfig, Eagle3Drafter
-    from eyas.ttt import head_rows_for, pack
-    from eyas.unroll import ttt_forward
+    from eyas.drafter.model import DrafterConfig, Eagle3Drafter
+    from eyas.training.batches import head_rows_for, pack
+    from eyas.training.unroll import ttt_forward
 
     m = target.model
     torch.manual_seed(1)

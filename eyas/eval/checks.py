@@ -1,0 +1,144 @@
+"""Checks on a speculative-decoding evaluation that say when its numbers are not a result.
+
+- :func:`position_check`: the run decodes past the drafter's ``max_position_embeddings``. The
+  engines build the drafter's rotary table for that many positions (SGLang ``models/llama.py``,
+  vLLM ``model_executor/models/llama.py``: ``get_rope(max_position=...)``); eyas' RoPE computes
+  any position, so past the limit eyas measures a drafter the engines would not serve as is.
+- :func:`misconfiguration`: an acceptance length at or below 1.1 tokens per verify step (or a
+  position-0 acceptance rate below 2%) is what a broken setup gives: aux hidden-state capture off,
+  a zeroed or wrong d2t, the wrong algorithm name in the engine. It is flagged, not reported as a
+  drafter's quality.
+- :func:`serving_verdict`: whether the drafter is worth serving at all: it must commit more tokens
+  per verify step than prompt lookup, the training-free n-gram floor the engines ship, and decode
+  faster than plain greedy on the device that measured it; :func:`sampled_verdict` makes the same
+  comparison at each sampling temperature of the served table, where users serve.
+"""
+
+from __future__ import annotations
+
+import math
+
+SUSPECT_ACCEPT_LEN = 1.1
+SUSPECT_POSITION0_RATE = 0.02
+
+
+def position_check(prompt_lengths: list[int], max_new_tokens: int, num_draft_tokens: int,
+                   max_position_embeddings: int) -> dict:
+    """The positions a run may reach against the drafter's limit.
+
+    Args:
+        prompt_lengths: tokens per prompt.
+        max_new_tokens: the reply budget (tokens).
+        num_draft_tokens: k; the drafter runs up to k positions past the last committed token.
+        max_position_embeddings: the drafter's config value.
+    Returns:
+        ``{"max_position_embeddings", "max_position_reached"`` (0-based: longest prompt +
+        max_new_tokens + k - 1), ``"prompts_past_limit"`` (how many prompts can pass it),
+        ``"ok"`` (bool), ``"warning"`` (str or None)}.
+    """
+    reach = [n + max_new_tokens + num_draft_tokens - 1 for n in prompt_lengths]
+    past = sum(r >= max_position_embeddings for r in reach)
+    top = max(reach) if reach else 0
+    warning = None
+    if past:
+        warning = (f"{past} of {len(reach)} prompts can decode up to position {top}, past the drafter's "
+                   f"max_position_embeddings {max_position_embeddings} (positions 0..{max_position_embeddings - 1}): "
+                   f"SGLang and vLLM size the drafter's rotary table by it, so these acceptance lengths are not "
+                   f"what they would serve")
+    return {"max_position_embeddings": max_position_embeddings, "max_position_reached": top,
+            "prompts_past_limit": past, "ok": not past, "warning": warning}
+
+
+def misconfiguration(result: dict) -> dict:
+    """Whether one benchmark's result looks like a misconfigured setup rather than a weak drafter.
+
+    Args:
+        result: a benchmark dict of ``metrics/eval_<drafter>.json`` (``accept_len``: committed
+            tokens per verify step, bonus included; ``per_position_accept_rate``: [k] fractions).
+    Returns:
+        ``{"suspected": bool, "reasons": [str]}``: suspected when ``accept_len`` <= 1.1 or the
+        position-0 acceptance rate < 0.02.
+    """
+    reasons = []
+    a = result.get("accept_len")
+    if a is not None and a <= SUSPECT_ACCEPT_LEN:
+        reasons.append(f"accept_len {a:.3f} <= {SUSPECT_ACCEPT_LEN}: typical of aux hidden-state capture off, a "
+                       f"wrong/zeroed d2t or the wrong speculative algorithm (or of a drafter that learned nothing for "
+                       f"these prompts)")
+    rates = result.get("per_position_accept_rate") or []
+    if rates and rates[0] < SUSPECT_POSITION0_RATE:
+        reasons.append(f"position-0 acceptance rate {rates[0]:.3f} < {SUSPECT_POSITION0_RATE}: the first draft "
+                       f"token is almost never the target's")
+    return {"suspected": bool(reasons), "reasons": reasons}
+
+
+def serving_verdict(result: dict, ngram: dict) -> dict:
+    """Whether a drafter is worth serving on one benchmark, as a team choosing a proposer decides.
+
+    Prompt lookup (the n-gram floor) needs no training and costs next to nothing per step; the
+    engines ship it (vLLM ``--speculative-config '{"method": "ngram"}'``,
+    ``vllm-project/vllm: vllm/v1/spec_decode/ngram_proposer.py``; SGLang
+    ``--speculative-algorithm NGRAM``). A drafter that accepts no more tokens per verify step than
+    it does, or that decodes slower than plain greedy, is not worth its training or its serving.
+
+    Args:
+        result: the drafter's benchmark dict of ``metrics/eval_<drafter>.json`` (``accept_len``:
+            committed tokens per verify step, bonus included; ``speedup``: median over the timed
+            prompts of greedy seconds / speculative seconds, or None).
+        ngram: the n-gram floor's dict for the same prompts and k (``accept_len``).
+    Returns:
+        ``{"beats_ngram_floor", "faster_than_greedy", "worth_serving"}`` (bool, or None where a
+        figure is missing or not finite; ``worth_serving`` is False when either is False, True
+        when both are True, else None),
+        ``"accept_len_over_ngram"`` (drafter minus floor, tokens per verify step, or None) and
+        ``"reasons"`` ([str]: why it is not worth serving).
+    """
+    a, floor, speedup = (_finite(result.get("accept_len")), _finite(ngram.get("accept_len")),
+                         _finite(result.get("speedup")))
+    beats = None if a is None or floor is None else a > floor
+    faster = None if speedup is None else speedup > 1.0
+    reasons = []
+    if beats is False:
+        reasons.append(f"accept_len {a:.3f} <= the n-gram floor's {floor:.3f} (prompt lookup, no training): "
+                       f"serve prompt lookup instead, or train on more data")
+    if faster is False:
+        reasons.append(f"median speedup {speedup:.3f} <= 1: slower than plain greedy decoding on this device")
+    # one failed test settles it; unknown only while no test failed and one could not be made
+    worth = False if False in (beats, faster) else None if None in (beats, faster) else True
+    return {"beats_ngram_floor": beats, "faster_than_greedy": faster, "worth_serving": worth,
+            "accept_len_over_ngram": None if beats is None else round(a - floor, 4), "reasons": reasons}
+
+
+def _finite(x) -> float | None:
+    """``x`` as a float when it is a finite number, else None (a missing or NaN figure is unknown)."""
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) else None
+
+
+def sampled_verdict(rows: dict) -> dict:
+    """The drafter against the n-gram floor at each sampling temperature of the served table.
+
+    Engines serve at temperature 0.6-1.0 with top-p, where prompt lookup's exact-match drafts are
+    rejected far more often than at greedy, so a drafter below the floor greedily may be above it
+    as served (and the other way round).
+
+    Args:
+        rows: ``served[bench]["rows"]`` of ``metrics/eval_<drafter>.json`` (eyas/eval/served.py): keys
+            ``<proposer>/chain/T<t>`` with ``accept_len`` (tokens per verify step) and ``ci95``
+            (``[low, high]`` or None).
+    Returns:
+        per temperature > 0 present for both proposers, keyed ``T<t>`` as in the rows:
+        ``{"accept_len", "ngram_accept_len", "beats_ngram_floor"`` (bool), ``"separated"``
+        (True when the drafter's 95% interval lies wholly above the floor's, None when either
+        has no interval)``}``.
+    """
+    out = {}
+    for key, eagle in rows.items():
+        proposer, mode, temp = key.split("/")
+        ngram = rows.get(f"ngram/{mode}/{temp}")
+        if proposer != "eagle" or mode != "chain" or temp == "T0" or ngram is None:
+            continue
+        a, b = eagle["accept_len"], ngram["accept_len"]
+        lo, hi = (eagle.get("ci95") or [None])[0], (ngram.get("ci95") or [None, None])[1]
+        out[temp] = {"accept_len": a, "ngram_accept_len": b, "beats_ngram_floor": a > b,
+                     "separated": None if lo is None or hi is None else lo > hi}
+    return out

@@ -1,0 +1,286 @@
+"""A real engine serving the drafter: llama.cpp's ``llama-server`` with ``--spec-type draft-eagle3``.
+
+:class:`LlamaServer` starts the server built by ``scripts/build_llama_server.sh`` on 127.0.0.1 (one
+slot, so requests run one at a time and their timings are their own), with the target's GGUF and,
+optionally, an eyas drafter converted by ``eyas.export.gguf`` (``-md``); :func:`serve_benchmark`
+sends a benchmark's prompts as token ids, greedy, once to the target alone and once with the
+drafter, and reads the engine's own counters: ``timings.draft_n`` / ``timings.draft_n_accepted``
+(``tools/server/server-common.cpp`` of ggml-org/llama.cpp) and the generated ``tokens``.
+
+Counted the engine's way: each verify step commits the drafts it accepts plus one token of the
+target, and the first token comes from the prefill, so a request's verify steps are
+``tokens_after_first - draft_n_accepted`` and its acceptance length ``tokens_after_first /
+verify_steps`` (the bonus token counted, as eyas' own figure: eyas.eval.speculative.acceptance_length).
+
+:func:`agreement` holds the engine to eyas' own decoding loop on the prompts whose greedy outputs
+are equal (see its docstring for the tolerance and why).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import shutil
+import socket
+import subprocess
+import sysconfig
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from eyas.data.serving import ServerError, http_json
+
+ENGINE = "llama.cpp llama-server (llama-cpp-python 0.3.36 sources), --spec-type draft-eagle3"
+"""What the engine block names: the pinned sources of scripts/build_llama_server.sh."""
+
+STEP_TOLERANCE = 0.1
+"""Per prompt with equal greedy outputs: the engine's verify steps may differ from eyas' by at most
+``max(1, ceil(STEP_TOLERANCE * steps))`` (:func:`agreement` says why)."""
+
+
+class EngineError(RuntimeError):
+    """The server is missing, did not start, or answered wrongly; names the files, the URL and the
+    server log's last lines."""
+
+
+def server_binary() -> Path:
+    """``llama-server`` beside pip's console scripts (where scripts/build_llama_server.sh installs
+    it), else on PATH. Raises EngineError naming the build script when neither has it."""
+    exe = Path(sysconfig.get_path("scripts")) / "llama-server"
+    if exe.is_file():
+        return exe
+    found = shutil.which("llama-server")
+    if found is None:
+        raise EngineError("llama-server is not installed: run `bash scripts/build_llama_server.sh`")
+    return Path(found)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LlamaServer:
+    """``llama-server`` serving ``model`` (and the EAGLE-3 drafter ``draft`` with ``k`` drafts per
+    step) on a free 127.0.0.1 port, as a context manager; its log goes to ``log``.
+
+    Args:
+        model: the target's GGUF. draft: an eagle3 GGUF (eyas.export.gguf.convert) or None.
+        k: ``--spec-draft-n-max``; ``--spec-draft-p-min 0`` so every step drafts k tokens, as eyas'
+            chain does (llama.cpp's default stops a draft at a low-probability token).
+        threads: ``-t`` (CPU threads). ctx: ``-c``, the context length in tokens.
+    Raises:
+        EngineError: the binary is missing or cannot be started, the server exits, or is not
+            healthy within ``startup_s`` seconds (the message holds the command and the log's tail).
+            Whatever ends the start (these, an interrupt), the process is stopped first: none is
+            left behind.
+    """
+
+    def __init__(self, model: Path, draft: Path | None, *, k: int, threads: int, ctx: int, log: Path,
+                 startup_s: float = 300.0):
+        self.cmd = [str(server_binary()), "-m", str(model), "--host", "127.0.0.1", "--port", str(_free_port()),
+                    "-c", str(ctx), "-np", "1", "-t", str(threads), "--no-webui"]
+        if draft is not None:
+            self.cmd += ["-md", str(draft), "--spec-type", "draft-eagle3", "--spec-draft-n-max", str(k),
+                         "--spec-draft-n-min", "0", "--spec-draft-p-min", "0"]
+        self.url = f"http://127.0.0.1:{self.cmd[self.cmd.index('--port') + 1]}"
+        self.log, self.startup_s = log, startup_s
+        self.proc: subprocess.Popen | None = None
+
+    def _tail(self) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-20:])
+        except OSError:
+            return "(no log)"
+
+    def __enter__(self) -> LlamaServer:
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log, "w") as f:
+            try:
+                self.proc = subprocess.Popen(self.cmd, stdout=f, stderr=subprocess.STDOUT)
+            except OSError as e:  # not executable, not a binary for this machine
+                raise EngineError(f"cannot start llama-server ({' '.join(self.cmd)}): {type(e).__name__}: {e}; "
+                                  f"rebuild it: `bash scripts/build_llama_server.sh`") from None
+        try:
+            self._wait_healthy()
+        except BaseException:  # an exit, a timeout, Ctrl-C, a reply no HTTP client expects: stop it first
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def _wait_healthy(self) -> None:
+        deadline = time.monotonic() + self.startup_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise EngineError(f"llama-server exited {self.proc.returncode} ({' '.join(self.cmd)}):\n{self._tail()}")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except (OSError, urllib.error.URLError):
+                pass
+            time.sleep(0.25)
+        raise EngineError(f"llama-server not healthy after {self.startup_s:.0f} s ({' '.join(self.cmd)}):\n"
+                          f"{self._tail()}")
+
+    def __exit__(self, *exc) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(30)
+
+    def complete(self, prompt_ids: list[int], max_new_tokens: int, timeout: float = 600.0) -> dict:
+        """One greedy request (``/completion``, temperature 0, top-k 1, no penalties, no prompt
+        cache) of ``prompt_ids``.
+
+        Returns:
+            ``tokens`` (the generated ids, a stop token included as the engine returns it),
+            ``draft_n``, ``draft_n_accepted`` (0 without a drafter), ``predicted_ms`` (decode wall
+            time, ms) and ``stop_type``.
+        Raises:
+            EngineError: the request failed or the reply lacks a field (names the URL and the log).
+        """
+        body = {"prompt": prompt_ids, "n_predict": max_new_tokens, "return_tokens": True, "cache_prompt": False,
+                "stream": False, "top_k": 1, "temperature": 0.0, "repeat_penalty": 1.0,
+                "frequency_penalty": 0.0, "presence_penalty": 0.0}
+        try:
+            r = http_json(self.url + "/completion", body, timeout)
+        except ServerError as e:
+            raise EngineError(f"{e}\n{self._tail()}") from None
+        t = r.get("timings") or {}
+        try:
+            return {"tokens": [int(x) for x in r["tokens"]], "draft_n": int(t.get("draft_n", 0)),
+                    "draft_n_accepted": int(t.get("draft_n_accepted", 0)),
+                    "predicted_ms": float(t["predicted_ms"]), "stop_type": r.get("stop_type")}
+        except (KeyError, TypeError, ValueError) as e:
+            raise EngineError(f"{self.url}/completion: reply without {e}: {str(r)[:300]}") from None
+
+
+def request_metrics(reply: dict) -> dict:
+    """One request's counts the engine's way (module docstring): ``new_tokens``, ``verify_steps``
+    (``new_tokens - 1 - draft_n_accepted``), ``accepted``, ``drafted``, ``predicted_ms`` and
+    ``output_sha256`` (of the output ids as a JSON list, as eyas.eval.oracle.per_prompt_walks)."""
+    n = len(reply["tokens"])
+    return {"new_tokens": n, "verify_steps": max(n - 1 - reply["draft_n_accepted"], 0),
+            "accepted": reply["draft_n_accepted"], "drafted": reply["draft_n"], "predicted_ms": reply["predicted_ms"],
+            "output_sha256": hashlib.sha256(json.dumps(reply["tokens"]).encode()).hexdigest()}
+
+
+def pooled(per_prompt: list[dict]) -> dict:
+    """Pooled figures over requests (:func:`request_metrics`): ``accept_len`` (tokens after the
+    first per verify step; None without steps), ``verify_steps``, ``accepted``, ``drafted``,
+    ``tokens_per_second`` (new tokens per second of decode wall time)."""
+    steps = sum(m["verify_steps"] for m in per_prompt)
+    after_first = sum(max(m["new_tokens"] - 1, 0) for m in per_prompt)
+    ms = sum(m["predicted_ms"] for m in per_prompt)
+    return {"accept_len": after_first / steps if steps else None, "verify_steps": steps,
+            "accepted": sum(m["accepted"] for m in per_prompt), "drafted": sum(m["drafted"] for m in per_prompt),
+            "tokens_per_second": sum(m["new_tokens"] for m in per_prompt) / (ms / 1000) if ms > 0 else None}
+
+
+def serve_benchmark(target_gguf: Path, drafter_gguf: Path, prompts: list[list[int]], *, k: int,
+                    max_new_tokens: int, threads: int, log_dir: Path) -> dict:
+    """Serve ``prompts`` (token ids) with the target alone, then with the drafter, greedy.
+
+    Args:
+        target_gguf: the target as llama.cpp serves it. drafter_gguf: the eagle3 GGUF.
+        k: drafts per step. max_new_tokens: ``n_predict``. threads: CPU threads of the server.
+        log_dir: the two servers' logs (``plain.log``, ``eagle3.log``).
+    Returns:
+        ``target_gguf`` (its file name), ``accept_len``, ``verify_steps``, ``accepted``,
+        ``drafted``, ``tokens_per_second`` (with the drafter), ``tokens_per_second_plain``,
+        ``speedup`` (their ratio: the engine's wall-clock speedup), ``lossless`` (every output
+        equals the engine's own greedy output) with ``mismatched_prompts``, and ``per_prompt``
+        (:func:`request_metrics`).
+    Raises:
+        EngineError: as :class:`LlamaServer`.
+        ValueError: ``prompts`` is empty.
+    """
+    if not prompts:
+        raise ValueError(f"serve_benchmark: no prompts to serve with {drafter_gguf}")
+    ctx = max(len(p) for p in prompts) + max_new_tokens + k + 8
+    with LlamaServer(target_gguf, None, k=k, threads=threads, ctx=ctx, log=log_dir / "plain.log") as s:
+        plain = [s.complete(p, max_new_tokens) for p in prompts]
+    with LlamaServer(target_gguf, drafter_gguf, k=k, threads=threads, ctx=ctx, log=log_dir / "eagle3.log") as s:
+        spec = [s.complete(p, max_new_tokens) for p in prompts]
+    per_prompt = [request_metrics(r) for r in spec]
+    out = {"target_gguf": Path(target_gguf).name, **pooled(per_prompt)}
+    tps_plain = pooled([request_metrics(r) for r in plain])["tokens_per_second"]
+    out["tokens_per_second_plain"] = tps_plain
+    out["speedup"] = out["tokens_per_second"] / tps_plain if out["tokens_per_second"] and tps_plain else None
+    bad = [i for i, (a, b) in enumerate(zip(plain, spec)) if a["tokens"] != b["tokens"]]
+    out["lossless"], out["mismatched_prompts"] = not bad, bad
+    out["per_prompt"] = per_prompt
+    return out
+
+
+def agreement(engine_per_prompt: list[dict], eyas_per_prompt: list[dict]) -> dict:
+    """The engine's per-prompt counts held to eyas' own (eyas.eval.oracle.per_prompt_walks) on the
+    prompts whose greedy outputs are equal.
+
+    Why a tolerance and this one: both decoders run the same float32 weights on the same tokens,
+    so on equal outputs the target's verdicts are equal and the drafts are the same except where
+    the drafter's top two logits are closer than the two libraries' rounding (torch vs ggml sum in
+    another order). A flipped draft changes that step's accepted count and moves the later step
+    boundaries, a few steps' worth; a wrong aux layer, d2t or norm moves nearly every step (the
+    acceptance falls toward 1). So each prompt's verify steps must agree within
+    ``max(1, ceil(STEP_TOLERANCE * eyas_steps))``, and the pooled acceptance lengths within the
+    same fraction.
+
+    Returns:
+        ``compared`` (prompts with equal outputs), ``equal_outputs`` (their indices),
+        ``exact`` (prompts with equal verify steps), ``outside_tolerance`` (``[{prompt,
+        engine_steps, eyas_steps, allowed}]``), ``accept_len_engine`` / ``accept_len_eyas`` pooled
+        over the compared prompts, ``tolerance`` (its rule), ``ok`` (True / False; ``None`` when no
+        prompt could be compared: the check did not run, and it must not read as passed) and
+        ``unchecked`` (why, when ``ok`` is None; else None).
+    Raises:
+        ValueError: the two lists cover different numbers of prompts.
+    """
+    if len(engine_per_prompt) != len(eyas_per_prompt):
+        raise ValueError(f"agreement: {len(engine_per_prompt)} engine prompts vs {len(eyas_per_prompt)} of eyas'")
+    same = [i for i, (e, m) in enumerate(zip(engine_per_prompt, eyas_per_prompt))
+            if e["output_sha256"] == m["output_sha256"]]
+    outside, exact = [], 0
+    for i in same:
+        got, want = engine_per_prompt[i]["verify_steps"], eyas_per_prompt[i]["verify_steps"]
+        allowed = max(1, math.ceil(STEP_TOLERANCE * want))
+        exact += got == want
+        if abs(got - want) > allowed:
+            outside.append({"prompt": i, "engine_steps": got, "eyas_steps": want, "allowed": allowed})
+
+    def accept_len(rows: list[dict]) -> float | None:
+        steps = sum(r["verify_steps"] for r in rows)
+        return sum(r["new_tokens"] - 1 for r in rows) / steps if steps else None
+
+    a_engine = accept_len([engine_per_prompt[i] for i in same])
+    a_eyas = accept_len([eyas_per_prompt[i] for i in same])
+    pooled_ok = a_engine is None or a_eyas is None or abs(a_engine - a_eyas) <= STEP_TOLERANCE * a_eyas
+    unchecked = None if same else (
+        "no prompts to compare" if not eyas_per_prompt else
+        f"none of the {len(eyas_per_prompt)} prompts has the same greedy output in llama.cpp as in eyas: the engine "
+        f"may not serve the weights eyas evaluates (models/target_gguf/target.gguf vs target.dtype)")
+    return {"compared": len(same), "equal_outputs": same, "exact": exact, "outside_tolerance": outside,
+            "accept_len_engine": a_engine, "accept_len_eyas": a_eyas,
+            "tolerance": f"per prompt |steps - eyas steps| <= max(1, ceil({STEP_TOLERANCE} x eyas steps)); "
+                         f"pooled acceptance within {STEP_TOLERANCE:.0%}",
+            "ok": None if unchecked else not outside and pooled_ok, "unchecked": unchecked}
+
+
+def disagreement_message(name: str, bench: str, a: dict) -> str:
+    """The eval's failure text for an :func:`agreement` that is not ok: both figures and the likely
+    causes, in the order they are seen in practice."""
+    rows = "; ".join(f"prompt {o['prompt']}: engine {o['engine_steps']} steps, eyas {o['eyas_steps']} "
+                     f"(allowed +-{o['allowed']})" for o in a["outside_tolerance"][:5])
+    return (f"eval {name} {bench}: llama.cpp's acceptance {a['accept_len_engine']} disagrees with eyas' "
+            f"{a['accept_len_eyas']} on {a['compared']} prompts with equal greedy outputs ({a['tolerance']}): "
+            f"{rows}. Likely causes: the aux layer ids the GGUF reads (eagle3.target_layers vs the features' "
+            f"aux_layers), the d2t mapping, the norm flags (norm_before_residual, norm_before_fc), RoPE "
+            f"(rope_theta / rope_scaling) or the context length; `eyas inspect` on the GGUF shows what llama.cpp "
+            f"uses")

@@ -1,0 +1,513 @@
+"""GGUF files for llama.cpp: an eyas drafter as llama.cpp's ``eagle3`` architecture, and the target
+at the precision eyas evaluates it, both written by llama.cpp's own converter.
+
+The converter is ``convert_hf_to_gguf.py`` of the llama.cpp sources vendored in the PyPI sdist of
+``llama-cpp-python`` that ``scripts/build_llama_server.sh`` also builds ``llama-server`` from
+(installed beside it under ``<python data dir>/share/eyas/llama.cpp``), so the file layout is the
+engine's own (ggml-org/llama.cpp ``conversion/llama.py``, EAGLE-3 support from PR #18039): eyas
+re-implements none of it. The drafter conversion reads the target's ``config.json`` and tokenizer
+through ``--target-model-dir`` (:func:`write_target_dir` writes them for any target eyas loads).
+
+:func:`read_drafter` reads such a file back (the PyPI ``gguf`` package's ``GGUFReader``) as
+llama.cpp will load it, and :func:`check_against` compares it with what the drafter was trained on
+(its checkpoint directory, the features' aux layers, the pipeline's vocab) before it is served.
+The meaning of the file's ``eagle3.target_layers`` is llama.cpp's (``common/speculative.cpp``,
+``common_speculative_impl_draft_eagle3``): an id ``k`` below the target's layer count L captures
+the INPUT of target layer ``k`` (= HF ``hidden_states[k]``), ``k == L`` the target's last hidden
+state BEFORE the final norm (HF ``hidden_states[L]`` is after it; eyas captures id ``L`` the same
+way, eyas.target.layers.capture_aux), ``k > L`` aborts; exactly three ids, concatenated in the order written.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from eyas.io import read_json, write_json
+from eyas.target import layers
+
+CONVERTER = Path(sysconfig.get_path("data"), "share", "eyas", "llama.cpp", "convert_hf_to_gguf.py")
+"""llama.cpp's converter as ``scripts/build_llama_server.sh`` installs it."""
+
+
+OUTTYPES = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
+"""The converter's ``--outtype`` for each ``target.dtype``: the precision eyas evaluates at."""
+
+
+class GGUFExportError(RuntimeError):
+    """The converter is missing or failed; the message names the input and the converter's last lines."""
+
+
+def write_target_dir(model, tokenizer, out: Path, weights: bool = False) -> Path:
+    """Write the target's ``config.json`` and tokenizer files (transformers ``save_pretrained``) into
+    ``out``: what the converter's ``--target-model-dir`` reads for an EAGLE-3 drafter (the vocab,
+    the layer count, the hidden size). With ``weights`` also the model's weights as safetensors, in
+    the dtype the model holds (the input of :func:`convert` for the target itself; a tied lm_head is left
+    out, and the converter ties it again).
+
+    Args:
+        model: a transformers causal LM (``eyas.target.model.Target.model``).
+        tokenizer: its tokenizer (``Target.tokenizer``).
+        out: a directory; created, files in it overwritten.
+    Returns:
+        ``out``.
+    """
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = model.config.to_dict()
+    cfg.pop("quantization_config", None)  # a GGUF source: the weights written here are de-quantised
+    cfg["architectures"] = [type(model).__name__]  # the converter picks its model class by it
+    write_json(out / "config.json", cfg)
+    tokenizer.save_pretrained(out)
+    if weights:  # transformers will not save_pretrained a model it de-quantised from a GGUF
+        state = model.state_dict()
+        if getattr(model.config, "tie_word_embeddings", False):  # the converter ties a missing lm_head
+            state.pop("lm_head.weight", None)
+        save_file({k: v.detach().contiguous() for k, v in state.items()}, str(out / "model.safetensors"))
+    return out
+
+
+def convert(model_dir: Path, out: Path, outtype: str = "f32", target_model_dir: Path | None = None) -> Path:
+    """Run llama.cpp's converter on an HF-layout directory and write ``out`` atomically (a
+    ``.part`` file renamed when the converter succeeds).
+
+    Args:
+        model_dir: a drafter directory (eyas' eagle layout or the speculators layout: both are read
+            by ``conversion/llama.py``) or a target written by :func:`write_target_dir`.
+        out: the GGUF file to write.
+        outtype: the converter's ``--outtype`` (``f32``, ``f16``, ``bf16``, ``q8_0``).
+        target_model_dir: required for a drafter (the converter's ``--target-model-dir``).
+    Returns:
+        ``out``.
+    Raises:
+        GGUFExportError: the converter is not installed (run ``bash scripts/build_llama_server.sh``),
+            or it exited non-zero (the message names ``model_dir`` and holds its last output lines).
+    """
+    if not CONVERTER.is_file():
+        raise GGUFExportError(f"llama.cpp's converter is not installed at {CONVERTER}: "
+                              "run `bash scripts/build_llama_server.sh`")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    part = out.with_name(out.name + ".part")
+    cmd = [sys.executable, str(CONVERTER), str(model_dir), "--outfile", str(part), "--outtype", outtype]
+    if target_model_dir is not None:
+        cmd += ["--target-model-dir", str(target_model_dir)]
+    r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    if r.returncode != 0 or not part.is_file():
+        part.unlink(missing_ok=True)
+        tail = "\n".join((r.stdout + r.stderr).strip().splitlines()[-15:])
+        raise GGUFExportError(f"{model_dir}: llama.cpp's converter exited {r.returncode}:\n{tail}")
+    os.replace(part, out)
+    return out
+
+
+ARCHITECTURE = "eagle3"
+"""``general.architecture`` of an EAGLE-3 drafter GGUF (ggml-org/llama.cpp ``src/llama-arch.cpp``)."""
+
+_SPECULATIVE = "common/speculative.cpp"
+_EAGLE3_CPP = "src/models/eagle3.cpp"
+
+
+class GGUFReadError(ValueError):
+    """A GGUF file cannot be parsed, or is not an EAGLE-3 drafter llama.cpp would load; the
+    message names the file and the key."""
+
+
+def _value(field):
+    """A GGUF metadata value as Python (``str``, ``int``, ``float``, ``bool`` or a list of them),
+    from the ``parts``/``data`` view every ``gguf`` release since 0.10 has."""
+    from gguf import GGUFValueType
+
+    def one(part, vtype):
+        if vtype == GGUFValueType.STRING:
+            return bytes(part).decode("utf-8")
+        # a float32 as written (1e-05), not widened (9.999999747378752e-06)
+        return float(str(part[0])) if vtype == GGUFValueType.FLOAT32 else part[0].item()
+
+    if field.types[0] == GGUFValueType.ARRAY:
+        return [one(field.parts[i], field.types[-1]) for i in field.data]
+    return one(field.parts[field.data[0]], field.types[0])
+
+
+def describe_target_layers(ids: list[int], num_target_layers: int | None) -> list[str]:
+    """What llama.cpp captures for each of a drafter's ``eagle3.target_layers`` ids on a target of
+    ``num_target_layers`` decoder layers (ggml-org/llama.cpp ``common/speculative.cpp``,
+    ``common_speculative_impl_draft_eagle3``): one line per id, in concatenation order."""
+    L = num_target_layers
+    out = []
+    for k in ids:
+        if L is None:
+            out.append(f"{k}: the input of target layer {k} (= HF hidden_states[{k}]) if {k} < L; "
+                       f"L unknown (pass the target's layer count)")
+        elif 0 <= k < L:
+            out.append(f"{k}: the input of target layer {k} = output of layer {k - 1} = HF hidden_states[{k}]"
+                       if k else f"{k}: the input of target layer 0 (the embedding) = HF hidden_states[0]")
+        elif k == L:
+            out.append(f"{k}: the last hidden state BEFORE the final norm (HF hidden_states[{L}] is after it)")
+        else:
+            out.append(f"{k}: beyond the target's {L} layers: llama.cpp aborts")
+    return out
+
+
+def converter_target_layers(config: dict, num_target_layers: int | None) -> list[int] | None:
+    """The ``eagle3.target_layers`` llama.cpp's converter writes for a drafter ``config.json``
+    dict (ggml-org/llama.cpp ``conversion/llama.py``, ``LlamaModel.__init__``): the TOP-LEVEL
+    ``eagle_aux_hidden_state_layer_ids`` verbatim when set and non-empty, else ``[2, L//2, L-3]``
+    of the target's ``num_hidden_layers`` (``--target-model-dir``); the SGLang form nested in
+    ``eagle_config`` is not read. ``None`` when the config has no ids and L is unknown."""
+    ids = config.get("eagle_aux_hidden_state_layer_ids")
+    if ids:
+        return list(ids)
+    return None if num_target_layers is None else layers.default_hf_indices(num_target_layers)
+
+
+def read_drafter(path: str | Path) -> dict:
+    """Read an EAGLE-3 drafter GGUF as llama.cpp loads it (``src/models/eagle3.cpp``
+    ``load_arch_hparams`` / ``load_arch_tensors``), with the PyPI ``gguf`` package's ``GGUFReader``.
+
+    Args:
+        path: a ``.gguf`` file written by :func:`convert` (or any llama.cpp ``eagle3`` GGUF).
+    Returns:
+        A dict: ``path``; ``architecture`` (``"eagle3"``); ``target_layers`` (list of int, llama.cpp
+        ids: see the module docstring); ``target_hidden_size`` (int; the fc input is 3 x it);
+        ``norm_before_residual`` / ``norm_before_fc`` (bool; absent = False, llama.cpp's default);
+        ``hidden_size``, ``intermediate_size``, ``num_hidden_layers``, ``num_attention_heads``,
+        ``num_key_value_heads``, ``head_dim`` (``attention.key_length``, else hidden / heads),
+        ``rms_norm_eps``, ``rope_freq_base``, ``context_length``, ``vocab_size``
+        (``eagle3.vocab_size``); ``n_tokens`` (entries of the embedded tokenizer: the width
+        llama.cpp scatters draft logits into; ``None`` without one); ``tokenizer`` (``model``,
+        ``pre``, ``bos_token_id``, ``eos_token_id``); ``draft_vocab_size`` (d2t's length, ``None``
+        without a d2t: llama.cpp then serves the full vocab); ``d2t`` (torch.int64 [draft_vocab]
+        ABSOLUTE target ids, as the converter writes them: eyas' offsets + arange; ``None``
+        without one); ``own_embedding`` / ``own_lm_head`` (``token_embd.weight`` /
+        ``output.weight`` in the file; without them llama.cpp uses the target's); ``metadata``
+        (every ``eagle3.*`` key, prefix dropped, e.g. ``rope.scaling.type``); ``tensors``
+        (name -> ``{"shape": [...] in torch order, "type": "F32" ...}``); ``problems`` (what
+        llama.cpp would refuse at load or serve wrongly, judged from the file alone: not 3 target
+        layers, more than one block, an fc width other than 3 x target_hidden_size, a d2t that
+        is not int64, longer or shorter than ``output.weight``'s rows, with an id outside
+        ``[0, n_tokens)`` or repeated).
+    Raises:
+        FileNotFoundError: no file at ``path``.
+        GGUFReadError: not a GGUF file (truncated, another format), ``general.architecture`` is
+            not ``eagle3`` (a target GGUF, a plain Llama), or it lacks ``eagle3.target_layers``
+            (llama.cpp refuses to load it); each names the file.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such GGUF file")
+    import numpy as np
+    from gguf import GGMLQuantizationType, GGUFReader
+
+    try:
+        reader = GGUFReader(str(path))
+    except Exception as e:  # noqa: BLE001 -- the reader raises ValueError, IndexError... on a foreign file
+        raise GGUFReadError(f"{path}: not a GGUF file the gguf package can read ({type(e).__name__}: {e})") from None
+    fields = reader.fields
+
+    def get(key, default=None):
+        return _value(fields[key]) if key in fields else default
+
+    arch = get("general.architecture")
+    if arch != ARCHITECTURE:
+        raise GGUFReadError(f"{path}: general.architecture is {arch!r}, not {ARCHITECTURE!r}: not an EAGLE-3 drafter "
+                            f"(llama.cpp's --spec-type draft-eagle3 loads only an {ARCHITECTURE} GGUF as -md)")
+    a = ARCHITECTURE + "."
+    target_layers = get(a + "target_layers")
+    if target_layers is None:
+        raise GGUFReadError(f"{path}: no {a}target_layers: llama.cpp refuses to load it "
+                            f"({_EAGLE3_CPP} load_arch_hparams requires them)")
+    tensors = {t.name: t for t in reader.tensors}
+    H, th = get(a + "embedding_length"), get(a + "target_hidden_size")
+    heads = get(a + "attention.head_count")
+    tokens = fields.get("tokenizer.ggml.tokens")
+    info: dict = {
+        "path": str(path),
+        "architecture": arch,
+        "target_layers": [int(k) for k in target_layers],
+        "target_hidden_size": th,
+        "norm_before_residual": bool(get(a + "norm_before_residual", False)),
+        "norm_before_fc": bool(get(a + "norm_before_fc", False)),
+        "hidden_size": H,
+        "intermediate_size": get(a + "feed_forward_length"),
+        "num_hidden_layers": get(a + "block_count"),
+        "num_attention_heads": heads,
+        "num_key_value_heads": get(a + "attention.head_count_kv", heads),
+        "head_dim": get(a + "attention.key_length", H // heads if H and heads else None),
+        "rms_norm_eps": get(a + "attention.layer_norm_rms_epsilon"),
+        "rope_freq_base": get(a + "rope.freq_base"),
+        "context_length": get(a + "context_length"),
+        "vocab_size": get(a + "vocab_size"),
+        "n_tokens": None if tokens is None else len(tokens.data),
+        "tokenizer": {k: get("tokenizer.ggml." + k) for k in ("model", "pre", "bos_token_id", "eos_token_id")},
+        "own_embedding": "token_embd.weight" in tensors,
+        "own_lm_head": "output.weight" in tensors,
+        "metadata": {k.removeprefix(a): _value(f) for k, f in fields.items() if k.startswith(a)},
+        "tensors": {n: {"shape": [int(x) for x in reversed(t.shape.tolist())], "type": t.tensor_type.name}
+                    for n, t in tensors.items()},
+    }
+    problems = []
+    ids = info["target_layers"]
+    if len(ids) != 3:
+        problems.append(f"{path}: {a}target_layers {ids} holds {len(ids)} ids: llama.cpp requires exactly 3 "
+                        f"({_EAGLE3_CPP} load_arch_hparams refuses the file)")
+    if info["num_hidden_layers"] != 1:
+        problems.append(f"{path}: {a}block_count {info['num_hidden_layers']}: llama.cpp's EAGLE-3 graph has "
+                        f"exactly one decoder layer ({_EAGLE3_CPP} asserts n_layer == 1)")
+    fc = info["tensors"].get("fc.weight")
+    if fc is None or (th and H and fc["shape"] != [H, len(ids) * th]):
+        problems.append(f"{path}: fc.weight {'missing' if fc is None else fc['shape']}, llama.cpp expects "
+                        f"[{H}, {len(ids)} x {a}target_hidden_size {th}] ({_EAGLE3_CPP} load_arch_tensors)")
+    d2t = None
+    if "d2t" in tensors:
+        t = tensors["d2t"]
+        d2t = torch.from_numpy(np.asarray(t.data).astype(np.int64).reshape(-1).copy())
+        if t.tensor_type != GGMLQuantizationType.I64:
+            problems.append(f"{path}: d2t is {t.tensor_type.name}, llama.cpp asserts I64 ({_EAGLE3_CPP})")
+        out = info["tensors"].get("output.weight")
+        if out is not None and out["shape"][0] != d2t.numel():
+            problems.append(f"{path}: d2t has {d2t.numel():,} entries, output.weight {out['shape'][0]:,} rows: "
+                            f"llama.cpp asserts they match ({_EAGLE3_CPP})")
+        n = info["n_tokens"]
+        bad = ((d2t < 0) | (d2t >= n)).nonzero() if n is not None else torch.empty(0, dtype=torch.int64)
+        if len(bad):
+            i = int(bad[0])
+            problems.append(f"{path}: d2t[{i}] = target id {int(d2t[i])}, outside the {n:,} tokens llama.cpp "
+                            f"scatters draft logits into ({_EAGLE3_CPP})")
+        if torch.unique(d2t).numel() != d2t.numel():
+            problems.append(f"{path}: d2t repeats a target id: two draft ids would write one target logit")
+    info["d2t"] = d2t
+    info["draft_vocab_size"] = None if d2t is None else d2t.numel()
+    info["problems"] = problems
+    return info
+
+
+def features_manifest(features: str | Path) -> tuple[Path, dict]:
+    """(path, dict) of a features manifest (``manifest.json`` or its directory, as extract writes
+    it: ``aux_layers`` as HF ``hidden_states`` indices, ``num_layers``, ``hidden_size``).
+
+    Raises:
+        FileNotFoundError / ValueError: no such file, not JSON, or another aux layer convention
+            than eyas' (``eyas.features.LAYER_CONVENTION``); each names the file.
+    """
+    from eyas.features import LAYER_CONVENTION
+
+    path = Path(features) / "manifest.json" if Path(features).is_dir() else Path(features)
+    manifest = read_json(path)
+    if manifest.get("aux_layers_convention") != LAYER_CONVENTION or "aux_layers" not in manifest:
+        raise ValueError(f"{path}: aux_layers_convention {manifest.get('aux_layers_convention')!r} (eyas reads "
+                         f"{LAYER_CONVENTION!r} with aux_layers): not an eyas features manifest")
+    return path, manifest
+
+
+def _drafter_source(drafter_dir: Path) -> tuple[dict, torch.Tensor | None, str, str]:
+    """(flat config dict, d2t offsets or None, config path, weights path) of a drafter checkpoint
+    directory in the eagle or speculators layout (``transformer_layer_config`` merged over the
+    top level, as the converter merges it)."""
+    cfg_path, w_path = drafter_dir / "config.json", drafter_dir / "model.safetensors"
+    raw = read_json(cfg_path)
+    cfg = {**raw, **(raw.get("transformer_layer_config") or {})}
+    if not w_path.is_file():
+        raise FileNotFoundError(f"{w_path}: no such file (the drafter's weights)")
+    with safe_open(str(w_path), framework="pt") as h:
+        d2t = h.get_tensor("d2t").to(torch.int64) if "d2t" in h.keys() else None
+    return cfg, d2t, str(cfg_path), str(w_path)
+
+
+def check_against(info: dict, *, drafter_dir: str | Path | None = None, features: str | Path | None = None,
+                  vocab_dir: str | Path | None = None, aux_layers: list[int] | None = None,
+                  d2t: torch.Tensor | None = None, num_target_layers: int | None = None,
+                  target: dict | None = None) -> list[str]:
+    """Everything in a drafter GGUF (:func:`read_drafter`'s dict) that would make llama.cpp serve
+    another function than the drafter was trained as: call it before serving and refuse on any.
+
+    Target layers are compared in llama.cpp's meaning (module docstring): a trained HF index
+    ``k < L`` is llama.cpp id ``k``; eyas' id ``L`` is the residual before the final norm
+    (eyas.target.layers.capture_aux), as llama.cpp's id ``L`` is.
+    d2t is compared through target ids, position by position.
+    With ``drafter_dir`` also its weights: ``fc.weight`` and the final norm must be the
+    checkpoint's, bit for bit at the GGUF's type (a file converted from another checkpoint).
+
+    Args:
+        info: :func:`read_drafter`'s dict; its ``problems`` come first in the result.
+        drafter_dir: the checkpoint directory the GGUF was converted from (eagle or speculators
+            layout): its aux layers (``eyas.target.layers.from_config``: either id form, else the default
+            of its ``eyas.num_target_layers``), ``target_hidden_size`` (else ``hidden_size``),
+            ``hidden_size``, ``norm_before_residual``, ``norm_before_fc`` and ``d2t``.
+        features: a features manifest (``manifest.json`` or its directory): ``aux_layers`` (HF
+            ``hidden_states`` indices the drafter was trained on), ``num_layers``, ``hidden_size``.
+        vocab_dir: a vocab directory (``vocab.safetensors``, :func:`eyas.vocab.mapping.load_mapping`): its d2t.
+        aux_layers: HF ``hidden_states`` indices the drafter was trained on.
+        d2t: [draft_vocab] int64 OFFSETS (eyas' convention: target id = i + d2t[i]).
+        num_target_layers: the target's decoder-layer count L; else ``target``'s, the manifest's
+            or the drafter config's ``eyas.num_target_layers``.
+        target: a target summary (``eyas.target.model.summarise_config``): ``num_hidden_layers``,
+            ``hidden_size`` (the GGUF's target_hidden_size must equal it), ``vocab_size``.
+    Returns:
+        One message per problem, each naming the GGUF file, the key, llama.cpp and the source it
+        disagrees with (d2t: how many of N positions agree); empty when it serves as trained.
+    Raises:
+        FileNotFoundError / ValueError: a given manifest, vocab or drafter file is missing or not
+            JSON (naming it).
+        eyas.vocab.mapping.VocabError: ``vocab_dir``'s mapping is invalid.
+    """
+    problems = list(info["problems"])
+    where, a = info["path"], ARCHITECTURE + "."
+    L = num_target_layers or (target or {}).get("num_hidden_layers")
+    counts: list[tuple[str, int]] = []  # (source, the target layer count it was made for)
+    layer_sources: list[tuple[str, list[int]]] = []
+    d2t_sources: list[tuple[str, torch.Tensor | None]] = []
+    sizes: list[tuple[str, str, object, object]] = []  # (gguf key, source, gguf value, source value)
+    if features is not None:
+        m_path, manifest = features_manifest(features)
+        if manifest.get("num_layers") is not None:
+            counts.append((f"{m_path} num_layers", manifest["num_layers"]))
+        layer_sources.append((f"{m_path} aux_layers", list(manifest["aux_layers"])))
+        sizes.append(("target_hidden_size", f"{m_path} hidden_size", info["target_hidden_size"],
+                      manifest.get("hidden_size")))
+    if aux_layers is not None:
+        layer_sources.append(("the given aux_layers", list(aux_layers)))
+    if drafter_dir is not None:
+        cfg, dd2t, cfg_path, w_path = _drafter_source(Path(drafter_dir))
+        Ld = (cfg.get("eyas") or {}).get("num_target_layers")
+        if Ld is not None:
+            counts.append((f"{cfg_path} eyas.num_target_layers", Ld))
+        Ld = Ld or L or next((n for _, n in counts), None)
+        try:
+            if Ld is not None:
+                layer_sources.append((cfg_path, layers.resolve(layers.from_config(cfg, Ld), Ld)))
+            elif (ids := converter_target_layers(cfg, None)) is not None:
+                layer_sources.append((cfg_path, ids))
+            else:
+                problems.append(f"{where}: cannot check {a}target_layers against {cfg_path}: it declares the "
+                                f"default aux layers and the target's layer count is unknown")
+        except layers.LayerIdError as e:
+            problems.append(f"{where}: cannot check {a}target_layers against {cfg_path}: {e}")
+        sizes += [("target_hidden_size", cfg_path, info["target_hidden_size"],
+                   cfg.get("target_hidden_size") or cfg.get("hidden_size")),
+                  ("embedding_length", cfg_path, info["hidden_size"], cfg.get("hidden_size")),
+                  ("norm_before_residual", cfg_path, info["norm_before_residual"],
+                   bool(cfg.get("norm_before_residual", False))),
+                  ("norm_before_fc", cfg_path, info["norm_before_fc"], bool(cfg.get("norm_before_fc", False)))]
+        d2t_sources.append((w_path, dd2t))
+        problems += _weight_problems(where, w_path)
+    if vocab_dir is not None:
+        from eyas.vocab.mapping import load_mapping
+
+        d2t_sources.append((str(Path(vocab_dir) / "vocab.safetensors"), load_mapping(vocab_dir)[0].d2t))
+    if d2t is not None:
+        d2t_sources.append(("the given d2t", d2t))
+    if target is not None:
+        sizes.append(("target_hidden_size", "the target's hidden_size", info["target_hidden_size"],
+                      target.get("hidden_size")))
+
+    L = L or next((n for _, n in counts), None)
+    for src, n in counts:
+        if n != L:
+            problems.append(f"{where}: {src} is {n}, the target has {L} layers: the drafter was made for another "
+                            f"target, and llama.cpp's layer ids would point at other layers")
+    ids = info["target_layers"]
+    if L is not None and any(k > L for k in ids):
+        problems.append(f"{where}: {a}target_layers {ids} name a layer beyond the target's {L}: llama.cpp aborts "
+                        f"({_SPECULATIVE}: target layer id exceeds target n_layer)")
+    for src, hf in layer_sources:
+        if list(hf) != ids:
+            problems.append(f"{where}: {a}target_layers {ids} != {src} {hf}: llama.cpp would feed the drafter the "
+                            f"inputs of target layers {ids} ({_SPECULATIVE}), not the HF hidden_states {hf} it was "
+                            f"trained on")
+    for key, src, got, want in sizes:
+        if want is not None and got != want:
+            problems.append(f"{where}: {a}{key} {got!r} != {src} {want!r}: llama.cpp would serve another "
+                            f"drafter function than the one trained ({_EAGLE3_CPP})")
+    for src, offsets in d2t_sources:
+        problems += _d2t_problems(info, src, offsets)
+    V = (target or {}).get("vocab_size")
+    if V is not None and info["d2t"] is not None and int(info["d2t"].max()) >= V:
+        problems.append(f"{where}: d2t maps to target id {int(info['d2t'].max())}, outside the target's "
+                        f"vocab of {V:,}")
+    return problems
+
+
+class ServeMismatchError(ValueError):
+    """A drafter GGUF would be served as another function than the drafter trained
+    (:func:`check_against`); the message lists every problem."""
+
+
+def require_served_as_trained(gguf_file: str | Path, drafter_dir: str | Path, num_target_layers: int) -> dict:
+    """:func:`read_drafter` of ``gguf_file`` checked against the checkpoint directory it was
+    converted from (:func:`check_against`), for a target of ``num_target_layers`` layers: what the
+    export and the eval call before llama.cpp serves it.
+
+    Returns:
+        :func:`read_drafter`'s dict.
+    Raises:
+        ServeMismatchError: one or more problems (all listed, one per line).
+        GGUFReadError / FileNotFoundError: as :func:`read_drafter`.
+    """
+    info = read_drafter(gguf_file)
+    problems = check_against(info, drafter_dir=drafter_dir, num_target_layers=num_target_layers)
+    if problems:
+        raise ServeMismatchError(f"{gguf_file}: llama.cpp would not serve the drafter of {drafter_dir} as trained:\n"
+                                 + "\n".join(f"- {x}" for x in problems))
+    return info
+
+
+_SAME_WEIGHTS = (("fc.weight", "fc.weight"), ("output_norm.weight", "norm.weight"))
+"""(GGUF tensor, eyas tensor) pairs the converter copies unchanged (``conversion/llama.py`` maps
+names only): a GGUF converted from a checkpoint holds exactly its values, at the GGUF's type."""
+
+
+def _weight_problems(where: str, w_path: str) -> list[str]:
+    """The GGUF's :data:`_SAME_WEIGHTS` against the checkpoint's, compared bit for bit at the GGUF's
+    type (F32, F16 or BF16; a quantised type is not compared): a file converted from another
+    checkpoint (another drafter's GGUF with the same vocab and layers, or one left from before
+    the drafter was retrained) has the right shape and metadata and other weights."""
+    import numpy as np
+    from gguf import GGMLQuantizationType, GGUFReader
+
+    as_torch = {GGMLQuantizationType.F32: torch.float32, GGMLQuantizationType.F16: torch.float16,
+                GGMLQuantizationType.BF16: torch.bfloat16}
+    tensors = {t.name: t for t in GGUFReader(where).tensors}
+    out = []
+    with safe_open(w_path, framework="pt") as h:
+        for g_name, e_name in _SAME_WEIGHTS:
+            t = tensors.get(g_name)
+            if t is None or e_name not in h.keys() or t.tensor_type not in as_torch:
+                continue
+            want = h.get_tensor(e_name).to(as_torch[t.tensor_type])
+            raw = np.asarray(t.data).reshape(-1)
+            got = (torch.from_numpy(raw.view(np.int16).copy()).view(torch.bfloat16)
+                   if t.tensor_type == GGMLQuantizationType.BF16 else torch.from_numpy(raw.copy()))
+            if got.numel() != want.numel() or not torch.equal(got, want.reshape(-1)):
+                out.append(f"{where}: {g_name} is not {w_path}'s {e_name} (at the GGUF's {t.tensor_type.name}): the "
+                           f"file was converted from another checkpoint (another drafter's GGUF, or one from before "
+                           f"this drafter was retrained); convert it again")
+    return out
+
+
+def _d2t_problems(info: dict, src: str, offsets: torch.Tensor | None) -> list[str]:
+    """The GGUF's absolute d2t against ``src``'s offsets (``None``: ``src`` has no d2t, the full vocab)."""
+    where, g = info["path"], info["d2t"]
+    what = f"d2t (llama.cpp's draft -> target id map, {_EAGLE3_CPP})"
+    if offsets is None:
+        if g is not None and not torch.equal(g, torch.arange(g.numel())):
+            return [f"{where}: {what} maps {g.numel():,} draft ids, {src} has no d2t (the full vocab)"]
+        return []
+    want = torch.arange(offsets.numel(), dtype=torch.int64) + offsets.to(torch.int64).reshape(-1)
+    if g is None:
+        if torch.equal(want, torch.arange(want.numel())) and want.numel() == info["n_tokens"]:
+            return []
+        return [f"{where}: no d2t tensor: llama.cpp serves draft id i as target id i, {src} maps "
+                f"{want.numel():,} draft ids to other target ids"]
+    if g.numel() != want.numel():
+        return [f"{where}: {what} has {g.numel():,} entries, {src} has {want.numel():,} (draft_vocab_size)"]
+    agree = int((g == want).sum())
+    if agree == want.numel():
+        return []
+    return [f"{where}: {what} agrees with {src} at {agree:,} of {want.numel():,} draft positions: llama.cpp "
+            f"would put the drafter's logits on other target tokens"]
