@@ -1,0 +1,243 @@
+"""A shared DVC remote with the REAL dvc: a shared directory and SSH to a real sshd on 127.0.0.1.
+
+A tiny two-stage pipeline in a temporary git repo (python one-liners; not the training DAG)::
+
+    make (params: n) -> data.txt -> total -> total.json (+ metrics/total.json, cache: false)
+
+is run in clone A, pushed with ``dvc push --run-cache`` (through ``eyas.team_remote``), and pulled
+with ``dvc pull --run-cache`` into clone B, cloned from A at another path: there ``dvc status`` is
+clean, ``dvc repro`` runs nothing and the outputs are A's byte for byte (no stage hash depends on
+the machine or the path). Negative control: clone C without the pull is not clean and recomputes.
+The bad remotes (a shared directory that is not there, an SSH port nobody listens on, a wrong key,
+a remote pushed without ``--run-cache``) each fail naming the URL, and leave the local cache as it
+was. The eyas part: ``dvc.yaml``'s commands and paths hold nothing of one machine.
+
+Run: ``python3 -m pytest tests/test_team_remote.py -q -s`` (``-s`` prints the round trip's timings).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests import team_servers
+
+ROOT = Path(__file__).resolve().parents[1]
+
+DVC_YAML = """\
+stages:
+  make:
+    cmd: python3 steps/make.py
+    deps: [steps/make.py]
+    params: [n]
+    outs: [data.txt]
+  total:
+    cmd: python3 steps/total.py
+    deps: [steps/total.py, data.txt]
+    outs: [total.json]
+    metrics: [{metrics/total.json: {cache: false}}]
+"""
+MAKE = ("import yaml\nn = yaml.safe_load(open('params.yaml'))['n']\nprint('COMPUTE make', flush=True)\n"
+        "open('data.txt', 'w').write(str(n) * 1000 + '\\n')\n")
+TOTAL = ("import json, os\nprint('COMPUTE total', flush=True)\nd = open('data.txt').read().strip()\n"
+         "os.makedirs('metrics', exist_ok=True)\n"
+         "open('total.json', 'w').write(json.dumps({'len': len(d)}) + '\\n')\n"
+         "open('metrics/total.json', 'w').write(json.dumps({'len': len(d)}) + '\\n')\n")
+UP_TO_DATE = "Data and pipelines are up to date."
+TIMINGS: dict[str, float] = {}
+
+
+def _env(**extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DVC_", "MLFLOW_"))}
+    env.update(DVC_NO_ANALYTICS="1", GIT_TERMINAL_PROMPT="0", PYTHONPATH=str(ROOT),
+               PATH=os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", ""), **extra)
+    return env
+
+
+def sh(cwd: Path, *cmd: str, check: bool = True, timeout: float = 120, label: str | None = None):
+    t0 = time.monotonic()
+    r = subprocess.run(list(cmd), cwd=cwd, env=_env(), capture_output=True, text=True, timeout=timeout)
+    if label:
+        TIMINGS[label] = round(time.monotonic() - t0, 2)
+    if check and r.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} exited {r.returncode}\n{r.stdout}\n{r.stderr}")
+    return r
+
+
+def eyas_remote(cwd: Path, *args: str, label: str | None = None):
+    return sh(cwd, sys.executable, "-m", "eyas.team_remote", *args, check=False, label=label)
+
+
+def computed(r) -> set[str]:
+    return set(re.findall(r"COMPUTE (\w+)", r.stdout + r.stderr))
+
+
+def cache_files(repo: Path) -> dict[str, int]:
+    c = repo / ".dvc" / "cache"
+    return {str(p.relative_to(c)): p.stat().st_size for p in c.rglob("*") if p.is_file()}
+
+
+def make_origin(path: Path, url: str) -> Path:
+    """Clone A: the pipeline run, committed with remote ``team`` = ``url``."""
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    path.mkdir(parents=True)
+    (path / "steps").mkdir()
+    (path / "steps" / "make.py").write_text(MAKE)
+    (path / "steps" / "total.py").write_text(TOTAL)
+    (path / "dvc.yaml").write_text(DVC_YAML)
+    (path / "params.yaml").write_text("n: 2\n")
+    for cmd in (["git", "init", "-q", "-b", "main"], ["git", "config", "user.name", "eyas test"],
+                ["git", "config", "user.email", "eyas-test@example.invalid"],
+                ["git", "config", "commit.gpgsign", "false"], ["dvc", "init", "-q"],
+                ["dvc", "config", "core.analytics", "false"], ["dvc", "remote", "add", "-d", "team", url]):
+        sh(path, *cmd)
+    r = sh(path, "dvc", "repro")
+    assert computed(r) == {"make", "total"}, r.stdout
+    sh(path, "git", "add", "-A")
+    sh(path, "git", "commit", "-q", "-m", "baseline")
+    return path
+
+
+def round_trip(a: Path, b: Path, local_config: dict | None = None, kind: str = "") -> None:
+    """Push from A (through eyas.team_remote), clone to B, pull there; B is clean and a no-op."""
+    r = eyas_remote(a, "push", label=f"{kind} push --run-cache (A)")
+    assert r.returncode == 0, r.stderr
+    sh(a.parent, "git", "clone", "-q", str(a), str(b))
+    for key, value in (local_config or {}).items():  # credentials stay out of git: .dvc/config.local
+        sh(b, "dvc", "remote", "modify", "--local", "team", key, value)
+    assert "not in cache" in sh(b, "dvc", "status").stdout  # before the pull: nothing there
+    r = sh(b, "dvc", "pull", "--run-cache", label=f"{kind} pull --run-cache (B)")
+    assert sh(b, "dvc", "status", label=f"{kind} status (B)").stdout.strip() == UP_TO_DATE
+    r = sh(b, "dvc", "repro", label=f"{kind} repro (B)")
+    assert computed(r) == set() and "Running stage" not in r.stdout, r.stdout
+    assert "Stage 'make' didn't change, skipping" in r.stdout
+    assert sh(b, "dvc", "status").stdout.strip() == UP_TO_DATE
+    for f in ("data.txt", "total.json", "metrics/total.json", "dvc.lock"):
+        assert (b / f).read_bytes() == (a / f).read_bytes(), f
+    # the run-cache arrived: the same records as A's
+    runs = lambda repo: sorted(p.name for p in (repo / ".dvc" / "cache" / "runs").rglob("*") if p.is_file())  # noqa: E731
+    assert runs(b) and runs(b) == runs(a)
+    assert b.resolve() != a.resolve()
+
+
+def test_shared_directory_round_trip_and_negative_control(tmp_path):
+    remote = tmp_path / "shared" / "eyas-dvc"
+    remote.mkdir(parents=True)  # the mounted shared filesystem
+    a = make_origin(tmp_path / "host-a" / "A", str(remote))
+    round_trip(a, tmp_path / "host-b" / "work" / "B", kind="shared-dir")
+    assert (remote / "runs").is_dir() and (remote / "files" / "md5").is_dir()
+    # negative control: a clone that did not pull is not clean, and recomputes
+    c = tmp_path / "host-c" / "C"
+    sh(a.parent, "git", "clone", "-q", str(a), str(c))
+    assert sh(c, "dvc", "status").stdout.strip() != UP_TO_DATE
+    assert computed(sh(c, "dvc", "repro")) == {"make", "total"}
+    print("\nround trip timings (s):", TIMINGS)
+
+
+@pytest.fixture(scope="module")
+def ssh_server():
+    if team_servers.find_sshd() is None:
+        pytest.skip("sshd is absent (Debian's openssh-server; scripts/install.sh installs it)")
+    pytest.importorskip("dvc_ssh", reason="dvc-ssh is absent (pip install -e '.[team]')")
+    with team_servers.sshd() as server:
+        yield server
+
+
+def test_ssh_round_trip(tmp_path, ssh_server):
+    remote = tmp_path / "srv" / "eyas-dvc"
+    url = f"ssh://127.0.0.1:{ssh_server['port']}{remote}"
+    creds = {"user": ssh_server["user"], "keyfile": ssh_server["keyfile"]}
+    a = tmp_path / "host-a" / "A"
+    a.mkdir(parents=True)
+    a.rmdir()
+    a = make_origin(a, url)
+    for key, value in creds.items():
+        sh(a, "dvc", "remote", "modify", "--local", "team", key, value)
+    round_trip(a, tmp_path / "host-b" / "B", creds, kind="ssh")
+    assert (remote / "runs").is_dir()  # what sshd wrote, seen from this side
+    print("\nround trip timings (s):", TIMINGS)
+
+
+def test_bad_remotes_fail_naming_the_url(tmp_path, ssh_server):
+    remote = tmp_path / "shared" / "eyas-dvc"
+    remote.mkdir(parents=True)
+    a = make_origin(tmp_path / "A", str(remote))
+    before = cache_files(a)
+
+    # a shared directory that is not there (not mounted): refused, and NOT created
+    missing = tmp_path / "mnt" / "team" / "eyas-dvc"
+    sh(a, "dvc", "remote", "modify", "team", "url", str(missing))
+    r = eyas_remote(a, "push")
+    assert r.returncode == 2 and str(missing) in r.stderr and "mounted" in r.stderr, r.stderr
+    assert not missing.exists()
+
+    # an SSH port nobody listens on
+    port = team_servers.free_port()
+    url = f"ssh://127.0.0.1:{port}/srv/eyas-dvc"
+    sh(a, "dvc", "remote", "modify", "team", "url", url)
+    sh(a, "dvc", "remote", "modify", "--local", "team", "keyfile", ssh_server["keyfile"])
+    r = eyas_remote(a, "push")
+    assert r.returncode == 2 and url in r.stderr and "unreachable" in r.stderr, r.stderr
+    assert "local cache is untouched" in r.stderr
+
+    # the real sshd, a key it does not know
+    other = tmp_path / "other_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
+    url = f"ssh://127.0.0.1:{ssh_server['port']}{tmp_path / 'srv'}"
+    sh(a, "dvc", "remote", "modify", "team", "url", url)
+    sh(a, "dvc", "remote", "modify", "--local", "team", "user", ssh_server["user"])
+    sh(a, "dvc", "remote", "modify", "--local", "team", "keyfile", str(other))
+    r = eyas_remote(a, "push")
+    assert r.returncode == 2 and url in r.stderr and "refused the login" in r.stderr, r.stderr
+    assert cache_files(a) == before  # nothing computed was lost
+    # positive control: the right key passes the same check
+    sh(a, "dvc", "remote", "modify", "--local", "team", "keyfile", ssh_server["keyfile"])
+    r = eyas_remote(a, "check")
+    assert r.returncode == 0 and "reachable" in r.stdout, r.stderr
+
+    # a remote pushed without --run-cache: a pull is refused before it transfers anything
+    for key in ("user", "keyfile"):  # a local remote takes no SSH settings
+        sh(a, "dvc", "remote", "modify", "--local", "--unset", "team", key)
+    sh(a, "dvc", "remote", "modify", "team", "url", str(remote))
+    sh(a, "dvc", "push")
+    assert not (remote / "runs").exists()
+    b = tmp_path / "B"
+    sh(a, "git", "clone", "-q", str(a), str(b))
+    r = eyas_remote(b, "pull")
+    assert r.returncode == 2 and str(remote) in r.stderr and "no run-cache" in r.stderr, r.stderr
+    assert "dvc push --run-cache" in r.stderr
+    assert not (b / "data.txt").exists()
+    # positive control: pushed with --run-cache, the same pull goes through
+    assert eyas_remote(a, "push").returncode == 0
+    r = eyas_remote(b, "pull")
+    assert r.returncode == 0, r.stderr
+    assert sh(b, "dvc", "status").stdout.strip() == UP_TO_DATE
+
+
+def test_eyas_dvc_yaml_holds_nothing_of_one_machine():
+    """Every stage command and path in eyas' own dvc.yaml is relative: the same stage hashes in
+    every clone, wherever it lies (what the round trip above shows on the tiny pipeline)."""
+    doc = yaml.safe_load((ROOT / "dvc.yaml").read_text())
+    seen = 0
+    for name, st in doc["stages"].items():
+        body = st.get("do", st)
+        for key in ("cmd", "deps", "outs", "metrics", "plots"):
+            for item in body.get(key) or []:
+                for path in (item if isinstance(item, dict) else {item: None}):
+                    assert not str(path).startswith(("/", "~")), (name, key, path)
+                    seen += 1
+        cmd = body["cmd"]
+        assert cmd.split()[0] == "python" and str(ROOT) not in cmd and os.path.expanduser("~") not in cmd, (name, cmd)
+    assert seen > 50
+    # negative control: the check sees an absolute path
+    with pytest.raises(AssertionError):
+        assert not "/abs/data".startswith(("/", "~"))
