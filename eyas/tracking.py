@@ -323,6 +323,7 @@ class MlflowTracker(Tracker):
         self._history: list = []
         self._last_flush = time.monotonic()
         self._closed = False
+        self.monitor = None  # system metrics (eyas.team_tracking.start_system_metrics), stopped by close
 
     def log_params(self, params: dict[str, Any]) -> None:
         """Log params (nested dicts are flattened to dotted keys; secrets masked)."""
@@ -408,7 +409,16 @@ class MlflowTracker(Tracker):
             return
         self._closed = True
         try:
+            if self.monitor is not None:
+                self.monitor.finish()
             self.flush()
+            if self.parent_run_id:  # every stage's metrics onto the parent, the reused ones marked
+                from eyas.team_tracking import sync_parent
+                try:
+                    sync_parent(self.client, self.experiment_id, self.parent_run_id)
+                except Exception as e:  # noqa: BLE001 - the parent's summary never fails a stage
+                    log.warning("MLflow: could not log the stages' metrics onto parent run %s: %s",
+                                self.parent_run_id, e)
         finally:
             _retry(self.client.set_terminated, self.run_id, status)
             if self.parent_run_id:
@@ -536,6 +546,8 @@ def start_stage_run(stage: str, params: Any, stage_params: dict | None = None) -
     if (rank is not None and rank.strip() not in ("", "0")) or _tracking_disabled():
         return Tracker()
     uri = tracking_uri()
+    from eyas.team_tracking import check_store, start_system_metrics, wants_system_metrics
+    check_store(uri)  # a server or PostgreSQL that refuses: StoreError naming the URL, before any compute
     pipeline_flat = redact(flatten(params))
     flat = redact({**flatten(params), **(flatten(stage_params) if stage_params else {})})
     with _store_lock(uri):
@@ -560,6 +572,8 @@ def start_stage_run(stage: str, params: Any, stage_params: dict | None = None) -
     )
     try:
         tracker.log_params(flat)
+        if wants_system_metrics(stage_tag):
+            tracker.monitor = start_system_metrics(run.info.run_id, uri)
     except BaseException:
         tracker.close("FAILED")
         raise

@@ -59,6 +59,7 @@ from eyas.provenance import check, digest, sha256_cached, target_identity
 from eyas.resume import Parts, code_digest
 from eyas.served import evaluate_served
 from eyas.target import embedded_target, load_target
+from eyas.team_tracking import log_acceptance
 from eyas.tracking import start_stage_run
 from stages.common import CONVERSATIONS, METRICS, TARGET_GGUF
 
@@ -310,6 +311,11 @@ def run(name: str, p, target, drafter, benchmarks: dict[str, tuple], tracker) ->
     parts.remove()
     tracker.log_dict(metrics, f"eval_{name}.json")
     tracker.log_figure(accept_len_figure(metrics, title=f"eval-accept-len@{name}"), f"eval_{name}_accept_len.png")
+    try:  # the acceptance onto the drafter's MLflow logged model (eyas/team_tracking.py)
+        log_acceptance(tracker, f"models/{name}", json.loads((METRICS / f"eval_{name}.json").read_text()),
+                       f"eval-accept-len@{name}", dataset=str(CONVERSATIONS))
+    except Exception as err:  # noqa: BLE001 - MLflow's record never fails a finished eval
+        print(f"eval {name}: WARNING the drafter's MLflow logged model did not get the acceptance: {err}")
     return metrics
 
 
