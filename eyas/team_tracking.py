@@ -97,6 +97,16 @@ def _check_postgres(uri: str, timeout: float) -> None:
     except ImportError as e:
         raise StoreError(f"MLflow store {shown}: psycopg2 is not installed; `pip install -e '.[team]'` "
                          "(psycopg2-binary)") from e
+    if urlsplit(uri).scheme in ("postgresql", "postgres"):
+        import importlib.util
+
+        from sqlalchemy.dialects import postgresql
+
+        driver = postgresql.dialect.driver  # SQLAlchemy 2.1 defaults to psycopg (3), 2.0 to psycopg2
+        if driver != "psycopg2" and importlib.util.find_spec(driver) is None:
+            raise StoreError(f"MLflow store {shown}: SQLAlchemy reads postgresql:// with the {driver!r} driver, "
+                             f"which is not installed; name the installed one: "
+                             f"{shown.replace('postgresql://', 'postgresql+psycopg2://', 1)}")
     p = urlsplit(uri)
     host, port = p.hostname or "localhost", p.port or 5432
     user, db = p.username, p.path.lstrip("/") or None

@@ -121,7 +121,7 @@ def postgres(user: str = "eyas", password: str = "eyas-test-pw", db: str = "mlfl
     ``user`` (scram-sha-256 over TCP) owning database ``db``.
 
     Yields ``{"port", "user", "password", "db", "url"}`` (``url``: the SQLAlchemy URL MLflow
-    takes). Raises RuntimeError when initdb fails or the server does not listen within 30 s.
+    takes, with the psycopg2 driver named). Raises RuntimeError when initdb fails or the server does not listen within 30 s.
     """
     pg = find_pg_bin()
     d = Path(tempfile.mkdtemp(prefix="eyas-pg-"))
@@ -167,7 +167,7 @@ def postgres(user: str = "eyas", password: str = "eyas-test-pw", db: str = "mlfl
             cur.execute(f'CREATE DATABASE "{db}" OWNER "{user}"')
         conn.close()
         yield {"port": port, "user": user, "password": password, "db": db,
-               "url": f"postgresql://{user}:{password}@127.0.0.1:{port}/{db}"}
+               "url": f"postgresql+psycopg2://{user}:{password}@127.0.0.1:{port}/{db}"}
     finally:
         stop(proc, timeout=20)
         log.close()

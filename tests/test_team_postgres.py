@@ -1,0 +1,212 @@
+"""The MLflow server on a REAL PostgreSQL, artifacts on a shared path, two DVC queue workers logging
+to it; and the bad inputs (a database that refuses, a wrong password, a server that is down).
+
+PostgreSQL is started by the test (tests/team_servers.py: initdb in a temporary directory, the
+``postgres`` user when run as root), the server by ``scripts/mlflow_server.sh`` with
+``EYAS_MLFLOW_BACKEND`` / ``EYAS_MLFLOW_ARTIFACTS``, the pipeline is tests/test_experiments.py's
+tiny one (eyas.tracking in real stage processes). ``dvc queue start -j 2`` runs two experiments;
+then every run is in PostgreSQL (counted there with SQL), FINISHED, every child under its
+experiment's parent, each parent carrying the numbers of the stage DVC skipped (prepare-data),
+marked reused, and the PNGs are files under the shared artifacts path.
+
+Run: ``python3 -m pytest tests/test_team_postgres.py -q``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests import team_servers
+
+mlflow = pytest.importorskip("mlflow")
+psycopg2 = pytest.importorskip("psycopg2", reason="psycopg2 is absent (pip install -e '.[team]')")
+from mlflow import MlflowClient  # noqa: E402
+
+from eyas import team_tracking, tracking  # noqa: E402
+from eyas.config import parse_params  # noqa: E402
+from tests.test_experiments import DVC_YAML, EVALUATE, LR_STAGES, PARAMS_YAML, PREPARE, TRAIN, ran_stages  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+QUEUED = {"pg-lr-1e-4": "1e-4", "pg-lr-2e-3": "2e-3"}
+QUEUE_TIMEOUT_S = 300
+
+
+def _env(**extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DVC_", "MLFLOW_", "EYAS_"))}
+    env.pop("RANK", None)
+    env.update(DVC_NO_ANALYTICS="1", GIT_TERMINAL_PROMPT="0", PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT),
+               PATH=os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", ""), **extra)
+    return env
+
+
+def sh(cwd: Path, *cmd: str, env: dict, check: bool = True, timeout: float = 180):
+    r = subprocess.run(list(cmd), cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    if check and r.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} exited {r.returncode}\n{r.stdout}\n{r.stderr}")
+    return r
+
+
+@pytest.fixture(scope="module")
+def pg():
+    if team_servers.find_pg_bin() is None:
+        pytest.skip("PostgreSQL is absent (Debian's postgresql; scripts/install.sh installs it)")
+    with team_servers.postgres() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def server(pg, tmp_path_factory):
+    """scripts/mlflow_server.sh on the PostgreSQL, artifacts on a shared path."""
+    shared = tmp_path_factory.mktemp("shared") / "mlartifacts"
+    port = team_servers.free_port()
+    log = open(shared.parent / "server.log", "w")
+    env = _env(EYAS_MLFLOW_BACKEND=pg["url"], EYAS_MLFLOW_ARTIFACTS=str(shared), EYAS_MLFLOW_PORT=str(port),
+               EYAS_MLFLOW_WORKERS="1")
+    proc = subprocess.Popen(["bash", str(ROOT / "scripts" / "mlflow_server.sh")], env=env, stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"the MLflow server did not come up:\n{(shared.parent / 'server.log').read_text()}")
+            time.sleep(0.5)
+        yield {"url": url, "artifacts": shared, "pg": pg}
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 15)  # the server's own process group (uvicorn workers, job runner)
+            try:
+                proc.wait(5)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, 9)
+                proc.wait()
+        log.close()
+
+
+def test_bad_database_inputs_name_the_url(pg, tmp_path):
+    good = pg["url"]
+    wrong = good.replace(f":{pg['password']}@", ":not-the-password@")
+    shown_wrong = f"postgresql+psycopg2://{pg['user']}:***@127.0.0.1:{pg['port']}/{pg['db']}"
+    r = subprocess.run([sys.executable, "-m", "eyas.team_tracking", "check-store", wrong], env=_env(),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and shown_wrong in r.stderr and "wrong or missing password" in r.stderr, r.stderr
+    assert "not-the-password" not in r.stderr
+    dead = team_servers.free_port()
+    refused = f"postgresql+psycopg2://{pg['user']}:x@127.0.0.1:{dead}/{pg['db']}"
+    with pytest.raises(team_tracking.StoreError, match=rf"127\.0\.0\.1:{dead}.*refused the connection.*pg_isready"):
+        team_tracking.check_store(refused)
+    missing_db = good.rsplit("/", 1)[0] + "/nope"
+    with pytest.raises(team_tracking.StoreError, match=r"createdb .* nope"):
+        team_tracking.check_store(missing_db)
+    team_tracking.check_store(good)  # positive control
+    plain = good.replace("postgresql+psycopg2://", "postgresql://")  # SQLAlchemy 2.1's default driver is psycopg 3
+    import importlib.util
+
+    from sqlalchemy.dialects import postgresql
+    if postgresql.dialect.driver != "psycopg2" and importlib.util.find_spec(postgresql.dialect.driver) is None:
+        with pytest.raises(team_tracking.StoreError, match=r"postgresql\+psycopg2://eyas:\*\*\*@"):
+            team_tracking.check_store(plain)
+    # the server script stops at the check, naming the URL, before anything starts
+    r = subprocess.run(["bash", str(ROOT / "scripts" / "mlflow_server.sh")], capture_output=True, text=True,
+                       env=_env(EYAS_MLFLOW_BACKEND=wrong, EYAS_MLFLOW_ARTIFACTS=str(tmp_path / "a"),
+                                EYAS_MLFLOW_PORT=str(team_servers.free_port())), timeout=60)
+    assert r.returncode == 1 and shown_wrong in r.stderr and "password" in r.stderr, r.stderr
+
+
+def test_stage_refuses_a_server_that_is_down_before_compute(tmp_path, monkeypatch):
+    dead = f"http://127.0.0.1:{team_servers.free_port()}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", dead)
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path))
+    monkeypatch.delenv("EYAS_TRACKING", raising=False)
+    monkeypatch.delenv("RANK", raising=False)
+    with pytest.raises(team_tracking.StoreError, match=rf"{dead} does not answer.*mlflow_server\.sh"):
+        tracking.start_stage_run("train-scratch", parse_params({}))
+
+
+def test_queue_two_workers_on_postgres(server, tmp_path):
+    if subprocess.run(["git", "--version"], capture_output=True).returncode != 0:
+        pytest.skip("git is not installed")
+    repo = tmp_path / "repo"
+    (repo / "steps").mkdir(parents=True)
+    for name, text in (("prepare.py", PREPARE), ("train.py", TRAIN), ("evaluate.py", EVALUATE)):
+        (repo / "steps" / name).write_text(text)
+    (repo / "dvc.yaml").write_text(DVC_YAML.format(py=sys.executable))
+    (repo / "params.yaml").write_text(PARAMS_YAML)
+    (repo / ".gitignore").write_text("__pycache__/\n")
+    env = _env(MLFLOW_TRACKING_URI=server["url"])
+    for cmd in (["git", "init", "-q", "-b", "main"], ["git", "config", "user.name", "eyas test"],
+                ["git", "config", "user.email", "eyas-test@example.invalid"],
+                ["git", "config", "commit.gpgsign", "false"], ["dvc", "init", "-q"],
+                ["dvc", "config", "core.analytics", "false"], ["dvc", "repro"], ["git", "add", "-A"],
+                ["git", "commit", "-q", "-m", "baseline"]):
+        sh(repo, *cmd, env=env)
+    for name, lr in QUEUED.items():
+        sh(repo, "dvc", "exp", "run", "--queue", "-S", f"lr={lr}", "-n", name, env=env)
+    t0 = time.monotonic()
+    sh(repo, "dvc", "queue", "start", "-j", "2", env=env)
+    last = t0
+    try:
+        while True:  # git refs are cheap to poll; `dvc queue status` (a DVC process) only every 30 s
+            refs = sh(repo, "git", "for-each-ref", "--format=%(refname)", "refs/exps", env=env).stdout.split()
+            if all(any(r.endswith("/" + n) for r in refs) for n in QUEUED):
+                break
+            status = ""
+            if time.monotonic() - last > 30:
+                status, last = sh(repo, "dvc", "queue", "status", env=env).stdout, time.monotonic()
+            if "Failed" in status or time.monotonic() - t0 > QUEUE_TIMEOUT_S:
+                logs = {n: sh(repo, "dvc", "queue", "logs", n, env=env, check=False).stdout for n in QUEUED}
+                raise AssertionError(f"queue: {status}\n{logs}")
+            time.sleep(2)
+    except BaseException:
+        sh(repo, "dvc", "queue", "stop", "--kill", env=env, check=False)
+        raise
+    seconds = time.monotonic() - t0
+    logs = {n: sh(repo, "dvc", "queue", "logs", n, env=env, check=False).stdout for n in QUEUED}
+    for n in QUEUED:
+        assert ran_stages(logs[n]) == LR_STAGES, logs[n]
+
+    client = MlflowClient(tracking_uri=server["url"])
+    exp = client.get_experiment_by_name("eyas")
+    runs = client.search_runs([exp.experiment_id], max_results=1000)
+    parents = {r.info.run_id: r for r in runs if "mlflow.parentRunId" not in r.data.tags}
+    children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+    # no run lost: the baseline (3 stages) and two experiments (2 stages each), one parent each
+    assert len(parents) == 3 and len(children) == 3 + 2 * len(LR_STAGES), [r.info.run_name for r in runs]
+    assert all(r.info.status == "FINISHED" for r in runs)
+    assert all(c.data.tags["mlflow.parentRunId"] in parents for c in children)  # every child linked
+    by_name = {p.data.tags.get("dvc.exp_name") or "workspace": p for p in parents.values()}
+    for name, lr in QUEUED.items():
+        parent = by_name[name]
+        kids = {c.data.tags["dvc.stage"]: c for c in children
+                if c.data.tags["mlflow.parentRunId"] == parent.info.run_id}
+        assert set(kids) == LR_STAGES
+        assert float(parent.data.params["lr"]) == float(lr)
+        # prepare-data did not run in this experiment: its numbers on the parent, marked reused
+        assert parent.data.tags["eyas.reused.prepare-data"] == "true"
+        assert parent.data.tags["eyas.reused.train-finetune"] == "false"
+        assert parent.data.metrics["prepare-data/conversations"] == 10
+        assert parent.data.metrics["train-finetune/final/acc_0"] == kids["train-finetune"].data.metrics["final/acc_0"]
+    # the runs are PostgreSQL's rows, and the PNGs files on the shared path
+    pg = server["pg"]
+    conn = psycopg2.connect(host="127.0.0.1", port=pg["port"], user=pg["user"], password=pg["password"],
+                            dbname=pg["db"])
+    with conn, conn.cursor() as cur:
+        cur.execute("SELECT count(*) FROM runs WHERE experiment_id = %s", (int(exp.experiment_id),))
+        assert cur.fetchone()[0] == len(runs)
+    conn.close()
+    pngs = sorted(p.name for p in server["artifacts"].rglob("*.png"))
+    assert pngs.count("train_finetune_curves.png") == 3 and pngs.count("eval_finetune_accept_len.png") == 3
+    print(f"\nqueue -j 2 on PostgreSQL: {len(parents)} parents, {len(children)} children, {seconds:.0f} s")
