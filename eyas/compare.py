@@ -20,9 +20,11 @@ column per parent (latest first) and one row per key param / stage metric:
   logged (greedy chain, greedy tree, sampled chain per temperature; the n-gram rows from either
   eval child), with its 95% interval (``ci95_low`` / ``ci95_high``) in brackets.
 
-A cell shows ``–`` when the parent has no child run for that stage: DVC skipped the stage
-(unchanged, or restored from the run-cache: no MLflow run is logged then; docs/dvc-mlflow.md §5), so
-its numbers live in the run where it last ran, and ``dvc exp show`` has them all.
+A stage DVC skipped (unchanged, or restored from the run-cache) logs no run (docs/dvc-mlflow.md §5);
+its numbers then come from the parent run, where every stage run logs all stages' metrics files
+(``<stage>/<key>``, reused stages tagged ``eyas.reused.<stage>``; eyas.team_tracking.sync_parent), and
+a row lists the reused stages. A cell shows ``–`` when neither has the number (``dvc exp show`` has
+them all).
 
 Run: ``eyas compare [--experiment eyas] [--limit 8] [--all-params] [--out compare.md]``.
 """

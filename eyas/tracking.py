@@ -535,6 +535,11 @@ def start_stage_run(stage: str, params: Any, stage_params: dict | None = None) -
       ``resume_key``, eyas/resume.py); a training stage that resumes from a checkpoint replays the
       metrics saved with it (eyas/train.py), so the new run holds the whole curve either way.
 
+    - The store is checked first (a PostgreSQL URI or a server: eyas.team_tracking.check_store
+      raises ``StoreError`` naming the URL, before any compute); training and eval stages sample
+      system metrics; closing the run logs every stage's metrics files onto the parent, the stages
+      DVC skipped marked reused (eyas/team_tracking.py, docs/team.md).
+
     Returns the no-op :class:`Tracker` on ranks other than 0 (``$RANK``) or when
     ``$EYAS_TRACKING=off``. Use as a context manager: an exception ends the run FAILED and
     propagates::
