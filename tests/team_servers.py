@@ -121,7 +121,8 @@ def postgres(user: str = "eyas", password: str = "eyas-test-pw", db: str = "mlfl
     ``user`` (scram-sha-256 over TCP) owning database ``db``.
 
     Yields ``{"port", "user", "password", "db", "url"}`` (``url``: the SQLAlchemy URL MLflow
-    takes, with the psycopg2 driver named). Raises RuntimeError when initdb fails or the server does not listen within 30 s.
+    takes, with the psycopg2 driver named). Raises RuntimeError when initdb fails or the server
+    does not listen within 30 s.
     """
     pg = find_pg_bin()
     d = Path(tempfile.mkdtemp(prefix="eyas-pg-"))

@@ -82,7 +82,8 @@ def server(pg, tmp_path_factory):
             except OSError:
                 pass
             if proc.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(f"the MLflow server did not come up:\n{(shared.parent / 'server.log').read_text()}")
+                log_text = (shared.parent / "server.log").read_text()
+                raise AssertionError(f"the MLflow server did not come up:\n{log_text}")
             time.sleep(0.5)
         yield {"url": url, "artifacts": shared, "pg": pg}
     finally:
