@@ -28,6 +28,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from eyas import team_remote
 from tests import team_servers
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -167,6 +168,27 @@ def test_ssh_round_trip(tmp_path, ssh_server):
     print("\nround trip timings (s):", TIMINGS)
 
 
+def set_remote(repo: Path, level: str = "repo", **settings: str | None) -> None:
+    """Edit remote ``team`` in ``.dvc/config`` (level ``repo``) or ``.dvc/config.local`` (``local``)
+    through DVC's own config API, in-process (what ``dvc remote modify [--local]`` does); None unsets."""
+    from dvc.repo import Repo
+
+    with Repo(str(repo)) as r, r.config.edit(level) as conf:
+        remote = conf["remote"].setdefault("team", {})
+        for key, value in settings.items():
+            if value is None:
+                remote.pop(key, None)
+            else:
+                remote[key] = value
+
+
+def refused(repo: Path, op: str = "push") -> str:
+    """The message of the RemoteError that refuses ``op`` (in-process: DVC is imported once)."""
+    with pytest.raises(team_remote.RemoteError) as e:
+        team_remote.transfer(op, repo)
+    return str(e.value)
+
+
 def test_bad_remotes_fail_naming_the_url(tmp_path, ssh_server):
     remote = tmp_path / "shared" / "eyas-dvc"
     remote.mkdir(parents=True)
@@ -175,16 +197,16 @@ def test_bad_remotes_fail_naming_the_url(tmp_path, ssh_server):
 
     # a shared directory that is not there (not mounted): refused, and NOT created
     missing = tmp_path / "mnt" / "team" / "eyas-dvc"
-    sh(a, "dvc", "remote", "modify", "team", "url", str(missing))
-    r = eyas_remote(a, "push")
-    assert r.returncode == 2 and str(missing) in r.stderr and "mounted" in r.stderr, r.stderr
+    set_remote(a, url=str(missing))
+    msg = refused(a)
+    assert str(missing) in msg and "mounted" in msg, msg
     assert not missing.exists()
 
-    # an SSH port nobody listens on
+    # an SSH port nobody listens on; through the command line: exit status 2, the message on stderr
     port = team_servers.free_port()
     url = f"ssh://127.0.0.1:{port}/srv/eyas-dvc"
-    sh(a, "dvc", "remote", "modify", "team", "url", url)
-    sh(a, "dvc", "remote", "modify", "--local", "team", "keyfile", ssh_server["keyfile"])
+    set_remote(a, url=url)
+    set_remote(a, "local", keyfile=ssh_server["keyfile"])
     r = eyas_remote(a, "push")
     assert r.returncode == 2 and url in r.stderr and "unreachable" in r.stderr, r.stderr
     assert "local cache is untouched" in r.stderr
@@ -193,33 +215,28 @@ def test_bad_remotes_fail_naming_the_url(tmp_path, ssh_server):
     other = tmp_path / "other_key"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
     url = f"ssh://127.0.0.1:{ssh_server['port']}{tmp_path / 'srv'}"
-    sh(a, "dvc", "remote", "modify", "team", "url", url)
-    sh(a, "dvc", "remote", "modify", "--local", "team", "user", ssh_server["user"])
-    sh(a, "dvc", "remote", "modify", "--local", "team", "keyfile", str(other))
-    r = eyas_remote(a, "push")
-    assert r.returncode == 2 and url in r.stderr and "refused the login" in r.stderr, r.stderr
+    set_remote(a, url=url)
+    set_remote(a, "local", user=ssh_server["user"], keyfile=str(other))
+    msg = refused(a)
+    assert url in msg and "refused the login" in msg, msg
     assert cache_files(a) == before  # nothing computed was lost
     # positive control: the right key passes the same check
-    sh(a, "dvc", "remote", "modify", "--local", "team", "keyfile", ssh_server["keyfile"])
-    r = eyas_remote(a, "check")
-    assert r.returncode == 0 and "reachable" in r.stdout, r.stderr
+    set_remote(a, "local", keyfile=ssh_server["keyfile"])
+    assert team_remote.check_remote(a)["url"] == url
 
     # a remote pushed without --run-cache: a pull is refused before it transfers anything
-    for key in ("user", "keyfile"):  # a local remote takes no SSH settings
-        sh(a, "dvc", "remote", "modify", "--local", "--unset", "team", key)
-    sh(a, "dvc", "remote", "modify", "team", "url", str(remote))
+    set_remote(a, "local", user=None, keyfile=None)  # a local remote takes no SSH settings
+    set_remote(a, url=str(remote))
     sh(a, "dvc", "push")
     assert not (remote / "runs").exists()
     b = tmp_path / "B"
     sh(a, "git", "clone", "-q", str(a), str(b))
-    r = eyas_remote(b, "pull")
-    assert r.returncode == 2 and str(remote) in r.stderr and "no run-cache" in r.stderr, r.stderr
-    assert "dvc push --run-cache" in r.stderr
+    msg = refused(b, "pull")
+    assert str(remote) in msg and "no run-cache" in msg and "dvc push --run-cache" in msg, msg
     assert not (b / "data.txt").exists()
     # positive control: pushed with --run-cache, the same pull goes through
-    assert eyas_remote(a, "push").returncode == 0
-    r = eyas_remote(b, "pull")
-    assert r.returncode == 0, r.stderr
+    assert team_remote.transfer("push", a) == 0
+    assert team_remote.transfer("pull", b) == 0
     assert sh(b, "dvc", "status").stdout.strip() == UP_TO_DATE
 
 
