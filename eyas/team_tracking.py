@@ -379,8 +379,9 @@ def log_drafter_model(tracker, stage: str, drafter_dir: str | os.PathLike, val: 
 
     Artifacts: ``config.json`` (and ``fingerprint.json`` where present), not the weights; params:
     the config's keys (flattened, as strings); tags ``dvc.stage``, ``eyas.drafter`` (the directory's
-    name) and ``eyas.weights_sha256``; metrics ``val/<k>`` from ``val`` at ``step``, linked to the
-    model and to the first dataset; inputs of the run: ``datasets`` ({DVC output path: context},
+    name) and ``eyas.weights_sha256``; metrics ``final/<k>`` from ``val`` at ``step`` (the names and
+    step the training run logs them under: its ``val/`` curves gain no point), linked to the model
+    and to the first dataset; inputs of the run: ``datasets`` ({DVC output path: context},
     e.g. ``{"data/features": "training", "data/conversations": "source"}``) as :func:`dvc_dataset`
     gives them (those ``dvc.lock`` lacks are left out). Returns the model id, or None for a no-op
     tracker. The run gets tag ``eyas.model_id``.
@@ -413,7 +414,7 @@ def log_drafter_model(tracker, stage: str, drafter_dir: str | os.PathLike, val: 
         _log_inputs(client, run_id, sets)
         first = next((ds for ds, _ in sets if ds is not None), None)
         ts = int(time.time() * 1000)
-        metrics = [Metric(f"val/{k}", float(v), ts, int(step), model_id=mid, run_id=run_id,
+        metrics = [Metric(f"final/{k}", float(v), ts, int(step), model_id=mid, run_id=run_id,
                           dataset_name=first.name if first else None, dataset_digest=first.digest if first else None)
                    for k, v in val.items() if isinstance(v, (int, float)) and math.isfinite(float(v))]
         if metrics:

@@ -327,8 +327,8 @@ def test_drafter_logged_model_datasets_system_metrics_and_reused_stages(team_sto
     on_share = [p for p in server["artifacts"].rglob("config.json") if mid in str(p)]
     assert len(on_share) == 1 and json.loads(on_share[0].read_text()) == config  # through the server
     got = {m.key: m for m in model.metrics}
-    assert got["val/acc_0"].value == pytest.approx(result.final_val["acc_0"])
-    assert got["val/acc_0"].dataset_digest == FEATURES_MD5[:32]
+    assert got["final/acc_0"].value == pytest.approx(result.final_val["acc_0"])
+    assert got["final/acc_0"].dataset_digest == FEATURES_MD5[:32]
     inputs = {d.dataset.name: d for d in run.inputs.dataset_inputs}
     assert inputs["data/features"].dataset.digest == FEATURES_MD5[:32]
     assert json.loads(inputs["data/features"].dataset.source)["md5"] == FEATURES_MD5
