@@ -32,3 +32,13 @@ def test_stage_metrics_files_and_run_keys():
     assert team_tracking.run_keys("train-scratch", {"val": {"acc_0": 0.5}, "steps": 3}) == \
         {"val/acc_0": 0.5, "steps": 3.0, "final/acc_0": 0.5}
     assert team_tracking.safe_uri("postgresql://eyas:s3cret@db:5432/mlflow") == "postgresql://eyas:***@db:5432/mlflow"
+
+
+def test_system_metrics_on_training_and_eval_stages_only(monkeypatch):
+    monkeypatch.delenv("EYAS_SYSTEM_METRICS", raising=False)
+    wants = team_tracking.wants_system_metrics
+    assert wants("train-scratch") and wants("train-finetune") and wants("eval-accept-len@scratch")
+    assert wants("stand-in-drafter")
+    assert not wants("prepare-data") and not wants("extract") and not wants("export-gguf@scratch")
+    monkeypatch.setenv("EYAS_SYSTEM_METRICS", "off")  # negative control: switched off
+    assert not wants("train-scratch")
