@@ -5,7 +5,7 @@ PostgreSQL is started by the test (tests/team_servers.py: initdb in a temporary 
 ``postgres`` user when run as root), the server by ``scripts/mlflow_server.sh`` with
 ``EYAS_MLFLOW_BACKEND`` / ``EYAS_MLFLOW_ARTIFACTS``, the pipeline is tests/test_experiments.py's
 tiny one (eyas.tracking in real stage processes). ``dvc queue start -j 2`` runs two experiments
-(marked ``slow``: the two celery workers take about a minute on 2 cores);
+(marked ``slow``: two celery workers start);
 then every run is in PostgreSQL (counted there with SQL), FINISHED, every child under its
 experiment's parent, each parent carrying the numbers of the stage DVC skipped (prepare-data),
 marked reused, and the PNGs are files under the shared artifacts path. On the same server, the
@@ -186,7 +186,7 @@ def test_stage_refuses_a_server_that_is_down_before_compute(tmp_path, monkeypatc
         tracking.start_stage_run("train-scratch", parse_params({}))
 
 
-@pytest.mark.slow  # two celery workers starting on 2 cores: about a minute
+@pytest.mark.slow  # two celery workers start
 def test_queue_two_workers_on_postgres(server, tmp_path):
     if subprocess.run(["git", "--version"], capture_output=True).returncode != 0:
         pytest.skip("git is not installed")

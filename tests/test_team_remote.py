@@ -22,6 +22,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -149,8 +150,19 @@ def ssh_server():
     if team_servers.find_sshd() is None:
         pytest.skip("sshd is absent (Debian's openssh-server; scripts/install.sh installs it)")
     pytest.importorskip("dvc_ssh", reason="dvc-ssh is absent (pip install -e '.[team]')")
-    with team_servers.sshd() as server:
-        yield server
+    # asyncssh checks ~/.ssh/known_hosts where it exists: a HOME of its own, for this process and the
+    # dvc subprocesses, so that a developer's known_hosts (without this loopback port) cannot interfere
+    home, old = tempfile.mkdtemp(prefix="eyas-home-"), os.environ.get("HOME")
+    os.environ["HOME"] = home
+    try:
+        with team_servers.sshd() as server:
+            yield server
+    finally:
+        if old is None:
+            os.environ.pop("HOME", None)
+        else:
+            os.environ["HOME"] = old
+        shutil.rmtree(home, ignore_errors=True)
 
 
 def test_ssh_round_trip(tmp_path, ssh_server):
