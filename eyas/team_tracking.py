@@ -257,13 +257,16 @@ def sync_parent(client, experiment_id: str, parent_run_id: str,
     tag ``eyas.reused.<stage>`` (``true``: no child run of it under this parent). Returns
     {stage: reused} for the stages whose metrics file exists.
 
-    Raises what MlflowClient raises (the caller, :class:`eyas.tracking.MlflowTracker`, logs it as a
-    warning: the parent's summary never fails a stage).
+    A number or tag the parent already holds with the same value is not logged again (each stage
+    run syncs: the parent's history gains a point only where a value changed). Raises what
+    MlflowClient raises (the caller, :class:`eyas.tracking.MlflowTracker`, logs it as a warning: the
+    parent's summary never fails a stage).
     """
     from mlflow.entities import Metric, RunTag
 
     ran = {r.data.tags.get("dvc.stage") for r in client.search_runs(
         [experiment_id], filter_string=f"tags.`mlflow.parentRunId` = '{parent_run_id}'", max_results=1000)}
+    have = client.get_run(parent_run_id).data  # what an earlier stage's sync logged: not logged again
     metrics, tags, out = [], [], {}
     ts = int(time.time() * 1000)
     for stage, files in stage_metrics_files(dvc_yaml).items():
@@ -278,12 +281,16 @@ def sync_parent(client, experiment_id: str, parent_run_id: str,
         reused = stage not in ran
         out[stage] = reused
         name = metric_stage(stage)
-        tags.append(RunTag(REUSED_TAG + name, "true" if reused else "false"))
+        if have.tags.get(REUSED_TAG + name) != ("true" if reused else "false"):
+            tags.append(RunTag(REUSED_TAG + name, "true" if reused else "false"))
         for doc in docs:
             if isinstance(doc, dict):
-                metrics += [Metric(f"{name}/{k}", v, ts, 0) for k, v in run_keys(stage, doc).items()]
-    for i in range(0, max(len(metrics), 1), 1000):
-        client.log_batch(parent_run_id, metrics=metrics[i:i + 1000], tags=tags if i == 0 else [])
+                metrics += [Metric(f"{name}/{k}", v, ts, 0) for k, v in run_keys(stage, doc).items()
+                            if have.metrics.get(f"{name}/{k}") != v]
+    for i in range(0, len(metrics), 1000):
+        client.log_batch(parent_run_id, metrics=metrics[i:i + 1000])
+    if tags:
+        client.log_batch(parent_run_id, tags=tags)
     return out
 
 

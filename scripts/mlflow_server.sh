@@ -25,7 +25,7 @@ WORKERS="${EYAS_MLFLOW_WORKERS:-2}"
 DB="${EYAS_MLFLOW_BACKEND:-sqlite:///$ROOT/mlflow.db}"   # four slashes: an absolute path
 ARTIFACTS="${EYAS_MLFLOW_ARTIFACTS:-$ROOT/mlartifacts}"
 mkdir -p "$ARTIFACTS"
-SHOWN="$(python3 -c 'import sys; from eyas.team_tracking import safe_uri; print(safe_uri(sys.argv[1]))' "$DB")"
+SHOWN="$(cd "$ROOT" && python3 -c 'import sys; from eyas.team_tracking import safe_uri; print(safe_uri(sys.argv[1]))' "$DB")"
 # a database that refuses, or a wrong password: one clear line naming the URL, not a traceback
 (cd "$ROOT" && python3 -m eyas.team_tracking check-store "$DB" >/dev/null) || exit 1
 

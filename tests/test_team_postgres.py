@@ -358,6 +358,8 @@ def test_drafter_logged_model_datasets_system_metrics_and_reused_stages(team_sto
     assert parent.data.tags["eyas.reused.train-scratch"] == "false"
     assert parent.data.tags["eyas.reused.eval-accept-len:scratch"] == "false"
     assert parent.data.metrics["prepare-data/conversations"] == 600
+    # two stage runs synced; an unchanged number was logged once
+    assert len(client.get_metric_history(t.parent_run_id, "prepare-data/conversations")) == 1
     assert parent.data.metrics["train-scratch/final/acc_0"] == pytest.approx(result.final_val["acc_0"])
     assert parent.data.metrics["eval-accept-len:scratch/chat/accept_len"] == 1.9
 
