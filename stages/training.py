@@ -3,6 +3,7 @@ export the drafter, write its metrics and plots, log them to MLflow."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from eyas.drafter.model import Eagle3Drafter
@@ -10,10 +11,13 @@ from eyas.export.eagle import save_drafter
 from eyas.io import write_json, write_tsv
 from eyas.pipeline import plots
 from eyas.pipeline.provenance import FILE as FINGERPRINT
+from eyas.pipeline.team_tracking import log_drafter_model
 from eyas.training import checkpoint
 from eyas.training.distributed import is_main
 from eyas.training.loop import TrainResult
-from stages.common import METRICS, PLOTS, VOCAB_REPORTS, checkpoint_dir
+from stages.common import CONVERSATIONS, FEATURES, METRICS, PLOTS, VOCAB_REPORTS, checkpoint_dir
+
+log = logging.getLogger(__name__)
 
 
 def finish_training(stage: str, drafter: Eagle3Drafter, result: TrainResult, out_dir: Path,
@@ -44,6 +48,11 @@ def finish_training(stage: str, drafter: Eagle3Drafter, result: TrainResult, out
     tracker.log_metrics({"final/" + k: v for k, v in result.final_val.items()}, step=result.steps)
     tracker.log_dict(metrics, f"{name}_metrics.json")
     tracker.log_artifact(out_dir / "config.json")
+    try:  # the drafter as an MLflow logged model, its datasets DVC's (eyas/pipeline/team_tracking.py)
+        log_drafter_model(tracker, stage, out_dir, result.final_val, step=result.steps,
+                          datasets={str(FEATURES): "training", str(CONVERSATIONS): "source"})
+    except Exception as err:  # noqa: BLE001 - MLflow's record never fails a finished training
+        log.warning("%s: the drafter was not logged as an MLflow model: %s", stage, err)
     if extra and "vocab" in extra:  # a drafter with its own vocab (the stand-in)
         tracker.log_dict(extra["vocab"], "vocab_report.json")
     elif stage in VOCAB_REPORTS and VOCAB_REPORTS[stage].is_file():

@@ -20,9 +20,11 @@ column per parent (latest first) and one row per key param / stage metric:
   logged (greedy chain, greedy tree, sampled chain per temperature; the n-gram rows from either
   eval child), with its 95% interval (``ci95_low`` / ``ci95_high``) in brackets.
 
-A cell shows ``–`` when the parent has no child run for that stage: DVC skipped the stage
-(unchanged, or restored from the run-cache: no MLflow run is logged then; docs/dvc-mlflow.md §5), so
-its numbers live in the run where it last ran, and ``dvc exp show`` has them all.
+A stage DVC skipped (unchanged, or restored from the run-cache) logs no run (docs/dvc-mlflow.md §5);
+its numbers then come from the parent run, where every stage run logs all stages' metrics files
+(``<stage>/<key>``, reused stages tagged ``eyas.reused.<stage>``; eyas.pipeline.team_tracking.sync_parent), and
+a row lists the reused stages. A cell shows ``–`` when neither has the number (``dvc exp show`` has
+them all).
 
 Run: ``eyas compare [--experiment eyas] [--limit 8] [--all-params] [--out compare.md]``.
 """
@@ -112,6 +114,9 @@ class Pipeline:
     params: dict[str, str]
     tags: dict[str, str]
     stages: dict[str, Any] = field(default_factory=dict)  # stage -> mlflow Run
+    # the parent's own metrics: every stage's numbers as ``<stage>/<key>`` (``@`` as ``:``), reused
+    # stages' too (eyas.pipeline.team_tracking.sync_parent)
+    parent_metrics: dict[str, float] = field(default_factory=dict)
 
     def metric(self, stage: str | None, key: str) -> float | None:
         stages = [stage] if stage else [s for s in EVAL_STAGES if s in self.stages] + sorted(self.stages)
@@ -119,7 +124,16 @@ class Pipeline:
             run = self.stages.get(s)
             if run is not None and key in run.data.metrics:
                 return run.data.metrics[key]
+        for s in [stage] if stage else EVAL_STAGES:  # a stage DVC reused: its numbers on the parent
+            v = self.parent_metrics.get(f"{s.replace('@', ':')}/{key}")
+            if v is not None:
+                return v
         return None
+
+    def reused(self) -> list[str]:
+        """The stages the parent marks reused (tag ``eyas.reused.<stage>`` = ``true``)."""
+        return sorted(k[len("eyas.reused."):].replace(":", "@") for k, v in self.tags.items()
+                      if k.startswith("eyas.reused.") and v == "true")
 
 
 def key_params(params: dict[str, str]) -> list[str]:
@@ -152,7 +166,7 @@ def collect(client, experiment_id: str, limit: int = 8) -> list[Pipeline]:
     by_id = {p.info.run_id: Pipeline(
         name=p.data.tags.get("mlflow.runName") or p.info.run_id[:8], run_id=p.info.run_id,
         start_time=p.info.start_time or 0, status=p.info.status, params=dict(p.data.params),
-        tags=dict(p.data.tags)) for p in parents}
+        tags=dict(p.data.tags), parent_metrics=dict(p.data.metrics)) for p in parents}
     for r in runs:  # newest first: keep the first FINISHED child, else the newest
         pipe = by_id.get(r.data.tags.get("mlflow.parentRunId", ""))
         if pipe is None:
@@ -177,9 +191,9 @@ def _logged_verdict(pipe: "Pipeline", stage: str, key: str) -> str:
     ``–`` when the pipeline has no run of ``stage``; ``not logged`` when that run has no such
     metric (the eval logs none while the verdict is unknown, eyas.eval.checks.serving_verdict,
     nor did evals older than the verdict); any other value as it is, marked ``(not 0/1)``."""
-    if stage not in pipe.stages:
-        return "–"
     v = pipe.metric(stage, key)
+    if stage not in pipe.stages and v is None:
+        return "–"
     if v is None:
         return "not logged"
     return {1.0: "yes", 0.0: "no"}.get(v, f"{v!r} (not 0/1)")  # unrounded: 0.99999 is not 1
@@ -236,6 +250,7 @@ def render_markdown(pipes: list[Pipeline], header: str | None = None, all_params
                            for p in pipes]),
         ("baseline rev", [p.tags.get("dvc.baseline_rev", "")[:7] or "–" for p in pipes]),
         ("stages logged", [str(len(p.stages)) for p in pipes]),
+        ("stages reused (numbers from metrics/)", [", ".join(p.reused()) or "–" for p in pipes]),
     ]
     rows += [(f"`{k}`", [_fmt(p.params.get(k)) for p in pipes]) for k in pkeys]
     rows += [(label, [_logged_verdict(p, stage, key) if key.endswith("/worth_serving") else _fmt(p.metric(stage, key))
@@ -251,8 +266,9 @@ def render_markdown(pipes: list[Pipeline], header: str | None = None, all_params
     lines += ["| " + _cell(label) + " | " + " | ".join(_cell(c) for c in cells) + " |" for label, cells in rows]
     if same:
         lines += ["", "Same in every column: " + ", ".join(f"`{k}={pipes[0].params.get(k)}`" for k in same) + "."]
-    lines += ["", "`–`: no child run for that stage in this pipeline execution (DVC skipped it: "
-                  "unchanged or restored from the run-cache); `dvc exp show` has every number."]
+    lines += ["", "`–`: no number for that stage in this pipeline execution (DVC skipped it, unchanged or "
+                  "restored from the run-cache, and no stage that ran logged its metrics file onto the parent); "
+                  "`dvc exp show` has every number."]
     return "\n".join(lines) + "\n"
 
 
