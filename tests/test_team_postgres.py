@@ -270,7 +270,7 @@ def team_store(tmp_path, monkeypatch, server):
     (root / "dvc.yaml").write_text(DVC_YAML)
     (root / "dvc.lock").write_text(DVC_LOCK)
     for var in ("DVC_STAGE", "DVC_EXP_NAME", "DVC_EXP_BASELINE_REV", "RANK",
-                "EYAS_TRACKING", "EYAS_EXPERIMENT", "EYAS_SYSTEM_METRICS"):
+                "EYAS_TRACKING", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("DVC_ROOT", str(root))
     monkeypatch.setenv("MLFLOW_TRACKING_URI", server["url"])

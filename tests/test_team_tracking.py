@@ -35,10 +35,12 @@ def test_stage_metrics_files_and_run_keys():
 
 
 def test_system_metrics_on_training_and_eval_stages_only(monkeypatch):
-    monkeypatch.delenv("EYAS_SYSTEM_METRICS", raising=False)
+    monkeypatch.delenv("MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING", raising=False)
     wants = team_tracking.wants_system_metrics
     assert wants("train-scratch") and wants("train-finetune") and wants("eval-accept-len@scratch")
     assert wants("stand-in-drafter")
     assert not wants("prepare-data") and not wants("extract") and not wants("export-gguf@scratch")
-    monkeypatch.setenv("EYAS_SYSTEM_METRICS", "off")  # negative control: switched off
+    monkeypatch.setenv("MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING", "false")  # negative control: MLflow's switch off
     assert not wants("train-scratch")
+    monkeypatch.setenv("MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING", "true")  # on: every stage, as in MLflow
+    assert wants("prepare-data")

@@ -37,23 +37,15 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
+
+from eyas.pipeline.team_tracking import safe_uri
 
 RUN_CACHE_DIR = "runs"  # where `dvc push --run-cache` puts the run-cache, beside `files/` (dvc/stage/cache.py)
 
 
 class RemoteError(RuntimeError):
     """A remote that cannot be used: the message names it (URL) and says what to do."""
-
-
-def safe_url(url: str) -> str:
-    """``url`` with any password replaced by ``***`` (``ssh://u:pw@h/p`` -> ``ssh://u:***@h/p``)."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rsplit("@", 1)
-    user = parts.username or ""
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc[-1]}"))
 
 
 def _repo(root: str | os.PathLike):
@@ -98,7 +90,7 @@ def check_remote(root: str | os.PathLike = ".", name: str | None = None, run_cac
             remote without ``runs/``. Each message names the URL (password masked) and what to do.
     """
     name, url = remote_config(root, name)
-    shown = safe_url(url)
+    shown = safe_uri(url)
     scheme = urlsplit(url).scheme
     repo = _repo(root)
     try:

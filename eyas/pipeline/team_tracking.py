@@ -10,7 +10,8 @@ parent run (the reused ones too), and each exported drafter an MLflow logged mod
   network, and GPUs with ``nvidia-ml-py``) on the training and eval stage runs
   (:func:`wants_system_metrics`), what ``mlflow.start_run(log_system_metrics=True)`` starts; it
   needs ``psutil``. ``MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL`` (s, default 10) sets its period,
-  ``EYAS_SYSTEM_METRICS=off`` turns it off.
+  ``MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING`` (MLflow's own switch), where set, turns it on or off for
+  every stage.
 - :func:`sync_parent`: a stage DVC skips (unchanged, or restored from the run-cache) runs no code and
   logs no run, so the parent run of a pipeline execution would lack its numbers. Each stage run, when
   it closes, logs onto its parent every stage's metrics as ``metrics/`` holds them then (the files
@@ -153,10 +154,13 @@ def _check_server(uri: str, timeout: float) -> None:
 
 
 def wants_system_metrics(stage: str) -> bool:
-    """Whether ``stage`` (a DVC stage name) runs with system metrics: the training stages and the
-    evals, unless ``EYAS_SYSTEM_METRICS`` is ``off``/``0``/``false``."""
-    if os.environ.get("EYAS_SYSTEM_METRICS", "").strip().lower() in {"0", "off", "false", "no"}:
-        return False
+    """Whether ``stage`` (a DVC stage name) runs with system metrics. MLflow's own
+    ``MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING`` decides where it is set (``true``: every stage,
+    ``false``: none; ``mlflow/environment_variables.py``); unset, the training stages and the evals."""
+    from mlflow.environment_variables import MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING as enabled
+
+    if enabled.defined:
+        return bool(enabled.get())
     return stage.startswith(SYSTEM_METRICS_STAGES)
 
 
