@@ -274,7 +274,7 @@ def team_store(tmp_path, monkeypatch, server):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("DVC_ROOT", str(root))
     monkeypatch.setenv("MLFLOW_TRACKING_URI", server["url"])
-    monkeypatch.setenv("EYAS_EXPERIMENT", "team-models")  # apart from the queue test's runs
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "team-models")  # apart from the queue test's runs
     monkeypatch.setenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "1")
     monkeypatch.chdir(root)
     return root
@@ -284,8 +284,8 @@ def test_drafter_logged_model_datasets_system_metrics_and_reused_stages(team_sto
     import torch
     from tiny import tiny_target, write_features
 
-    from eyas.train import new_drafter, train_drafter
-    from eyas.vocab import build_mapping, count_tokens, save_mapping
+    from eyas.training.loop import new_drafter, train_drafter
+    from eyas.vocab.mapping import build_mapping, count_tokens, save_mapping
     from stages import common, training
 
     target = tiny_target()
