@@ -5,7 +5,7 @@ parent run (the reused ones too), and each exported drafter an MLflow logged mod
   form) or an MLflow server (``http(s)://``) is tried once, within seconds, before a stage computes
   anything; a refused connection, a wrong password, a missing database or role, or a server that
   does not answer raise :class:`StoreError` naming the URL (password masked) and what to do. sqlite
-  needs no check (eyas.tracking creates it).
+  needs no check (eyas.pipeline.tracking creates it).
 - :func:`start_system_metrics`: MLflow's own sampler (``mlflow.system_metrics``: CPU, memory, disk,
   network, and GPUs with ``nvidia-ml-py``) on the training and eval stage runs
   (:func:`wants_system_metrics`), what ``mlflow.start_run(log_system_metrics=True)`` starts; it
@@ -232,7 +232,7 @@ def run_keys(stage: str, doc: dict) -> dict[str, float]:
     ``<bench>/ngram_accept_len`` (``ngram.<bench>.accept_len``), ``<bench>/worth_serving``
     (``<bench>.serving_verdict.worth_serving``) and ``<bench>/engine/<k>`` /
     ``<bench>/engine_quantized/<k>`` (``<bench>.engine.same_precision|quantized.<k>``), as
-    eyas.compare reads them.
+    eyas.pipeline.compare reads them.
     """
     flat = _flat_numbers(doc)
     if isinstance(doc.get("val"), dict) and ("train-" in stage or stage == "stand-in-drafter"):
@@ -263,7 +263,7 @@ def sync_parent(client, experiment_id: str, parent_run_id: str,
 
     A number or tag the parent already holds with the same value is not logged again (each stage
     run syncs: the parent's history gains a point only where a value changed). Raises what
-    MlflowClient raises (the caller, :class:`eyas.tracking.MlflowTracker`, logs it as a warning: the
+    MlflowClient raises (the caller, :class:`eyas.pipeline.tracking.MlflowTracker`, logs it as a warning: the
     parent's summary never fails a stage).
     """
     from mlflow.entities import Metric, RunTag
