@@ -4,7 +4,7 @@ to it; and the bad inputs (a database that refuses, a wrong password, a server t
 PostgreSQL is started by the test (tests/team_servers.py: initdb in a temporary directory, the
 ``postgres`` user when run as root), the server by ``scripts/mlflow_server.sh`` with
 ``EYAS_MLFLOW_BACKEND`` / ``EYAS_MLFLOW_ARTIFACTS``, the pipeline is tests/test_experiments.py's
-tiny one (eyas.tracking in real stage processes). ``dvc queue start -j 2`` runs two experiments
+tiny one (eyas.pipeline.tracking in real stage processes). ``dvc queue start -j 2`` runs two experiments
 (marked ``slow``: two celery workers start);
 then every run is in PostgreSQL (counted there with SQL), FINISHED, every child under its
 experiment's parent, each parent carrying the numbers of the stage DVC skipped (prepare-data),
@@ -56,7 +56,7 @@ stages:
     cmd: python -m stages.extract
     outs: [data/features]
   train-scratch:
-    cmd: python -m eyas.launch stages.train_scratch
+    cmd: python -m eyas.training.launch stages.train_scratch
     metrics: [{metrics/train_scratch.json: {cache: false}}]
   eval-accept-len:
     foreach: [scratch]
@@ -176,6 +176,35 @@ def test_bad_database_inputs_name_the_url(pg, tmp_path):
     assert r.returncode == 1 and shown_wrong in r.stderr and "password" in r.stderr, r.stderr
 
 
+def test_a_password_mlflow_reads_the_check_reads_too(pg):
+    """A password with @ : / # written %40 %3A %2F %23 (the form MLflow documents), or libpq's
+    ?password=: the check used to pass it to psycopg2 still escaped, or not at all, and refused a URL
+    MLflow itself opens ("wrong or missing password"). Now both answer, as MLflow (the oracle) does;
+    a wrong escaped password is still refused, masked."""
+    import psycopg2
+    from urllib.parse import quote
+
+    pw = "p@ss:w#rd/1"
+    conn = psycopg2.connect(host="127.0.0.1", port=pg["port"], user=pg["user"], password=pg["password"], dbname=pg["db"])
+    conn.autocommit = True
+    with conn.cursor() as cur:
+        cur.execute("DROP DATABASE IF EXISTS oddb")
+        cur.execute("DROP ROLE IF EXISTS odd")
+        cur.execute("CREATE ROLE odd LOGIN PASSWORD %s", (pw,))
+        cur.execute("CREATE DATABASE oddb OWNER odd")
+    conn.close()
+    base = f"127.0.0.1:{pg['port']}/oddb"
+    escaped = f"postgresql+psycopg2://odd:{quote(pw, safe='')}@{base}"
+    query = f"postgresql+psycopg2://odd@{base}?password={quote(pw, safe='')}"
+    for uri in (escaped, query):
+        team_tracking.check_store(uri)
+        MlflowClient(tracking_uri=uri).search_experiments()  # MLflow opens the same URL
+    wrong = f"postgresql+psycopg2://odd:{quote('p@ss:w#rd/2', safe='')}@{base}"
+    with pytest.raises(team_tracking.StoreError, match=r"odd:\*\*\*@.*wrong or missing password") as e:
+        team_tracking.check_store(wrong)
+    assert "rd%2F2" not in str(e.value) and "p%40ss" not in str(e.value)
+
+
 def test_stage_refuses_a_server_that_is_down_before_compute(tmp_path, monkeypatch):
     dead = f"http://127.0.0.1:{team_servers.free_port()}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", dead)
@@ -274,7 +303,7 @@ def team_store(tmp_path, monkeypatch, server):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("DVC_ROOT", str(root))
     monkeypatch.setenv("MLFLOW_TRACKING_URI", server["url"])
-    monkeypatch.setenv("EYAS_EXPERIMENT", "team-models")  # apart from the queue test's runs
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "team-models")  # apart from the queue test's runs
     monkeypatch.setenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "1")
     monkeypatch.chdir(root)
     return root
@@ -284,8 +313,8 @@ def test_drafter_logged_model_datasets_system_metrics_and_reused_stages(team_sto
     import torch
     from tiny import tiny_target, write_features
 
-    from eyas.train import new_drafter, train_drafter
-    from eyas.vocab import build_mapping, count_tokens, save_mapping
+    from eyas.training.loop import new_drafter, train_drafter
+    from eyas.vocab.mapping import build_mapping, count_tokens, save_mapping
     from stages import common, training
 
     target = tiny_target()
