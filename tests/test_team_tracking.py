@@ -124,3 +124,38 @@ def test_a_relative_sqlite_store_is_anchored_at_the_repo_root(monkeypatch, tmp_p
     assert tracking.tracking_uri() == f"sqlite:///{sub}/abs.db"
     monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "")  # empty: the default experiment
     assert tracking._experiment_name() == "eyas"
+
+
+def test_mlflow_server_script_refuses_bad_settings_before_starting(tmp_path):
+    """scripts/mlflow_server.sh with a port that is not one, a backend that is not a database URL
+    (an http:// server, foo://, with a password), an artifacts path that is a file: one line naming
+    the variable, exit 1, nothing created (was: mlflow's own usage error, a check that passed an
+    http:// backend and then "mlflow db upgrade ... failed" with no reason, mkdir's "File exists",
+    and the artifacts directory made before the database was checked). Positive control: a sqlite
+    backend and a new artifacts directory pass the same checks."""
+    import os
+    import subprocess
+
+    from tests import team_servers
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "mlflow_server.sh"
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    art = tmp_path / "art"
+    db = f"sqlite:///{tmp_path}/s.db"
+    cases = [({"EYAS_MLFLOW_PORT": "abc"}, "EYAS_MLFLOW_PORT='abc' is not a port"),
+             ({"EYAS_MLFLOW_BACKEND": "http://u:s3cret@127.0.0.1:1"}, "EYAS_MLFLOW_BACKEND=http://u:***@127.0.0.1:1 is not a database URL"),
+             ({"EYAS_MLFLOW_BACKEND": "foo://x"}, "EYAS_MLFLOW_BACKEND=foo://x is not a database URL"),
+             ({"EYAS_MLFLOW_ARTIFACTS": str(afile)}, f"EYAS_MLFLOW_ARTIFACTS={afile} is a file, not a directory")]
+    for settings, message in cases:
+        env = {**os.environ, "EYAS_MLFLOW_BACKEND": db, "EYAS_MLFLOW_ARTIFACTS": str(art),
+               "EYAS_MLFLOW_PORT": str(team_servers.free_port()), **settings}
+        r = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 1 and f"mlflow_server.sh: error: {message}" in r.stderr, r.stderr
+        assert "s3cret" not in r.stdout + r.stderr and not art.exists() and not (tmp_path / "s.db").exists()
+    # positive control: the same settings, each valid, pass these checks (a fresh sqlite schema costs
+    # 13 s here, so the server start itself is tests/test_team_postgres.py's `server` fixture)
+    r = subprocess.run(["bash", "-c", f"sed '/^# schema first/,$d' {script} | bash -s"], capture_output=True, text=True,
+                       env={**os.environ, "EYAS_MLFLOW_BACKEND": db, "EYAS_MLFLOW_ARTIFACTS": str(art),
+                            "EYAS_ROOT": str(script.parents[1])}, timeout=60)
+    assert r.returncode == 0 and art.is_dir(), r.stderr
