@@ -13,7 +13,7 @@
 # Overrides: EYAS_MLFLOW_HOST (127.0.0.1), EYAS_MLFLOW_PORT (5000), EYAS_MLFLOW_WORKERS (2),
 # EYAS_ROOT (the repo; default: this script's parent directory). Loopback only by default:
 # --host 0.0.0.0 opens it to the network with no access control (docs/dvc-mlflow.md §8).
-# A team's server (docs/team.md): EYAS_MLFLOW_BACKEND=postgresql://user:pw@host:5432/mlflow (checked
+# A team's server (docs/team.md): EYAS_MLFLOW_BACKEND=postgresql+psycopg2://user@host:5432/mlflow (checked
 # first: a refused connection or a wrong password stops here, naming the URL) and
 # EYAS_MLFLOW_ARTIFACTS=/mnt/team/mlartifacts (a shared path).
 set -euo pipefail

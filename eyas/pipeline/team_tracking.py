@@ -1,7 +1,7 @@
 """MLflow for a team: the store checked before use, system metrics, every stage's numbers on the
 parent run (the reused ones too), and each exported drafter an MLflow logged model.
 
-- :func:`check_store`: a PostgreSQL URI (``postgresql://user:pw@host:port/db``, MLflow's SQLAlchemy
+- :func:`check_store`: a PostgreSQL URI (``postgresql+psycopg2://user:pw@host:port/db``, MLflow's SQLAlchemy
   form) or an MLflow server (``http(s)://``) is tried once, within seconds, before a stage computes
   anything; a refused connection, a wrong password, a missing database or role, or a server that
   does not answer raise :class:`StoreError` naming the URL (password masked) and what to do. sqlite
