@@ -56,6 +56,7 @@ def test_system_metrics_on_training_and_eval_stages_only(monkeypatch):
     ("could not reach http://u:s3cret@h:5000: refused", "could not reach http://u:***@h:5000: refused"),
     ("http://h:5000", "http://h:5000"), ("ssh://alice@h:22/srv", "ssh://alice@h:22/srv"),  # negative controls
     ("sqlite:////repo/mlflow.db", "sqlite:////repo/mlflow.db"), ("ssh://h:22/srv/x", "ssh://h:22/srv/x"),
+    ("ssh://h:22/srv/a@b", "ssh://h:22/srv/a@b"),  # an @ in the path after host:port is no password
 ])
 def test_safe_uri_masks_every_password_form(uri, shown):
     assert team_tracking.safe_uri(uri) == shown

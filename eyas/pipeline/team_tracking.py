@@ -66,7 +66,7 @@ class StoreError(RuntimeError):
 # The store, checked
 
 
-_USERINFO = re.compile(r"(?P<s>\b[A-Za-z][\w+.-]*://)(?P<u>[^:/@\s]*):(?P<p>[^@\s]*)@")
+_USERINFO = re.compile(r"(?P<s>\b[A-Za-z][\w+.-]*://)(?P<u>[^:/@\s]*):(?P<p>(?!\d+/)[^@\s]*)@")  # not host:port/path@x
 _QUERY_SECRET = re.compile(r"(?P<k>[?&](?:[\w.-]*(?:password|passwd|pwd|secret|token|api_?key)[\w.-]*|pass)=)[^&#\s]*",
                            re.IGNORECASE)
 
