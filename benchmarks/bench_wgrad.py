@@ -2,8 +2,8 @@
 7 TTT steps, so each weight's gradient is the sum of 7 per-step products ``dY_k^T @ X_k``. Two
 ways to form that sum, timed on the GPU for each decoder weight shape at 2048 and 8192 tokens:
 
-- ``bf16_sum``: what autograd does with a bf16 copy of the weight (eyas' unroll before
-  eyas/wgrad.py): 7 bf16 GEMMs, 6 bf16 adds of the [N, K] products, one cast to fp32;
+- ``bf16_sum``: what autograd does with a bf16 copy of the weight (eyas' unroll,
+  eyas/training/unroll.py, under autocast): 7 bf16 GEMMs, 6 bf16 adds of the [N, K] products, one cast to fp32;
 - ``fp32_accumulate``: the first GEMM writes an fp32 accumulator (``torch.mm(..., out_dtype=fp32)``)
   and the 6 others accumulate into it inside the GEMM (``torch.addmm(acc, ..., out_dtype=fp32,
   out=acc)``: cuBLAS with beta = 1 and fp32 C/D, bf16 A/B);

@@ -4,7 +4,7 @@ to it; and the bad inputs (a database that refuses, a wrong password, a server t
 PostgreSQL is started by the test (tests/team_servers.py: initdb in a temporary directory, the
 ``postgres`` user when run as root), the server by ``scripts/mlflow_server.sh`` with
 ``EYAS_MLFLOW_BACKEND`` / ``EYAS_MLFLOW_ARTIFACTS``, the pipeline is tests/test_experiments.py's
-tiny one (eyas.tracking in real stage processes). ``dvc queue start -j 2`` runs two experiments
+tiny one (eyas.pipeline.tracking in real stage processes). ``dvc queue start -j 2`` runs two experiments
 (marked ``slow``: two celery workers start);
 then every run is in PostgreSQL (counted there with SQL), FINISHED, every child under its
 experiment's parent, each parent carrying the numbers of the stage DVC skipped (prepare-data),
@@ -56,7 +56,7 @@ stages:
     cmd: python -m stages.extract
     outs: [data/features]
   train-scratch:
-    cmd: python -m eyas.launch stages.train_scratch
+    cmd: python -m eyas.training.launch stages.train_scratch
     metrics: [{metrics/train_scratch.json: {cache: false}}]
   eval-accept-len:
     foreach: [scratch]
@@ -174,6 +174,35 @@ def test_bad_database_inputs_name_the_url(pg, tmp_path):
                        env=_env(EYAS_MLFLOW_BACKEND=wrong, EYAS_MLFLOW_ARTIFACTS=str(tmp_path / "a"),
                                 EYAS_MLFLOW_PORT=str(team_servers.free_port())), timeout=60)
     assert r.returncode == 1 and shown_wrong in r.stderr and "password" in r.stderr, r.stderr
+
+
+def test_a_password_mlflow_reads_the_check_reads_too(pg):
+    """A password with @ : / # written %40 %3A %2F %23 (the form MLflow documents), or libpq's
+    ?password=: the check used to pass it to psycopg2 still escaped, or not at all, and refused a URL
+    MLflow itself opens ("wrong or missing password"). Now both answer, as MLflow (the oracle) does;
+    a wrong escaped password is still refused, masked."""
+    import psycopg2
+    from urllib.parse import quote
+
+    pw = "p@ss:w#rd/1"
+    conn = psycopg2.connect(host="127.0.0.1", port=pg["port"], user=pg["user"], password=pg["password"], dbname=pg["db"])
+    conn.autocommit = True
+    with conn.cursor() as cur:
+        cur.execute("DROP DATABASE IF EXISTS oddb")
+        cur.execute("DROP ROLE IF EXISTS odd")
+        cur.execute("CREATE ROLE odd LOGIN PASSWORD %s", (pw,))
+        cur.execute("CREATE DATABASE oddb OWNER odd")
+    conn.close()
+    base = f"127.0.0.1:{pg['port']}/oddb"
+    escaped = f"postgresql+psycopg2://odd:{quote(pw, safe='')}@{base}"
+    query = f"postgresql+psycopg2://odd@{base}?password={quote(pw, safe='')}"
+    for uri in (escaped, query):
+        team_tracking.check_store(uri)
+        MlflowClient(tracking_uri=uri).search_experiments()  # MLflow opens the same URL
+    wrong = f"postgresql+psycopg2://odd:{quote('p@ss:w#rd/2', safe='')}@{base}"
+    with pytest.raises(team_tracking.StoreError, match=r"odd:\*\*\*@.*wrong or missing password") as e:
+        team_tracking.check_store(wrong)
+    assert "rd%2F2" not in str(e.value) and "p%40ss" not in str(e.value)
 
 
 def test_stage_refuses_a_server_that_is_down_before_compute(tmp_path, monkeypatch):

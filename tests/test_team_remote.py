@@ -252,6 +252,68 @@ def test_bad_remotes_fail_naming_the_url(tmp_path, ssh_server):
     assert sh(b, "dvc", "status").stdout.strip() == UP_TO_DATE
 
 
+def bare_repo(path: Path) -> Path:
+    """A DVC repo with one tracked file and remote ``team`` (no pipeline: DVC's start-up only)."""
+    path.mkdir(parents=True)
+    sh(path, "git", "init", "-q")
+    sh(path, "dvc", "init", "-q")
+    (path / "a.txt").write_text("hi\n")
+    sh(path, "dvc", "add", "-q", "a.txt")
+    sh(path, "dvc", "remote", "add", "-d", "team", str(path.parent / "unset"))
+    return path
+
+
+def test_malformed_remotes_and_places_fail_naming_them(tmp_path):
+    """No DVC repo, a remote that is a file, a port out of range, a read-only shared directory and
+    a password in an SSH URL: one error line naming the place and what to do (was: tracebacks, a
+    "mkdir -p" for a path that is a file, a read-only mount passed as fine, DVC's "unexpected error"
+    half way through the push). Nothing is transferred; the local cache is as it was."""
+    # no DVC repository: exit 2, the directory named, no traceback
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    r = eyas_remote(plain, "check")
+    assert r.returncode == 2 and f"{plain}: not a DVC repository" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    a = bare_repo(tmp_path / "A")
+    before = cache_files(a)
+    # the remote is a file, not a directory
+    f = tmp_path / "afile"
+    f.write_text("x")
+    set_remote(a, url=str(f))
+    msg = refused(a)
+    assert f"({f}) is a file, not a directory" in msg and "mkdir" not in msg, msg
+    # a port out of range: refused naming the URL, before DVC parses it
+    set_remote(a, url="ssh://127.0.0.1:99999/srv/eyas-dvc")
+    msg = refused(a)
+    assert "ssh://127.0.0.1:99999/srv/eyas-dvc" in msg and "does not parse" in msg, msg
+    # a password in the URL is never printed (the CLI's stderr, an unreachable port)
+    url = f"ssh://bob:TopSecret9@127.0.0.1:{team_servers.free_port()}/srv/eyas-dvc"
+    set_remote(a, url=url)
+    r = eyas_remote(a, "push")
+    assert r.returncode == 2 and "bob:***@127.0.0.1" in r.stderr and "TopSecret9" not in r.stdout + r.stderr, r.stderr
+    assert cache_files(a) == before
+    # a read-only shared directory (a read-only bind mount: root writes through chmod): a push is refused,
+    # a check says so, a pull's check passes (reading is all it needs)
+    src, ro = tmp_path / "rw", tmp_path / "ro"
+    src.mkdir()
+    ro.mkdir()
+    if subprocess.run(["mount", "--bind", "-o", "ro", str(src), str(ro)], capture_output=True).returncode != 0:
+        pytest.skip("no read-only bind mount here (needs root)")
+    try:
+        set_remote(a, url=str(ro))
+        msg = refused(a)
+        assert f"({ro}) is read-only here" in msg and "findmnt" in msg, msg
+        assert list(ro.iterdir()) == [] and cache_files(a) == before
+        r = eyas_remote(a, "check")
+        assert r.returncode == 0 and "read-only here" in r.stdout, r.stdout + r.stderr
+        assert team_remote.check_remote(a, run_cache=False)["writable"] is False
+    finally:
+        subprocess.run(["umount", str(ro)], check=True)
+    # negative control: the same directory, writable, takes the push
+    set_remote(a, url=str(src))
+    assert team_remote.check_remote(a, write=True)["writable"] is True
+    assert team_remote.transfer("push", a) == 0 and (src / "files").is_dir()
+
+
 def machine_bound(doc: dict, root: Path = ROOT) -> list[tuple[str, str, str]]:
     """(stage, field, value) of every absolute or home-relative path in a dvc.yaml document, and of
     every command that does not start with ``python`` or names this checkout or the home directory."""

@@ -281,3 +281,31 @@ def test_a_preset_error_names_the_presets_line(tmp_path, capsys, text, message):
     assert preset.main([str(pre), "--params", str(base)]) == 2
     err = capsys.readouterr().err.strip()
     assert re.match(rf"^eyas\.pipeline\.preset: error: .*{message} \(line 4 of {pre}\)$", err)
+
+
+@pytest.mark.parametrize("which", ["preset", "params", "write"])
+def test_a_directory_where_a_file_belongs_is_refused_naming_it(tmp_path, capsys, which):
+    """A directory given as the preset, the params file or --write: one error line naming the path
+    (was: an IsADirectoryError traceback); the negative control, real files, exits 0 and writes."""
+    base = tmp_path / "params.yaml"
+    base.write_text((ROOT / "params.yaml").read_text())
+    pre = tmp_path / "p.yaml"
+    pre.write_text("train:\n  epochs: 3\n")
+    d = tmp_path / "adir"
+    d.mkdir()
+    out = tmp_path / "out.yaml"
+    args = {"preset": [str(d), "--params", str(base), "--write", str(out)],
+            "params": [str(pre), "--params", str(d), "--write", str(out)],
+            "write": [str(pre), "--params", str(base), "--write", str(d)]}[which]
+    assert preset.main(args) == 2
+    err = capsys.readouterr().err
+    assert re.match(rf"^eyas\.pipeline\.preset: error: (--write )?{d}: .*directory", err), err
+    assert not out.exists() and list(d.iterdir()) == []
+    assert preset.main([str(pre), "--params", str(base), "--write", str(out)]) == 0
+    assert yaml.safe_load(out.read_text())["train"]["epochs"] == 3
+
+
+@pytest.mark.parametrize("name", ["quick", "llama-3.1-8b-instruct", "qwen3-8b", "h200"])
+def test_every_repo_preset_passes_the_schema(name, capsys):
+    assert preset.main([str(ROOT / "presets" / f"{name}.yaml"), "--params", str(ROOT / "params.yaml")]) == 0
+    assert capsys.readouterr().out.startswith("-S ")

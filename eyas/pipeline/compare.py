@@ -305,7 +305,9 @@ def _hint(uri: str, e: Exception) -> str:
 
 
 def _safe_uri(uri: str) -> str:
-    return re.sub(r"//[^/@]+@", "//***@", uri)  # hide credentials in http://user:pw@host
+    from eyas.pipeline.team_tracking import safe_uri  # the one mask: passwords in the userinfo and the query
+
+    return safe_uri(uri)
 
 
 def compare(uri: str | None = None, experiment: str | None = None, limit: int = 8,
@@ -313,7 +315,8 @@ def compare(uri: str | None = None, experiment: str | None = None, limit: int = 
     """Read the store and return the Markdown comparison.
 
     Raises:
-        CompareError: the sqlite file does not exist (nothing is created), the MLflow
+        CompareError: the sqlite file does not exist (nothing is created), the store's URL is not one
+            MLflow reads or PostgreSQL refuses it (eyas.pipeline.team_tracking.check_store), the MLflow
             experiment does not, or the tracking store does not answer its first request (a
             dead or unreachable server fails within seconds; the message names the URI).
     """
@@ -324,6 +327,13 @@ def compare(uri: str | None = None, experiment: str | None = None, limit: int = 
     db = _sqlite_path(uri)
     if db is not None and not db.is_file():
         raise CompareError(f"no MLflow store at {db} (run the pipeline first, or set MLFLOW_TRACKING_URI)")
+    if not uri.startswith(("http:", "https:")):  # a server's first request fails fast below, with its hint
+        from eyas.pipeline.team_tracking import StoreError, check_store
+
+        try:  # an unknown scheme, a URL that does not parse, PostgreSQL refusing: one line, not a traceback
+            check_store(uri)
+        except StoreError as e:
+            raise CompareError(str(e)) from e
     name = experiment or _experiment_name()
     client = MlflowClient(tracking_uri=uri)
     try:

@@ -48,6 +48,10 @@ def _read_mapping(path: Path, what: str) -> dict:
         raw = yaml12.load_file(path)
     except FileNotFoundError:
         raise ParamsError(f"{path}: no such {what}") from None
+    except IsADirectoryError:
+        raise ParamsError(f"{path}: is a directory, not a {what} (give a .yaml file)") from None
+    except OSError as e:  # unreadable (permissions), a broken mount: name the file, no traceback
+        raise ParamsError(f"{path}: cannot read the {what}: {e.strerror or e}") from None
     except yaml12.YamlError as e:
         raise ParamsError(str(e)) from None
     if raw is not None and not isinstance(raw, dict):
@@ -138,7 +142,14 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"eyas.pipeline.preset: error: {e}{at}\n")
         return 2
     if a.write:
-        write_text(Path(a.write), yaml12.dump(merged))
+        try:
+            if Path(a.write).is_dir():
+                raise IsADirectoryError(21, "is a directory")
+            write_text(Path(a.write), yaml12.dump(merged))
+        except OSError as e:
+            sys.stderr.write(f"eyas.pipeline.preset: error: --write {a.write}: cannot write the merged params "
+                             f"({e.strerror or e}); give a file path, e.g. --write params.yaml\n")
+            return 2
         sys.stderr.write(f"eyas.pipeline.preset: wrote {a.write} ({len(args) // 2} keys from {a.preset})\n")
     else:
         sys.stdout.write(" ".join(args) + "\n")

@@ -49,9 +49,15 @@ class RemoteError(RuntimeError):
 
 
 def _repo(root: str | os.PathLike):
+    from dvc.exceptions import NotDvcRepoError
     from dvc.repo import Repo
 
-    return Repo(str(root))
+    try:
+        return Repo(str(root))
+    except NotDvcRepoError:
+        raise RemoteError(
+            f"{Path(root).resolve()}: not a DVC repository (no .dvc/ here or above it): run this in the "
+            f"clone's root or name it with -C DIR; `dvc init` makes one") from None
 
 
 def remote_config(root: str | os.PathLike = ".", name: str | None = None) -> tuple[str, str]:
@@ -78,20 +84,31 @@ def remote_config(root: str | os.PathLike = ".", name: str | None = None) -> tup
         repo.close()
 
 
-def check_remote(root: str | os.PathLike = ".", name: str | None = None, run_cache: bool = False) -> dict:
-    """Check that remote ``name`` (default: the default remote) can be reached and, with
-    ``run_cache``, that it holds a run-cache.
+def check_remote(root: str | os.PathLike = ".", name: str | None = None, run_cache: bool = False,
+                 write: bool = False) -> dict:
+    """Check that remote ``name`` (default: the default remote) can be reached, with ``write``
+    that a shared directory can be written (a push), and, with ``run_cache``, that it holds a
+    run-cache.
 
-    Returns ``{"name", "url", "run_cache": bool}`` (whether ``<remote>/runs`` exists).
+    Returns ``{"name", "url", "run_cache": bool, "writable"}`` (whether ``<remote>/runs`` exists;
+    whether a shared directory can be written, None for SSH).
 
     Raises:
-        RemoteError: no such remote; a shared directory that does not exist (not mounted?); an SSH
-            server that refuses or does not answer, or a refused login; with ``run_cache``, a
-            remote without ``runs/``. Each message names the URL (password masked) and what to do.
+        RemoteError: not a DVC repository; no such remote; a URL that does not parse (a port out of
+            range); a shared directory that does not exist (not mounted?), is a file, or (``write``)
+            is read-only; an SSH server that refuses or does not answer, or a refused login; with
+            ``run_cache``, a remote without ``runs/``. Each message names the URL (password
+            masked) and what to do.
     """
     name, url = remote_config(root, name)
     shown = safe_uri(url)
-    scheme = urlsplit(url).scheme
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError on a port out of range or not a number
+    except ValueError as e:
+        raise RemoteError(f"DVC remote {name!r} ({shown}): the URL does not parse ({e}): fix it, e.g. "
+                          f"`dvc remote modify {name} url ssh://host:22/srv/eyas-dvc` (a port is 1-65535)") from None
+    scheme = parts.scheme
     repo = _repo(root)
     try:
         if scheme in ("", "file") and not Path(urlsplit(url).path if scheme else url).expanduser().is_absolute():
@@ -102,19 +119,33 @@ def check_remote(root: str | os.PathLike = ".", name: str | None = None, run_cac
         else:
             local = None
         if local is not None:
+            if local.exists() and not local.is_dir():
+                raise RemoteError(
+                    f"DVC remote {name!r} ({shown}) is a file, not a directory: point the remote at the team's "
+                    f"directory on the shared storage: `dvc remote modify {name} url /mnt/...`")
             if not local.is_dir():
                 raise RemoteError(
                     f"DVC remote {name!r} ({shown}) does not exist on this machine: is the shared filesystem "
                     f"mounted here (`findmnt {local.parent}`)? DVC would create the directory on the local disk "
                     f"and the team would not see it. Create it once on the shared storage (`mkdir -p {local}`) "
                     f"or fix the path: `dvc remote modify {name} url /mnt/...`")
+            if not os.access(local, os.R_OK | os.X_OK):
+                raise RemoteError(f"DVC remote {name!r} ({shown}) cannot be read by this user ({os.getuid()}): "
+                                  f"give the team's group read access (`chmod -R g+rX {local}`)")
+            if write and not os.access(local, os.W_OK | os.X_OK):
+                raise RemoteError(
+                    f"DVC remote {name!r} ({shown}) is read-only here (a read-only mount, or no write permission "
+                    f"for this user): a push would fail half way. Mount it read-write (`findmnt {local}`) or "
+                    f"give the team's group write access (`chmod -R g+w {local}`); a pull needs read access only")
             has_runs = (local / RUN_CACHE_DIR).is_dir()
+            writable = os.access(local, os.W_OK | os.X_OK)
         else:
             remote = repo.cloud.get_remote(name)
             fs = remote.fs
             try:
                 fs.exists(remote.path)
                 has_runs = fs.exists(fs.join(remote.path, RUN_CACHE_DIR))
+                writable = None  # not probed over SSH: the push itself says
             except Exception as e:  # noqa: BLE001 - asyncssh/OSError/timeout: all mean "cannot reach"
                 raise RemoteError(_unreachable(name, shown, e)) from e
         if run_cache and not has_runs:
@@ -122,7 +153,7 @@ def check_remote(root: str | os.PathLike = ".", name: str | None = None, run_cac
                 f"DVC remote {name!r} ({shown}) has no run-cache ({RUN_CACHE_DIR}/ is missing): it was pushed "
                 f"without --run-cache, so a pull would bring the data but no record of the runs. In the clone "
                 f"that ran the pipeline: `dvc push --run-cache -r {name}`; then pull again")
-        return {"name": name, "url": shown, "run_cache": has_runs}
+        return {"name": name, "url": shown, "run_cache": has_runs, "writable": writable}
     finally:
         repo.close()
 
@@ -149,7 +180,7 @@ def transfer(op: str, root: str | os.PathLike = ".", name: str | None = None) ->
     """
     if op not in ("push", "pull"):
         raise ValueError(f"op must be push or pull, not {op!r}")
-    info = check_remote(root, name, run_cache=(op == "pull"))
+    info = check_remote(root, name, run_cache=(op == "pull"), write=(op == "push"))
     cmd = ["dvc", op, "--run-cache", "-r", info["name"]]
     r = subprocess.run(cmd, cwd=root)
     if r.returncode != 0:
@@ -169,7 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if a.op == "check":
             info = check_remote(a.root, a.remote, run_cache=a.run_cache)
-            print(f"DVC remote {info['name']!r} ({info['url']}): reachable, run-cache "
+            print(f"DVC remote {info['name']!r} ({info['url']}): reachable"
+                  f"{', read-only here (a push is refused)' if info['writable'] is False else ''}, run-cache "
                   f"{'present' if info['run_cache'] else 'absent'}")
             return 0
         return transfer(a.op, a.root, a.remote)

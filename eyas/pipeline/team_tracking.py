@@ -1,11 +1,11 @@
 """MLflow for a team: the store checked before use, system metrics, every stage's numbers on the
 parent run (the reused ones too), and each exported drafter an MLflow logged model.
 
-- :func:`check_store`: a PostgreSQL URI (``postgresql://user:pw@host:port/db``, MLflow's SQLAlchemy
+- :func:`check_store`: a PostgreSQL URI (``postgresql+psycopg2://user:pw@host:port/db``, MLflow's SQLAlchemy
   form) or an MLflow server (``http(s)://``) is tried once, within seconds, before a stage computes
   anything; a refused connection, a wrong password, a missing database or role, or a server that
   does not answer raise :class:`StoreError` naming the URL (password masked) and what to do. sqlite
-  needs no check (eyas.tracking creates it).
+  needs no check (eyas.pipeline.tracking creates it).
 - :func:`start_system_metrics`: MLflow's own sampler (``mlflow.system_metrics``: CPU, memory, disk,
   network, and GPUs with ``nvidia-ml-py``) on the training and eval stage runs
   (:func:`wants_system_metrics`), what ``mlflow.start_run(log_system_metrics=True)`` starts; it
@@ -40,6 +40,7 @@ import json
 import logging
 import math
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -57,38 +58,74 @@ CHECK_TIMEOUT_S = 5
 
 
 class StoreError(RuntimeError):
-    """The MLflow store cannot be used: the message names its URL and what to do."""
+    """The MLflow store (or an MLflow setting) cannot be used: the message names its URL (or the
+    variable) and what to do."""
 
 
 # --------------------------------------------------------------------------------------------
 # The store, checked
 
 
+_USERINFO = re.compile(r"(?P<s>\b[A-Za-z][\w+.-]*://)(?P<u>[^:/@\s]*):(?P<p>(?!\d+/)[^@\s]*)@")  # not host:port/path@x
+_QUERY_SECRET = re.compile(r"(?P<k>[?&](?:[\w.-]*(?:password|passwd|pwd|secret|token|api_?key)[\w.-]*|pass)=)[^&#\s]*",
+                           re.IGNORECASE)
+
+
 def safe_uri(uri: str) -> str:
-    """``uri`` with its password masked (``postgresql://u:***@h:5432/db``)."""
-    parts = urlsplit(uri)
-    if parts.password is None:
-        return uri
-    host = parts.netloc.rsplit("@", 1)[-1]
-    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
+    """``uri`` (or any text holding URLs, e.g. an error message) with every password masked:
+    ``postgresql://u:***@h:5432/db``, ``...?password=***``.
+
+    The userinfo is read as SQLAlchemy reads it (``sqlalchemy/engine/url.py``: the password runs to
+    the first ``@``), so a password with an unescaped ``#``, ``?`` or ``/`` is masked whole; a query
+    parameter naming a password, secret, token or API key (libpq's ``?password=``) is masked too.
+    """
+    text = _USERINFO.sub(lambda m: f"{m['s']}{m['u']}:***@", uri)
+    return _QUERY_SECRET.sub(lambda m: f"{m['k']}***", text)
 
 
 def check_store(uri: str, timeout: float = CHECK_TIMEOUT_S) -> None:
-    """Try the store behind ``uri`` once; nothing for sqlite and other URIs.
+    """Try the store behind ``uri`` once; nothing for sqlite, a file path and other schemes MLflow knows.
 
-    ``postgresql[+driver]://``: one psycopg2 connection (``connect_timeout`` = ``timeout`` s);
-    ``http(s)://``: ``GET <uri>/health`` (the MLflow server's own health endpoint).
+    ``postgresql[+driver]://``: one psycopg2 connection (``connect_timeout`` = ``timeout`` s), with
+    the URL read as SQLAlchemy (so MLflow) reads it: a ``%40``-escaped password, ``?password=`` and
+    other libpq query parameters included; ``http(s)://``: ``GET <uri>/health`` (the MLflow
+    server's own health endpoint), ``user:password@`` sent as basic auth as MLflow sends it.
 
     Raises:
-        StoreError: refused / timed out / unknown host, wrong password, missing database or role,
-            psycopg2 absent, or a server that does not answer: the message names the URL
+        StoreError: a scheme MLflow has no store for (``foo://``), a URL that does not parse (a port
+            out of range), refused / timed out / unknown host, wrong password, missing database or
+            role, psycopg2 absent, or a server that does not answer: the message names the URL
             (password masked) and what to do.
     """
-    scheme = urlsplit(uri).scheme.split("+", 1)[0]
+    shown = safe_uri(uri)
+    try:
+        parts = urlsplit(uri)
+        parts.port  # noqa: B018 - ValueError on a port out of range or not a number
+    except ValueError as e:
+        raise StoreError(f"MLflow store {shown}: the URL does not parse ({e}): fix MLFLOW_TRACKING_URI "
+                         f"(a port is 1-65535), or unset it to log to the repository's sqlite store") from None
+    scheme = parts.scheme.split("+", 1)[0]
+    known = _store_schemes()
+    if scheme not in known and not (len(scheme) == 1 and uri[1:3] in (":\\", ":/")):  # C:\... is a path
+        raise StoreError(f"MLflow store {shown}: MLflow has no tracking store for {parts.scheme + '://'!r} "
+                         f"(it knows {', '.join(sorted(s + '://' for s in known if s))}): fix MLFLOW_TRACKING_URI, "
+                         f"e.g. http://host:5000 or postgresql+psycopg2://user@host:5432/mlflow, or unset it to "
+                         f"log to the repository's sqlite store. Nothing was logged")
     if scheme in ("postgresql", "postgres"):
         _check_postgres(uri, timeout)
     elif scheme in ("http", "https"):
         _check_server(uri, timeout)
+
+
+def _store_schemes() -> set[str]:
+    """The URI schemes MLflow has a tracking store for (its registry, plugins included)."""
+    try:
+        from mlflow.tracking._tracking_service.utils import _tracking_store_registry
+
+        return set(_tracking_store_registry._registry)
+    except Exception:  # noqa: BLE001 - a private API: fall back to the schemes of mlflow 3.17.2
+        return {"", "file", "databricks", "databricks-uc", "uc", "http", "https", "postgresql", "mysql",
+                "sqlite", "mssql"}
 
 
 def _check_postgres(uri: str, timeout: float) -> None:
@@ -108,19 +145,29 @@ def _check_postgres(uri: str, timeout: float) -> None:
             raise StoreError(f"MLflow store {shown}: SQLAlchemy reads postgresql:// with the {driver!r} driver, "
                              f"which is not installed; name the installed one: "
                              f"{shown.replace('postgresql://', 'postgresql+psycopg2://', 1)}")
-    p = urlsplit(uri)
-    host, port = p.hostname or "localhost", p.port or 5432
-    user, db = p.username, p.path.lstrip("/") or None
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
     try:
-        psycopg2.connect(host=host, port=port, user=user, password=p.password, dbname=db,
-                         connect_timeout=max(1, int(timeout))).close()
+        u = make_url(uri)  # what MLflow's SqlAlchemyStore reads: the password unescaped, the query kept
+    except (ArgumentError, ValueError) as e:
+        raise StoreError(f"MLflow store {shown}: the URL does not parse ({safe_uri(str(e))}): the form is "
+                         f"postgresql+psycopg2://user[:password]@host:port/db (a password's @ : / # ? written "
+                         f"%40 %3A %2F %23 %3F)") from None
+    host, port = u.host or "localhost", u.port or 5432
+    user, db = u.username, u.database or None
+    query = {k: (v[-1] if isinstance(v, tuple) else v) for k, v in u.query.items()}
+    kwargs = {"host": host, "port": port, "user": user, "password": u.password, "dbname": db, **query}
+    kwargs["connect_timeout"] = max(1, int(timeout))
+    try:
+        psycopg2.connect(**{k: v for k, v in kwargs.items() if v is not None}).close()
     except psycopg2.OperationalError as e:
         text = " ".join(str(e).split())
         low = text.lower()
         if "password authentication failed" in low or "no password supplied" in low:
             what = (f"wrong or missing password for role {user!r}: fix it in the URL (MLFLOW_TRACKING_URI, or "
-                    f"EYAS_MLFLOW_BACKEND for scripts/mlflow_server.sh) or in ~/.pgpass; a DBA resets it with "
-                    f"`ALTER ROLE \"{user}\" PASSWORD '...'`")
+                    f"EYAS_MLFLOW_BACKEND for scripts/mlflow_server.sh; a password's @ : / # ? written %40 %3A %2F "
+                    f"%23 %3F) or in ~/.pgpass; a DBA resets it with `ALTER ROLE \"{user}\" PASSWORD '...'`")
         elif "does not exist" in low and "database" in low:
             what = f"create the database: `createdb -h {host} -p {port} -O {user} {db}`"
         elif "does not exist" in low and "role" in low:
@@ -128,25 +175,28 @@ def _check_postgres(uri: str, timeout: float) -> None:
         else:
             what = (f"is PostgreSQL running and listening on {host}:{port} (`pg_isready -h {host} -p {port}`)? "
                     "Start it, or fix the host and port in the URL; pg_hba.conf must admit this host")
-        raise StoreError(f"MLflow store {shown} refused the connection ({text}): {what}. Nothing was logged; "
-                         "outputs DVC already holds are untouched") from e
+        raise StoreError(f"MLflow store {shown} refused the connection ({safe_uri(text)}): {what}. Nothing was "
+                         "logged; outputs DVC already holds are untouched") from e
+    except psycopg2.ProgrammingError as e:  # an unknown query parameter (`?sslmod=...`)
+        raise StoreError(f"MLflow store {shown}: libpq refused the URL's parameters ({' '.join(str(e).split())}): "
+                         "fix the query part of the URL") from e
 
 
 def _check_server(uri: str, timeout: float) -> None:
-    import urllib.error
-    import urllib.request
+    import requests  # MLflow's own HTTP client: user:password@ in the URL becomes basic auth, as MLflow sends it
 
     url = uri.rstrip("/") + "/health"
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
-            if r.status == 200:
-                return
-            raise StoreError(f"MLflow server {safe_uri(uri)} answered {r.status} on /health")
-    except (urllib.error.URLError, OSError) as e:
+        r = requests.get(url, timeout=timeout)
+    except (requests.RequestException, OSError, ValueError) as e:
         raise StoreError(
-            f"MLflow server {safe_uri(uri)} does not answer ({e}): start it (scripts/mlflow_server.sh; "
+            f"MLflow server {safe_uri(uri)} does not answer ({safe_uri(str(e))}): start it (scripts/mlflow_server.sh; "
             f"docs/team.md) or fix MLFLOW_TRACKING_URI; unset it to log to the repository's sqlite "
             f"store. Nothing was logged; outputs DVC already holds are untouched") from e
+    if r.status_code != 200:
+        raise StoreError(f"MLflow server {safe_uri(uri)} answered {r.status_code} on /health: is it an MLflow server "
+                         f"(scripts/mlflow_server.sh), and are the credentials right (MLFLOW_TRACKING_USERNAME / "
+                         f"MLFLOW_TRACKING_PASSWORD)? Nothing was logged")
 
 
 # --------------------------------------------------------------------------------------------
@@ -160,7 +210,13 @@ def wants_system_metrics(stage: str) -> bool:
     from mlflow.environment_variables import MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING as enabled
 
     if enabled.defined:
-        return bool(enabled.get())
+        try:
+            return bool(enabled.get())
+        except ValueError:  # MLflow's own message names neither the fix nor the default
+            raise StoreError(
+                f"MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING={os.environ.get(enabled.name)!r}: MLflow reads true, false, "
+                f"1 or 0; set one (true: system metrics on every stage, false: none) or unset it (on for the "
+                f"training and eval stages). Nothing was logged") from None
     return stage.startswith(SYSTEM_METRICS_STAGES)
 
 
@@ -232,7 +288,7 @@ def run_keys(stage: str, doc: dict) -> dict[str, float]:
     ``<bench>/ngram_accept_len`` (``ngram.<bench>.accept_len``), ``<bench>/worth_serving``
     (``<bench>.serving_verdict.worth_serving``) and ``<bench>/engine/<k>`` /
     ``<bench>/engine_quantized/<k>`` (``<bench>.engine.same_precision|quantized.<k>``), as
-    eyas.compare reads them.
+    eyas.pipeline.compare reads them.
     """
     flat = _flat_numbers(doc)
     if isinstance(doc.get("val"), dict) and ("train-" in stage or stage == "stand-in-drafter"):
@@ -263,7 +319,7 @@ def sync_parent(client, experiment_id: str, parent_run_id: str,
 
     A number or tag the parent already holds with the same value is not logged again (each stage
     run syncs: the parent's history gains a point only where a value changed). Raises what
-    MlflowClient raises (the caller, :class:`eyas.tracking.MlflowTracker`, logs it as a warning: the
+    MlflowClient raises (the caller, :class:`eyas.pipeline.tracking.MlflowTracker`, logs it as a warning: the
     parent's summary never fails a stage).
     """
     from mlflow.entities import Metric, RunTag

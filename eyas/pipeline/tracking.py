@@ -20,7 +20,7 @@ Where the store lives (§2): queued and ``--temp`` experiments run in
 store at ``$DVC_ROOT`` (the *original* repo root, also for queued runs):
 ``sqlite:////<root>/mlflow.db``, which ``mlflow ui`` started in the repo root finds by its own
 defaults. ``$MLFLOW_TRACKING_URI`` (e.g. a local ``mlflow server``, the preferred option)
-overrides it, verbatim.
+overrides it, verbatim (a relative ``sqlite:///x.db`` anchored at the root the same way).
 
 The experiment is ``MLFLOW_EXPERIMENT_NAME`` (MLflow's own variable, read through
 ``mlflow.environment_variables`` as ``mlflow.start_run`` reads it), else ``eyas``.
@@ -80,13 +80,19 @@ def repo_root() -> Path:
 
 
 def tracking_uri() -> str:
-    """``$MLFLOW_TRACKING_URI`` verbatim if set, else ``sqlite:///<abs repo_root>/mlflow.db``.
+    """``$MLFLOW_TRACKING_URI`` verbatim if set (a relative ``sqlite:///x.db`` anchored at the repo
+    root: ``sqlite:///<abs repo_root>/x.db``), else ``sqlite:///<abs repo_root>/mlflow.db``.
 
     The absolute form (four slashes on POSIX) does not depend on the working directory, so
     runs from queued experiments land in the same store (docs/dvc-mlflow.md §2).
     """
     env = os.environ.get("MLFLOW_TRACKING_URI")
     if env:
+        if env.startswith("sqlite:///") and not os.path.isabs(env[len("sqlite:///"):]):
+            # relative: each process's cwd, for a queued experiment a temp dir deleted after the run
+            # (docs/dvc-mlflow.md §2); anchored at the repo root like the default, where `mlflow ui
+            # --backend-store-uri <the same URI>` started in the repo root finds it
+            return "sqlite:///" + str(repo_root() / env[len("sqlite:///"):])
         return env
     return "sqlite:///" + str(repo_root() / "mlflow.db")
 
@@ -154,6 +160,8 @@ def _get_or_create_experiment(client, uri: str) -> str:
     exp = client.get_experiment_by_name(name)
     if exp is not None:
         if exp.lifecycle_stage == "deleted":
+            log.warning("MLflow experiment %r (id %s) was deleted: restoring it to log this run (set "
+                        "MLFLOW_EXPERIMENT_NAME to log elsewhere)", name, exp.experiment_id)
             client.restore_experiment(exp.experiment_id)
         return exp.experiment_id
     location = None
@@ -557,13 +565,14 @@ def start_stage_run(stage: str, params: Any, stage_params: dict | None = None) -
     uri = tracking_uri()
     from eyas.pipeline.team_tracking import check_store, start_system_metrics, wants_system_metrics
     check_store(uri)  # a server or PostgreSQL that refuses: StoreError naming the URL, before any compute
+    stage_tag = os.environ.get("DVC_STAGE") or stage
+    system_metrics = wants_system_metrics(stage_tag)  # a bad MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING: before any run
     pipeline_flat = redact(flatten(params))
     flat = redact({**flatten(params), **(flatten(stage_params) if stage_params else {})})
     with _store_lock(uri):
         client = _client(uri)
         experiment_id = _get_or_create_experiment(client, uri)
         parent_id = _get_or_create_parent(client, experiment_id, params, pipeline_flat)
-    stage_tag = os.environ.get("DVC_STAGE") or stage
     orphans = [run_id for run_id, parent in close_orphans(client, experiment_id, stage_tag) if parent == parent_id]
     tags = {
         **_dvc_tags(params),
@@ -581,7 +590,7 @@ def start_stage_run(stage: str, params: Any, stage_params: dict | None = None) -
     )
     try:
         tracker.log_params(flat)
-        if wants_system_metrics(stage_tag):
+        if system_metrics:
             tracker.monitor = start_system_metrics(run.info.run_id, uri)
     except BaseException:
         tracker.close("FAILED")
