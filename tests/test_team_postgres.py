@@ -181,11 +181,13 @@ def test_a_password_mlflow_reads_the_check_reads_too(pg):
     ?password=: the check used to pass it to psycopg2 still escaped, or not at all, and refused a URL
     MLflow itself opens ("wrong or missing password"). Now both answer, as MLflow (the oracle) does;
     a wrong escaped password is still refused, masked."""
-    import psycopg2
     from urllib.parse import quote
 
+    import psycopg2
+
     pw = "p@ss:w#rd/1"
-    conn = psycopg2.connect(host="127.0.0.1", port=pg["port"], user=pg["user"], password=pg["password"], dbname=pg["db"])
+    conn = psycopg2.connect(host="127.0.0.1", port=pg["port"], user=pg["user"], password=pg["password"],
+                            dbname=pg["db"])
     conn.autocommit = True
     with conn.cursor() as cur:
         cur.execute("DROP DATABASE IF EXISTS oddb")

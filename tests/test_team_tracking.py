@@ -72,7 +72,8 @@ def _no_store_env(monkeypatch, tmp_path):
 @pytest.mark.parametrize("uri, message", [
     ("foo://bar", r"MLflow store foo://bar: MLflow has no tracking store for 'foo://' .*unset it"),
     ("http://127.0.0.1:99999", r"MLflow store http://127\.0\.0\.1:99999: the URL does not parse .*1-65535"),
-    ("postgresql+psycopg2://u:s3cret@127.0.0.1:99999/db", r"postgresql\+psycopg2://u:\*\*\*@127\.0\.0\.1:99999/db: the URL does not parse"),
+    ("postgresql+psycopg2://u:s3cret@127.0.0.1:99999/db",
+     r"postgresql\+psycopg2://u:\*\*\*@127\.0\.0\.1:99999/db: the URL does not parse"),
 ])
 def test_a_store_url_mlflow_cannot_use_stops_the_stage_and_compare_before_anything(uri, message, monkeypatch, tmp_path):
     """Was: "answers" for foo://, a ValueError traceback for a port out of range, and `eyas compare`
@@ -145,7 +146,8 @@ def test_mlflow_server_script_refuses_bad_settings_before_starting(tmp_path):
     art = tmp_path / "art"
     db = f"sqlite:///{tmp_path}/s.db"
     cases = [({"EYAS_MLFLOW_PORT": "abc"}, "EYAS_MLFLOW_PORT='abc' is not a port"),
-             ({"EYAS_MLFLOW_BACKEND": "http://u:s3cret@127.0.0.1:1"}, "EYAS_MLFLOW_BACKEND=http://u:***@127.0.0.1:1 is not a database URL"),
+             ({"EYAS_MLFLOW_BACKEND": "http://u:s3cret@127.0.0.1:1"},
+              "EYAS_MLFLOW_BACKEND=http://u:***@127.0.0.1:1 is not a database URL"),
              ({"EYAS_MLFLOW_BACKEND": "foo://x"}, "EYAS_MLFLOW_BACKEND=foo://x is not a database URL"),
              ({"EYAS_MLFLOW_ARTIFACTS": str(afile)}, f"EYAS_MLFLOW_ARTIFACTS={afile} is a file, not a directory")]
     for settings, message in cases:
