@@ -4,7 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PIP="python3 -m pip install -q --disable-pip-version-check"
-# torch first (pinned; an existing torch >= 2.4 is kept): the CPU build where the index has one
+# torch first: any torch already importable is kept (pyproject asks >= 2.6); else torch==2.13.0 from the
+# index pip uses (on PyPI a CUDA build: install a CPU torch first to skip that download)
 python3 -c "import torch" 2>/dev/null || $PIP "torch==2.13.0"
 $PIP -e ".[test,team]"
 # a team's setup (docs/team.md; tests/test_team_*.py): a real sshd for the SSH DVC remote and a real
