@@ -550,26 +550,16 @@ def test_compare_fails_fast_on_a_dead_tracking_server(unit_store, monkeypatch):
 def test_finish_training_logs_pngs_config_and_vocab_report(unit_store, monkeypatch):
     """stages/training.finish_training on a tiny drafter: PNG curves, config.json, vocab report."""
     import torch
-    from tiny import tiny_target, write_features
+    from tiny import tiny_training_setup
 
-    from eyas.training.loop import new_drafter, train_drafter
-    from eyas.vocab.mapping import build_mapping, count_tokens, save_mapping
+    from eyas.training.loop import train_drafter
     from stages import common, training
 
-    target = tiny_target()
-    train = write_features(target, unit_store / "f" / "train", 8, seed=1)
-    val = write_features(target, unit_store / "f" / "val", 4, seed=2)
-    ids, mask = train.token_stats()
-    counts = count_tokens(ids, mask, train.manifest["vocab_size"])
-    mapping, info = build_mapping(counts, 64)
-    save_mapping(common.VOCAB, mapping, counts, info)  # models/vocab/ under cwd = unit_store
-    head = {"embed_tokens": target.model.get_input_embeddings().weight.detach(),
-            "lm_head": target.model.lm_head.weight.detach()}
-    drafter = new_drafter(train.manifest, mapping, head["embed_tokens"], 0)
+    drafter, train, val, lm_head = tiny_training_setup(unit_store, common.VOCAB)  # models/vocab/ under cwd = unit_store
     monkeypatch.setenv("DVC_EXP_NAME", "tiny")
     p = parse_params({"train": {"max_steps": 2, "batch_tokens": 96, "eval_every": 1}})
     with tracking.start_stage_run("train-scratch", p) as t:
-        result = train_drafter(drafter, train_store=train, val_store=val, lm_head=head["lm_head"],
+        result = train_drafter(drafter, train_store=train, val_store=val, lm_head=lm_head,
                                tp=p.train, lr=1e-3, seed=0, tracker=t, device=torch.device("cpu"))
         training.finish_training("train-scratch", drafter, result, Path("models/scratch"), t)
     client = MlflowClient(tracking_uri=tracking.tracking_uri())

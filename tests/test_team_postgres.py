@@ -313,22 +313,12 @@ def team_store(tmp_path, monkeypatch, server):
 
 def test_drafter_logged_model_datasets_system_metrics_and_reused_stages(team_store, server, monkeypatch):
     import torch
-    from tiny import tiny_target, write_features
+    from tiny import tiny_training_setup
 
-    from eyas.training.loop import new_drafter, train_drafter
-    from eyas.vocab.mapping import build_mapping, count_tokens, save_mapping
+    from eyas.training.loop import train_drafter
     from stages import common, training
 
-    target = tiny_target()
-    train = write_features(target, team_store / "f" / "train", 8, seed=1)
-    val = write_features(target, team_store / "f" / "val", 4, seed=2)
-    ids, mask = train.token_stats()
-    counts = count_tokens(ids, mask, train.manifest["vocab_size"])
-    mapping, info = build_mapping(counts, 64)
-    save_mapping(common.VOCAB, mapping, counts, info)
-    head = {"embed_tokens": target.model.get_input_embeddings().weight.detach(),
-            "lm_head": target.model.lm_head.weight.detach()}
-    drafter = new_drafter(train.manifest, mapping, head["embed_tokens"], 0)
+    drafter, train, val, lm_head = tiny_training_setup(team_store, common.VOCAB)
     # prepare-data's numbers are in metrics/ (checked out by DVC), but it runs no code here: reused
     (team_store / "metrics" / "prepare_data.json").write_text(json.dumps({"conversations": 600, "train": 460}))
     monkeypatch.setenv("DVC_EXP_NAME", "team-exp")
@@ -336,7 +326,7 @@ def test_drafter_logged_model_datasets_system_metrics_and_reused_stages(team_sto
     monkeypatch.setenv("DVC_STAGE", "train-scratch")
     with tracking.start_stage_run("train-scratch", p) as t:
         assert t.monitor is not None  # a training stage samples system metrics
-        result = train_drafter(drafter, train_store=train, val_store=val, lm_head=head["lm_head"],
+        result = train_drafter(drafter, train_store=train, val_store=val, lm_head=lm_head,
                                tp=p.train, lr=1e-3, seed=0, tracker=t, device=torch.device("cpu"))
         training.finish_training("train-scratch", drafter, result, Path("models/scratch"), t)
         time.sleep(2.5)  # > 2 sampling periods

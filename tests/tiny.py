@@ -88,3 +88,22 @@ def trained_drafter(target: Target, prompts: list[list[int]], outputs: list[list
         loss.backward()
         opt.step()
     return d.eval()
+
+
+def tiny_training_setup(root: Path, vocab_dir: Path):
+    """(drafter, train store, val store, lm_head): a tiny target's features under ``root/f``, a
+    64-id draft vocab built from them and saved in ``vocab_dir``, and a fresh drafter on it: what a
+    training stage holds before ``train_drafter``."""
+    from eyas.training.loop import new_drafter
+    from eyas.vocab.mapping import build_mapping, count_tokens, save_mapping
+
+    target = tiny_target()
+    train = write_features(target, root / "f" / "train", 8, seed=1)
+    val = write_features(target, root / "f" / "val", 4, seed=2)
+    ids, mask = train.token_stats()
+    counts = count_tokens(ids, mask, train.manifest["vocab_size"])
+    mapping, info = build_mapping(counts, 64)
+    save_mapping(vocab_dir, mapping, counts, info)
+    embed = target.model.get_input_embeddings().weight.detach()
+    drafter = new_drafter(train.manifest, mapping, embed, 0)
+    return drafter, train, val, target.model.lm_head.weight.detach()
