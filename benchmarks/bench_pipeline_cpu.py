@@ -3,10 +3,13 @@ clone; then extract's peak memory at two data sizes (does it stream?).
 
     python benchmarks/bench_pipeline_cpu.py                      # -> results/pipeline_cpu.json
     python benchmarks/bench_pipeline_cpu.py --skip-pipeline      # only the extract-growth part
+    python benchmarks/bench_pipeline_cpu.py --preset presets/quick.yaml --growth-n 0 \
+        --out benchmarks/results/pipeline_cpu_quick.json           # the quick trial, no growth part
 
 Pipeline part: ``git clone`` of this repository's HEAD into ``--workdir`` (no outputs, no DVC
 cache: every stage runs, as on a fresh machine), then ``dvc repro --single-item STAGE`` for each
-stage in the order ``dvc repro --dry`` prints, then a second plain ``dvc repro`` (must do nothing)
+stage in the order ``dvc repro --dry`` prints (the default DAG, root ``dvc.yaml``; with ``--preset``
+the preset merged into the clone's ``params.yaml`` first, as ``eyas.pipeline.preset --write`` does), then a second plain ``dvc repro`` (must do nothing)
 and ``dvc status``; ``--resume`` pulls a newer commit into the clone and reruns only the stages it
 made stale (the total then sums figures of two sessions on the same idle machine). Per stage it
 records:
@@ -24,6 +27,11 @@ the target's load (GGUF dequantisation), so the figure compared is the steady-st
 once the train progress bar appears. If extract streams, the two are equal up to the O(tokens)
 token-id lists it keeps (~100 bytes/token in Python); if it kept features, the larger run would
 add ``feature_mib_of_extra_tokens``.
+
+The file also records the time goal (``goal_minutes``: 40 for the default, 10 for a ``--preset``,
+and ``within_goal``) and, from ``metrics/eval_scratch.json``, the acceptance
+lengths it reached beside the n-gram floor and the engine's (llama.cpp) figures, so a faster
+configuration cannot hide a worse drafter.
 
 Run it on an otherwise idle machine: CPU contention inflates the times (not the memory).
 Raises SystemExit when a stage fails (its stderr tail is printed) or the second repro is not a no-op.
@@ -136,15 +144,29 @@ def pipeline(work: Path, resume: bool = False) -> dict:
     status = subprocess.run(["dvc", "status"], cwd=work, capture_output=True, text=True).stdout.strip()
     if "Data and pipelines are up to date" not in again["output_tail"] + status:
         raise SystemExit(f"second dvc repro was not a no-op:\n{again['output_tail']}\n{status}")
-    metrics = {name: json.loads((work / "metrics" / name).read_text())
-               for name in ("extract.json", "train_scratch.json", "train_finetune.json")}
+    extract = json.loads((work / "metrics" / "extract.json").read_text())
     return {"stages": stages, "total_seconds": round(total, 1), "total_minutes": round(total / 60, 1),
             "commit": subprocess.run(["git", "rev-parse", "HEAD"], cwd=work, capture_output=True,
                                      text=True).stdout.strip(),
             "second_repro_seconds": again["seconds"], "dvc_status": status,
             "max_stage_peak_rss_tree_mib": max(s["peak_rss_tree_mib"] for s in stages.values()),
-            "extract_tokens": metrics["extract.json"]["total_tokens"],
-            "bytes_per_token": metrics["extract.json"]["bytes_per_token"]}
+            "extract_tokens": extract["total_tokens"], "bytes_per_token": extract["bytes_per_token"],
+            "acceptance": acceptance(work)}
+
+
+def acceptance(work: Path) -> dict:
+    """Per benchmark of ``work/metrics/eval_scratch.json``: eyas' acceptance length, the n-gram
+    floor's, and llama.cpp's with the same-precision and the quantized target (when served)."""
+    ev = json.loads((work / "metrics" / "eval_scratch.json").read_text())
+    out = {}
+    for bench in ("chat", "humaneval"):
+        b, eng = ev[bench], ev[bench].get("engine") or {}
+        out[bench] = {"eyas": b["accept_len"], "ngram": ev["ngram"][bench]["accept_len"], "lossless": b["lossless"],
+                      "above_ngram": b["accept_len"] >= ev["ngram"][bench]["accept_len"],
+                      **{f"llamacpp_{kind}": eng[kind]["accept_len"] for kind in ("same_precision", "quantized")
+                         if kind in eng},
+                      "llamacpp_agreement_ok": (eng.get("agreement") or {}).get("ok")}
+    return out
 
 
 def _cut_jsonl(src: Path, dst: Path, n: int) -> int:
@@ -197,7 +219,9 @@ def main() -> None:
     ap.add_argument("--skip-pipeline", action="store_true", help="reuse --workdir's finished pipeline run")
     ap.add_argument("--resume", action="store_true",
                     help="git pull this repo's HEAD into --workdir and rerun only the stages it made stale")
-    ap.add_argument("--growth-n", type=int, default=50, help="train conversations of the small extract run (x4 for the large)")
+    ap.add_argument("--preset", type=Path, help="a presets/*.yaml merged into the clone's params.yaml before the run")
+    ap.add_argument("--growth-n", type=int, default=50,
+                    help="train conversations of the small extract run (x4 for the large); 0 = no growth part")
     ap.add_argument("--growth-shard-samples", type=int, default=20)
     a = ap.parse_args()
     doc = {"command": " ".join([Path(sys.executable).name, *sys.argv]),
@@ -205,8 +229,12 @@ def main() -> None:
                        "processor": platform.processor() or platform.machine(), "python": platform.python_version()},
            "commit": subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip(),
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
-    if a.growth_n < 1:
-        raise SystemExit(f"--growth-n must be >= 1, got {a.growth_n}")
+    if a.growth_n < 0:
+        raise SystemExit(f"--growth-n must be >= 0, got {a.growth_n}")
+    if a.preset and (a.resume or a.skip_pipeline):
+        raise SystemExit("--preset applies to a fresh clone: not with --resume or --skip-pipeline")
+    doc["preset"] = str(a.preset) if a.preset else None
+    doc["goal_minutes"] = 10 if a.preset else 40
     if (a.resume or a.skip_pipeline) and not (a.workdir / CLONE_MARK).exists():
         raise SystemExit(f"{a.workdir}: no pipeline clone of this benchmark there; run without "
                          "--resume/--skip-pipeline first")
@@ -221,8 +249,13 @@ def main() -> None:
                 shutil.rmtree(a.workdir)
             subprocess.run(["git", "clone", "--quiet", str(REPO), str(a.workdir)], check=True)
             (a.workdir / CLONE_MARK).write_text("made by benchmarks/bench_pipeline_cpu.py; deleted by its next run\n")
+            if a.preset:
+                subprocess.run([sys.executable, "-m", "eyas.pipeline.preset", str(a.preset.resolve()), "--write",
+                                "params.yaml"], cwd=a.workdir, check=True)
         doc["pipeline"] = pipeline(a.workdir, resume=a.resume)
-    doc["extract_growth"] = extract_growth(a.workdir, a.growth_n, a.growth_shard_samples)
+        doc["within_goal"] = doc["pipeline"]["total_minutes"] <= doc["goal_minutes"]
+    if a.growth_n:
+        doc["extract_growth"] = extract_growth(a.workdir, a.growth_n, a.growth_shard_samples)
     a.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = a.out.with_suffix(".tmp")
     tmp.write_text(json.dumps(doc, indent=1))
