@@ -27,9 +27,9 @@ shows as a difference between them):
 - ``body_log<F>``: one iteration of ``Trainer.train_epoch``'s loop (trainer.py L512-605), copied line
   for line onto the Trainer's objects, at ``log_freq`` F (--log-freq). F = 1, the CLI's default,
   makes every step a logged step: ``_StepTimer`` synchronises the device at each of its 7 marks and
-  its closing ``now()``, and the step's metrics are read back (``.item()``) and logged. On a step that is not logged the loop
-  still synchronises once: ``torch.tensor(batch["error_records"], device=...)`` after the clip is a
-  blocking host-to-device copy;
+  its closing ``now()``, and the step's metrics are read back (``.item()``) and logged. On a step
+  that is not logged the loop still synchronises once: ``torch.tensor(batch["error_records"],
+  device=...)`` after the clip is a blocking host-to-device copy;
 - ``epoch_log<F>``: the real ``Trainer.train_epoch`` over an in-memory DataLoader of the same
   collated, pinned batches (``batch_size=None``, ``pin_memory=True``: the CLI's loader with its
   worker processes replaced by batches ready in memory), with its tqdm progress bar; a step is the
