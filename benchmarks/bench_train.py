@@ -6,10 +6,21 @@ documents (2048 tokens/step: 1024+640+384; 8192: 2048+1536+1024+1024+1024+768+51
 rows of 2048, eyas' row length); bf16 autocast, fp32 master weights, AdamW, grad clip, cosine
 schedule; the step body of eyas.training.loop.Trainer.train_step (the TTT unroll, finite check, backward,
 clip, step, loss.item()), in two modes: ``graphs`` (forward + backward replayed as one CUDA graph,
-eyas/training/graphed.py, what train_drafter does on one GPU) and ``eager`` (compiled parts only). Median of
---steps after --warmup (which includes compilation and graph capture). The kernels are
-``params.yaml``'s ``train.backend`` (eyas/drafter/backend.py) unless --attention / --no-compile /
---no-compile-layers / --no-triton say otherwise.
+eyas/training/graphed.py, what train_drafter does on one GPU) and ``eager`` (compiled parts only). The
+kernels are ``params.yaml``'s ``train.backend`` (eyas/drafter/backend.py) unless --attention /
+--no-compile / --no-compile-layers / --no-triton say otherwise.
+
+Where the batch comes from (--batch-on, recorded as ``batch_on``): ``device``, already on the GPU
+(the figures of record up to 2026-12-02); ``host``, in pageable host memory and copied to the GPU at
+the start of each step with ``batch.to(device)`` as train_step does (eyas' loader packs into pageable
+memory); ``host-pinned``, the same from pinned memory (a loader with ``pin_memory``, as the peer's).
+
+Timing, both in every run: ``step_ms_median``, the median of --steps after --warmup (which includes
+compilation and graph capture) with the device synchronised before and after each step; then
+``wall_ms_per_step``, the same number of steps back to back, the device synchronised only at both
+ends (the peer's ``ms_per_step``, peer_speculators.py). The step reads its loss and counts back every
+step, as train_step does, so the two differ only by the harness's own syncs; ``host_syncs_two_steps``
+counts the step's host-device syncs (benchmarks/common.py ``count_host_syncs``).
 
 Exact FLOP count (the peer's): fc 6PT once; decoder linears 6PT per TTT step; lm_head 4PT per
 step (+2PT weight grad when trainable); teacher head (draft rows of the target lm_head) 2PT once;
@@ -30,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from benchmarks.common import PEAK_BF16_TFLOPS, median, sync, timed, write_result  # noqa: E402
+from benchmarks.common import PEAK_BF16_TFLOPS, count_host_syncs, median, sync, timed, write_result  # noqa: E402
 from eyas.drafter.backend import ATTENTION, Backend  # noqa: E402
 from eyas.drafter.model import DrafterConfig, Eagle3Drafter  # noqa: E402
 from eyas.training.batches import Batch, autocast  # noqa: E402
@@ -44,6 +55,7 @@ REPO = Path(__file__).resolve().parents[1]
 DOCS = {2048: [[1024, 640, 384]],
         8192: [[2048], [1536, 512], [1024, 1024], [1024, 768, 256]]}
 TINY_DOCS = {2048: [[64, 40, 24]], 8192: [[64, 64], [100, 28]]}
+BATCH_ON = ("device", "host-pinned", "host")
 
 
 def config(tiny: bool) -> DrafterConfig:
@@ -139,10 +151,12 @@ def profile_steps(step, n: int, top_n: int = 25) -> dict:
 
 
 def bench(c, dev, tokens: int, ttt: int, freeze_lm_head: bool, warmup: int, steps: int, tiny: bool,
-          backend: Backend, graphs: bool = False, profile: int = 0, profile_top: int = 25) -> dict:
+          backend: Backend, graphs: bool = False, profile: int = 0, profile_top: int = 25,
+          batch_on: str = "device") -> dict:
     """One timed configuration; ``graphs``: forward + backward replayed as a CUDA graph
     (eyas.training.graphed.GraphedTTT, as train_drafter does on one GPU), else eager with compiled parts.
-    ``profile`` > 0: then that many steps under torch.profiler (:func:`profile_steps`)."""
+    ``batch_on``: one of BATCH_ON (the module docstring). ``profile`` > 0: then that many steps under
+    torch.profiler (:func:`profile_steps`)."""
     torch.manual_seed(0)
     with torch.device(dev):  # initialise on the device (a 1B-parameter CPU init takes seconds)
         d = Eagle3Drafter(c)
@@ -155,7 +169,12 @@ def bench(c, dev, tokens: int, ttt: int, freeze_lm_head: bool, warmup: int, step
         d.lm_head.weight.requires_grad_(False)
     head_rows = (torch.randn(c.draft_vocab_size, c.target_hidden_size, generator=g) * 0.02).to(dev)
     rows = (TINY_DOCS if tiny else DOCS)[tokens]
-    batches = [make_batch(rows, c, dev, s) for s in range(2)]
+    if batch_on not in BATCH_ON:
+        raise ValueError(f"batch_on must be one of {BATCH_ON}, got {batch_on!r}")
+    batches = [make_batch(rows, c, dev if batch_on == "device" else torch.device("cpu"), s) for s in range(2)]
+    if batch_on == "host-pinned":
+        batches = [Batch(**{k: v.pin_memory() if isinstance(v, torch.Tensor) else v for k, v in b.__dict__.items()})
+                   for b in batches]
     params = [p for p in d.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=1e-4, betas=(0.9, 0.95), weight_decay=0.0, fused=dev.type == "cuda")
     from transformers import get_cosine_schedule_with_warmup
@@ -167,6 +186,8 @@ def bench(c, dev, tokens: int, ttt: int, freeze_lm_head: bool, warmup: int, step
     def step():  # the body of eyas.training.loop.Trainer.train_step
         b = batches[it[0] % 2]  # noqa: F821
         it[0] += 1
+        if batch_on != "device":
+            b = b.to(dev)  # train_step's batch.to(self.device): blocking copies
         if graphed is not None:
             loss, metrics, counts = graphed.step(b)
         else:
@@ -187,18 +208,32 @@ def bench(c, dev, tokens: int, ttt: int, freeze_lm_head: bool, warmup: int, step
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     w, t = timed(step, warmup, steps)
+    sync()  # then the same number of steps back to back: nothing added between them
+    t0 = time.perf_counter()
+    ends = []
+    for _ in range(steps):
+        step()
+        ends.append(time.perf_counter())
+    sync()
+    t_end = time.perf_counter()
+    gaps = [b - a for a, b in zip([t0] + ends[:-1], ends[:-1] + [t_end])]
+    syncs = count_host_syncs(lambda: [step() for _ in range(2)])
     fl = exact_flops(c, rows, ttt, not freeze_lm_head)
     med = median(t)
+    wall = (t_end - t0) / steps
     out = {"tokens_per_step": fl["tokens"], "ttt": ttt, "lm_head": "frozen" if freeze_lm_head else "trainable",
            "attn": "flex" if backend.flex_attention(torch.empty(0, device=dev), c.head_dim) else "dense",
            "backend": dataclasses.asdict(backend),
            "triton_kernels": backend.triton_kernels(torch.empty(0, device=dev)),
-           "rows": rows,
+           "rows": rows, "batch_on": batch_on,
            "mode": "cuda_graph" if graphs else "eager", "optimizer": "AdamW fused" if dev.type == "cuda" else "AdamW",
            "step_ms_median": med * 1e3, "step_ms_min": min(t) * 1e3, "step_ms_max": max(t) * 1e3,
            "warmup_ms": [round(x * 1e3, 1) for x in w], "tokens_per_s": fl["tokens"] / med,
            "mfu_exact": fl["exact"] / med / (PEAK_BF16_TFLOPS * 1e12),
            "tflops_exact": fl["exact"] / med / 1e12, "flops": fl,
+           "wall_ms_per_step": wall * 1e3, "wall_step_ms_median": median(gaps) * 1e3,
+           "wall_step_ms_all": [round(x * 1e3, 2) for x in gaps], "wall_tokens_per_s": fl["tokens"] / wall,
+           "wall_mfu_exact": fl["exact"] / wall / (PEAK_BF16_TFLOPS * 1e12), "host_syncs_two_steps": syncs,
            "losses": [round(x, 4) for x in losses], "n_timed": len(t)}
     if dev.type == "cuda":
         out["peak_alloc_GiB"] = torch.cuda.max_memory_allocated() / 2**30
@@ -206,9 +241,11 @@ def bench(c, dev, tokens: int, ttt: int, freeze_lm_head: bool, warmup: int, step
         out["profile"] = profile_steps(step, profile, profile_top)
         print("profile:", {k: out["profile"][k] for k in ("wall_ms_per_step", "gpu_busy_ms_per_step", "ms_by_kind")},
               flush=True)
-    print(f"eyas T={fl['tokens']} ttt={ttt} lm_head={out['lm_head']:9s} {out['mode']:10s} attn={out['attn']}: "
-          f"{out['step_ms_median']:.1f} ms  {out['tokens_per_s']:.0f} tok/s  MFU(exact) {out['mfu_exact']:.3f}  "
-          f"peak {out.get('peak_alloc_GiB', 0):.1f} GiB  warmup {out['warmup_ms'][:2]}", flush=True)
+    print(f"eyas T={fl['tokens']} ttt={ttt} lm_head={out['lm_head']:9s} {out['mode']:10s} attn={out['attn']} "
+          f"batch_on={batch_on}: {out['step_ms_median']:.1f} ms  {out['tokens_per_s']:.0f} tok/s  MFU(exact) "
+          f"{out['mfu_exact']:.3f}  back to back {out['wall_ms_per_step']:.1f} ms/step  "
+          f"peak {out.get('peak_alloc_GiB', 0):.1f} GiB  warmup {out['warmup_ms'][:2]}"
+          + (f"  host syncs/2 steps {syncs['explicit']}+{syncs['implicit']}" if syncs else ""), flush=True)
     # frees the closure cells step() reads (ruff takes the del for an unbinding: F821 noqa above)
     del d, opt, batches
     if dev.type == "cuda":
@@ -318,6 +355,9 @@ def main():
     ap.add_argument("--frozen-only", action="store_true", help="only the lm_head-frozen runs (the peer's set)")
     ap.add_argument("--modes", nargs="+", default=["eager", "graphs"], choices=["eager", "graphs"],
                     help="graphs: CUDA-graph replay (train_drafter's default on one GPU); eager: compiled parts only")
+    ap.add_argument("--batch-on", nargs="+", default=["device"], choices=BATCH_ON,
+                    help="where each step's batch comes from: device (already on the GPU), host (pageable, "
+                         "copied by batch.to as train_step does) or host-pinned (pinned, copied the same way)")
     ap.add_argument("--skip-checks", action="store_true", help="skip the flex-vs-dense and graph-vs-eager checks")
     ap.add_argument("--profile", type=int, default=0, help="then profile this many steps (kernel time by kind)")
     ap.add_argument("--profile-top", type=int, default=25, help="kernels listed in the profile, largest first")
@@ -347,16 +387,16 @@ def main():
             doc["errors"].append(f"graph_check: {e!r}")
     for T in a.tokens:
         for freeze in ((True,) if a.frozen_only else (False, True)):
-            for mode in a.modes:
-                if mode == "graphs" and dev.type != "cuda":
-                    continue
+            for mode, batch_on in ((m, b) for m in a.modes for b in a.batch_on):
+                if dev.type != "cuda" and (mode == "graphs" or batch_on != "device"):
+                    continue  # CPU: no graphs, and the batch is on the device already
                 try:
                     doc["runs"].append(bench(c, dev, T, a.ttt, freeze, a.warmup, a.steps, a.tiny, backend,
-                                             mode == "graphs", a.profile, a.profile_top))
+                                             mode == "graphs", a.profile, a.profile_top, batch_on))
                 except Exception as e:  # noqa: BLE001
                     import traceback
                     traceback.print_exc()
-                    doc["errors"].append(f"T={T} freeze={freeze} mode={mode}: {e!r}")
+                    doc["errors"].append(f"T={T} freeze={freeze} mode={mode} batch_on={batch_on}: {e!r}")
                 write_result(a.out, doc)
     if a.dense_ablation and dev.type == "cuda":
         try:

@@ -44,6 +44,43 @@ def timed(fn, warmup: int, steps: int) -> tuple[list[float], list[float]]:
     return w, t
 
 
+def count_host_syncs(fn) -> dict | None:
+    """The host-device synchronisations while ``fn()`` runs (None off CUDA): ``explicit``, the calls
+    of ``torch.cuda.synchronize`` / ``torch.accelerator.synchronize``, and ``implicit``, the
+    operations CUDA's sync debug mode flags (``.item()``, ``.cpu()``, a tensor's truth value, a
+    blocking host-to-device copy such as ``torch.tensor(x, device="cuda")``), with the source lines
+    (file:line) that made them, most frequent first."""
+    if not torch.cuda.is_available():
+        return None
+    import collections
+    import warnings
+
+    sites: collections.Counter = collections.Counter()
+    originals = (torch.cuda.synchronize, torch.accelerator.synchronize)
+
+    def counting(f):
+        def g(*args, **kwargs):
+            caller = sys._getframe(1)
+            sites[f"synchronize {Path(caller.f_code.co_filename).name}:{caller.f_lineno}"] += 1
+            return f(*args, **kwargs)
+        return g
+
+    torch.cuda.synchronize, torch.accelerator.synchronize = (counting(f) for f in originals)
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            fn()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+        torch.cuda.synchronize, torch.accelerator.synchronize = originals
+    explicit = sum(sites.values())
+    implicit = [w for w in caught if "synchronizing" in str(w.message)]
+    for w in implicit:
+        sites[f"implicit {Path(w.filename).name}:{w.lineno}"] += 1
+    return {"explicit": explicit, "implicit": len(implicit), "sites": dict(sites.most_common(16))}
+
+
 def median(xs):
     return statistics.median(xs)
 

@@ -6,7 +6,14 @@
 #
 #   gpu-tests         the `gpu`-marked tests (python3 -m pytest -m gpu); 2 GPUs for the NCCL ones
 #   kernels           Triton kernels' GPU tests, then bench_kernels.py            -> kernels.json
-#   train 2048|8192   eyas' TTT step, then the peer's, in the SAME call             -> train_<T>.json, peer_<T>.json
+#   train 2048|8192   eyas' TTT step (lm_head trainable and frozen; batch on the GPU, in pageable and in
+#                     pinned host memory), then the peer's (its train_epoch loop body and its real
+#                     Trainer.train_epoch, log_freq 1000 and 1), in the SAME call  -> train_<T>.json, peer_<T>.json,
+#                     gpu_eyas_<T>.csv, gpu_peer_<T>.csv (SM clock, power, temperature, utilisation every 0.5 s)
+#   specforge 2048|8192  the second peer, SpecForge's EAGLE-3 trainer (peer_specforge.py: one document of T
+#                     tokens per step, lm_head trainable), after eyas' step at T (lm_head trainable and
+#                     frozen, batch on the GPU and pageable) in the SAME call      -> train_sf_<T>.json,
+#                     peer_specforge_<T>.json, gpu_eyas_sf_<T>.csv, gpu_specforge_<T>.csv
 #   wgrad             bench_wgrad.py: the 7 TTT steps' weight-gradient sum, bf16 adds vs fp32 in-GEMM
 #                     accumulation vs one GEMM over all steps                      -> wgrad.json
 #   flex              bench_flex.py: the step-0 flex attention (fwd + bwd) under kernel settings -> flex.json
@@ -28,21 +35,35 @@
 #   .devcarry/w/  eyas' own dependencies the device lacks (ruamel.yaml: eyas/yaml12.py), installed with
 #           --no-deps into /tmp/eyas-deps when the device cannot import them:
 #           pip download --no-deps -d .devcarry/w ruamel.yaml==0.19.1
-#   .whl/   train only: the peer's wheels, installed with --no-deps into /tmp/site (benchmarks/README.md,
-#           "The peer", says how to make it); without it the peer is skipped and says so.
-# Each piece has its own time limit, so one hang does not cost the rest of the call; the full output
-# goes to $OUT/log.txt and the result lines to stdout.
+#   .whl/   train and specforge only: the peer's wheels, installed with --no-deps into /tmp/site
+#           (benchmarks/README.md, "The peer", says how to make it), and in .whl/specforge/ the second
+#           peer's, into /tmp/site-sf ("The second peer"); without them a peer is skipped and says so.
+# Each piece has its own time limit, so one hang does not cost the rest of the call; each prints its
+# time and exit status when it ends. The full output goes to $OUT/log.txt and the result lines to stdout.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR=/tmp/inductor_cache
 OUT=${OUT:-/tmp/out}; export OUT; mkdir -p "$OUT"
 LOG=$OUT/log.txt
 
-step() {  # step LIMIT_S CMD...: run CMD under its own time limit
-  local lim=$1; shift
+step() {  # step LIMIT_S CMD...: run CMD under its own time limit, then say how long it took
+  local lim=$1 t0=$SECONDS rc; shift
   echo "=== [$(date +%T)] $*" | tee -a "$LOG"
   timeout "$lim" "$@" 2>&1 | grep -v "Warning\|warn(\|^$" | tee -a "$LOG" \
     | grep "^eyas\|^peer\|^head loss\|^merge\|vs dense\|vs eager\|bare\|e2e\|Error\|passed\|failed\|skipped\|tok/s" \
     | cut -c1-400
+  rc=${PIPESTATUS[0]}
+  echo "--- $((SECONDS - t0)) s (limit $lim s), exit $rc$([ "$rc" = 124 ] && echo ': time limit reached')" | tee -a "$LOG"
+}
+
+gpu_log() {  # gpu_log NAME: sample the GPU's SM clock, power, temperature, utilisation into $OUT/gpu_NAME.csv
+  nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu \
+    --format=csv -lms 500 >"$OUT/gpu_$1.csv" 2>&1 &
+  GPU_LOG_PID=$!
+}
+
+gpu_log_stop() {  # ends the sampler gpu_log started (by its process id)
+  [ -n "${GPU_LOG_PID:-}" ] && { kill "$GPU_LOG_PID" 2>/dev/null; wait "$GPU_LOG_PID" 2>/dev/null; }
+  GPU_LOG_PID=
 }
 
 peer_wheels() {  # install the carried peer wheels; fails (and says why) when they are absent
@@ -53,6 +74,19 @@ peer_wheels() {  # install the carried peer wheels; fails (and says why) when th
     .whl/*.whl >>"$LOG" 2>&1
   PYTHONPATH=/tmp/site:${PYTHONPATH:-} python3 -c "import speculators.train.trainer" >>"$LOG" 2>&1 \
     || { echo "peer skipped: speculators does not import with the carried wheels (see $LOG)" | tee -a "$LOG"; return 1; }
+}
+
+specforge_wheels() {  # the second peer: .whl/specforge/ into /tmp/site-sf, beside /tmp/site (its pydantic, datasets, ...)
+  peer_wheels || return 1
+  if ! ls .whl/specforge/*.whl >/dev/null 2>&1; then
+    echo "SpecForge skipped: no .whl/specforge/*.whl carried (benchmarks/README.md, 'The second peer')" | tee -a "$LOG"
+    return 1
+  fi
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site-sf \
+    .whl/specforge/*.whl >>"$LOG" 2>&1
+  PYTHONPATH=/tmp/site-sf:/tmp/site:${PYTHONPATH:-} python3 -c \
+    "import accelerate.utils, specforge.training.trainer, specforge.algorithms.eagle3.model" >>"$LOG" 2>&1 \
+    || { echo "SpecForge skipped: it does not import with the carried wheels (see $LOG)" | tee -a "$LOG"; return 1; }
 }
 
 eyas_deps() {  # eyas' own dependencies the device lacks, from .devcarry/w (eyas.training.params reads params with ruamel.yaml)
@@ -66,7 +100,7 @@ eyas_deps() {  # eyas' own dependencies the device lacks, from .devcarry/w (eyas
 
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv >>"$LOG" 2>&1
 recipe=${1:-}; shift || true
-case "$recipe" in gpu-tests|kernels|wgrad|flex|swiglu|train|lm-head|extract|eval|ddp|online|scale) eyas_deps ;; esac  # profile: its setup installs them
+case "$recipe" in gpu-tests|kernels|wgrad|flex|swiglu|train|specforge|lm-head|extract|eval|ddp|online|scale) eyas_deps ;; esac  # profile: its setup installs them
 case "$recipe" in
   gpu-tests)
     step 540 python3 -m pytest -q -p no:cacheprovider --tb=short -W ignore -m gpu $(grep -l "mark.gpu" tests/test_*.py) ;;  # the files with gpu tests: the device has no mlflow/dvc to collect the rest
@@ -81,17 +115,34 @@ case "$recipe" in
     step 100 python3 benchmarks/bench_kernels.py --out kernels.json ;;
   train)
     T=${1:?usage: device.sh train 2048|8192}
-    case "$T" in
-      2048) checks=(); peer_s=240 ;;
-      8192) checks=(--skip-checks); peer_s=270 ;;
+    case "$T" in  # each piece's limit (s); the flex/graph checks at 2048 only
+      2048) checks=(); eyas_s=210; peer_s=240 ;;
+      8192) checks=(--skip-checks); eyas_s=190; peer_s=320 ;;
       *) echo "train: tokens per step must be 2048 or 8192, got $T" >&2; exit 2 ;;
     esac
-    step 150 python3 benchmarks/bench_train.py --tokens "$T" --ttt 7 --warmup 4 --steps 12 --frozen-only \
-      --modes graphs --profile 3 "${checks[@]}" --out "train_$T.json"
-    # the peer compiles for 70-150 s before its first timed step: it gets the longer limit
+    gpu_log "eyas_$T"
+    step "$eyas_s" python3 benchmarks/bench_train.py --tokens "$T" --ttt 7 --warmup 4 --steps 12 --modes graphs \
+      --batch-on device host-pinned host --profile 3 "${checks[@]}" --out "train_$T.json"
+    gpu_log_stop
+    # the peer compiles for 60-90 s before its first timed step: it gets the longer limit
     if peer_wheels; then
+      gpu_log "peer_$T"
       PYTHONPATH=/tmp/site:${PYTHONPATH:-} step "$peer_s" python3 benchmarks/peer_speculators.py --ttt-steps 7 --seq-len "$T" \
         --out "peer_$T.json"
+      gpu_log_stop
+    fi ;;
+  specforge)
+    T=${1:?usage: device.sh specforge 2048|8192}
+    case "$T" in 2048|8192) ;; *) echo "specforge: tokens per step must be 2048 or 8192, got $T" >&2; exit 2 ;; esac
+    gpu_log "eyas_sf_$T"
+    step 130 python3 benchmarks/bench_train.py --tokens "$T" --ttt 7 --warmup 4 --steps 12 --modes graphs \
+      --batch-on device host --skip-checks --out "train_sf_$T.json"
+    gpu_log_stop
+    if specforge_wheels; then  # its first log window (50 steps) includes compilation
+      gpu_log "specforge_$T"
+      PYTHONPATH=/tmp/site-sf:/tmp/site:${PYTHONPATH:-} step 330 python3 benchmarks/peer_specforge.py --tokens "$T" \
+        --out "peer_specforge_$T.json"
+      gpu_log_stop
     fi ;;
   lm-head)
     step 470 python3 benchmarks/bench_train.py --tokens 2048 8192 --ttt 7 --warmup 4 --steps 12 --modes graphs \
