@@ -75,7 +75,7 @@ for arm in ("code64", "code128"):
         t = time.time()
         d = new_drafter(tr.manifest, mapping, head["embed_tokens"], seed)
         r = train_drafter(d, train_store=tr, val_store=va, lm_head=head["lm_head"], tp=p.train,
-                          lr=p.train_scratch.lr, seed=seed, tracker=Null(), device=dev, checkpoint_every=0)
+                          lr=p.lr, seed=seed, tracker=Null(), device=dev, checkpoint_every=0)
         out = W / f"drafter_{arm}_{seed}"
         save_drafter(d.cpu(), out)
         d = load_drafter(out, num_target_layers=target.num_layers)

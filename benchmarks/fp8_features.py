@@ -114,14 +114,14 @@ def main() -> None:
     print("storage", storage, "\nfidelity", fid, flush=True)
     runs = {}
     for name, stores in (("bfloat16", ref), ("float8_e4m3fn", q)):
-        runs[name] = train_on(stores["train"], stores["val"], tp, p.train_scratch.lr, p.seed, Path(args.vocab), head)
+        runs[name] = train_on(stores["train"], stores["val"], tp, p.lr, p.seed, Path(args.vocab), head)
         print(name, runs[name], flush=True)
     diff = {f"acc_{k}": runs["float8_e4m3fn"]["val"][f"acc_{k}"] - runs["bfloat16"]["val"][f"acc_{k}"]
             for k in range(tp.ttt_length)}
     doc = {"what": "scratch drafter trained on bf16 features vs fp8 aux hidden states (e4m3, per-token "
                    "per-layer fp32 scales; final hidden state bf16)",
            "features": args.features, "feature_manifest_target": m["target"], "aux_layers": m["aux_layers"],
-           "train_params": dataclasses.asdict(tp), "lr": p.train_scratch.lr, "seed": p.seed,
+           "train_params": dataclasses.asdict(tp), "lr": p.lr, "seed": p.seed,
            "convert_seconds": round(convert_s, 1), "storage": storage, "fidelity_val": fid, "runs": runs,
            "val_acc_fp8_minus_bf16": diff, "bar_points": 0.5,
            "fp8_passes": abs(diff["acc_0"]) <= 0.005}

@@ -71,7 +71,7 @@ def parse_args(argv=None):
     p.add_argument("--peer-python", default="/tmp/peer-venv/bin/python",
                    help="python of the isolated venv holding speculators 0.9.0")
     p.add_argument("--epochs", type=int, default=None, help="default: params.yaml train.epochs")
-    p.add_argument("--lr", type=float, default=None, help="default: params.yaml train_scratch.lr")
+    p.add_argument("--lr", type=float, default=None, help="default: params.yaml lr (the scratch drafter's)")
     p.add_argument("--total-seq-len", type=int, default=None,
                    help="peer tokens per optimizer step (one packed row); default train.batch_tokens")
     p.add_argument("--attn-impl", default="sdpa", help="peer --draft-attn-impl (sdpa or eager on CPU)")
@@ -91,7 +91,7 @@ def _params():
 
 def _settings(args) -> dict:
     p = _params()
-    return {"epochs": args.epochs or p.train.epochs, "lr": args.lr or p.train_scratch.lr,
+    return {"epochs": args.epochs or p.train.epochs, "lr": args.lr or p.lr,
             "total_seq_len": args.total_seq_len or p.train.batch_tokens,
             "ttt_length": p.train.ttt_length, "step_decay": p.train.step_decay,
             "warmup_ratio": p.train.warmup_ratio, "weight_decay": p.train.weight_decay,

@@ -2,8 +2,8 @@
 
 On the embedded default's existing features (``data/features/{train,val}``, ``models/vocab``,
 ``models/remapped``; read only), one-layer EAGLE-3 drafters are trained exactly as the stages do
-(stages/train_scratch.py: random init, lr ``train_scratch.lr``; stages/train_finetune.py: from
-``models/remapped`` with the step-0 gate, lr = top-level ``lr``; both with params ``train`` and
+(stages/train_scratch.py: random init, lr = top-level ``lr``; stages/train_finetune.py: from
+``models/remapped`` with the step-0 gate, lr ``train_finetune.lr``; both with params ``train`` and
 ``seed``) on the first N train conversations (``data/distilled/train.jsonl`` order; extract
 stores samples sorted by length, so they are found by their token ids), for each N in ``--sizes``. Every size runs ``train.epochs`` epochs, so training tokens grow with N.
 
@@ -147,7 +147,7 @@ def initial_drafter(arm: str, root: Path, p, manifest: dict, head: dict):
     if arm == "scratch":
         mapping, _ = load_mapping(root / "models/vocab")
         d = new_drafter(manifest, mapping, head["embed_tokens"], p.seed, mapping_source=str(root / "models/vocab"))
-        return d, p.train_scratch.lr, None
+        return d, p.lr, None
     src = root / "models/remapped"
     d = load_drafter(src, num_target_layers=manifest["num_layers"])
     c = d.config
@@ -155,7 +155,7 @@ def initial_drafter(arm: str, root: Path, p, manifest: dict, head: dict):
                      vocab_size=c.vocab_size, source=str(src))
     d.set_embedding(head["embed_tokens"])
     f = p.train_finetune
-    return d, p.lr, step0_gate(c.draft_vocab_size, f.gate_margin, f.gate_min_acc, f.gate_override)
+    return d, f.lr, step0_gate(c.draft_vocab_size, f.gate_margin, f.gate_min_acc, f.gate_override)
 
 
 def train_one(arm: str, n: int, root: Path, work: Path) -> dict:
@@ -192,7 +192,7 @@ def committed_record(arm: str, root: Path) -> dict:
     p = load_params(root / "params.yaml")
     m = read_json(root / f"metrics/train_{arm}.json")
     man = FeatureStore.open(root / "data/features/train").manifest
-    return {"arm": arm, "size": 240, "train_samples": man["num_samples"], "lr": p.train_scratch.lr if arm == "scratch" else p.lr,
+    return {"arm": arm, "size": 240, "train_samples": man["num_samples"], "lr": p.lr if arm == "scratch" else p.train_finetune.lr,
             "steps": m["steps"], "train_tokens": m["train_tokens"],
             "sample_tokens": man["num_tokens"] * p.train.epochs,
             "supervised_tokens": man["supervised_tokens"] * p.train.epochs, "seconds": m["seconds"],
@@ -391,7 +391,7 @@ def main() -> None:
                    "torch": torch.__version__, "transformers": transformers.__version__,
                    "python": sys.version.split()[0]},
            "settings": {"sizes": a.sizes, "reuse_240": a.reuse_240, "threads_per_process": a.threads,
-                        "lr": p.lr, "seed": p.seed, "train": vars(p.train), "train_scratch": vars(p.train_scratch),
+                        "lr": p.lr, "seed": p.seed, "train": vars(p.train), "train_finetune": vars(p.train_finetune),
                         "eval": vars(p.eval), "target": p.target.path},
            "rows": rows, "not_trained": missing}
     write_json(RESULTS / "scaling_cpu.json", doc)

@@ -1,13 +1,15 @@
-"""Run dvc.yaml's stage commands in DAG order without DVC: for a machine where DVC is not
+"""Run the pipelines' stage commands in DAG order without DVC: for a machine where DVC is not
 installed (a GPU machine without a package registry). Nothing is cached or locked: the stage
 scripts read params.yaml and write their outputs and metrics exactly as under ``dvc repro``.
 
-dvc.yaml lists its stages in an order where every stage comes after the stages whose outputs it
-reads; this script runs them in that order (``foreach`` stages once per item, ``${item}``
-substituted), optionally only some of them:
+The pipeline files (eyas.pipeline.dvcfiles.PIPELINES: dvc.yaml, then published/dvc.yaml and
+finetune/dvc.yaml) list their stages in an order where every stage comes after the stages whose
+outputs it reads; this script runs them in that order (``foreach`` stages once per item,
+``${item}`` substituted), from the repository root:
 
-    python scripts/run_dag.py                      # every stage
-    python scripts/run_dag.py self-distill extract # these, in DAG order
+    python scripts/run_dag.py                      # dvc.yaml's stages: what `dvc repro` runs
+    python scripts/run_dag.py self-distill extract # these, in DAG order (any pipeline file's)
+    python scripts/run_dag.py stand-in-drafter remap train-finetune   # the fine-tune comparison's
 """
 
 from __future__ import annotations
@@ -18,19 +20,14 @@ import sys
 import time
 from pathlib import Path
 
-import yaml
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # eyas from this checkout, installed or not
+from eyas.pipeline import dvcfiles  # noqa: E402
 
 
-def stage_commands(dvc_yaml: Path = Path("dvc.yaml")) -> list[tuple[str, str]]:
-    """``[(stage name, command)]`` in file order; ``foreach`` stages expand to ``name@item``."""
-    out = []
-    for name, st in yaml.safe_load(dvc_yaml.read_text())["stages"].items():
-        if "foreach" in st:
-            for item in st["foreach"]:
-                out.append((f"{name}@{item}", st["do"]["cmd"].replace("${item}", str(item))))
-        else:
-            out.append((name, st["cmd"]))
-    return out
+def stage_commands(files: tuple[str, ...] = dvcfiles.PIPELINES) -> list[tuple[str, str]]:
+    """``[(stage name, command)]`` of ``files`` (under the working directory) in file order;
+    ``foreach`` stages expand to ``name@item``."""
+    return [(name, st["cmd"]) for name, st in dvcfiles.stages(".", files).items()]
 
 
 def main(argv: list[str]) -> int:
@@ -38,8 +35,10 @@ def main(argv: list[str]) -> int:
     names = {n for n, _ in stages} | {n.split("@")[0] for n, _ in stages}
     unknown = sorted(set(argv) - names)
     if unknown:
-        sys.stderr.write(f"run_dag: unknown stage(s) {unknown}; dvc.yaml has {[n for n, _ in stages]}\n")
+        sys.stderr.write(f"run_dag: unknown stage(s) {unknown}; the pipeline files have {[n for n, _ in stages]}\n")
         return 2
+    if not argv:
+        stages = stage_commands(dvcfiles.PIPELINES[:1])
     for name, cmd in stages:
         if argv and name not in argv and name.split("@")[0] not in argv:
             continue

@@ -1,8 +1,9 @@
-"""DVC stage `remap`: move a pretrained drafter's lm_head onto the new vocab mapping.
+"""DVC stage `remap` (finetune/dvc.yaml): move a pretrained drafter's lm_head onto the new vocab mapping.
 
 Reads params `seed`, `remap`, `train` (TTT settings for the step-0 check; train.mode: online runs the
-target here, eyas/training/online.py), `target`; reads the drafter at `remap.source`, `models/vocab/`,
-`data/features/`, `data/inputs/target.json`; writes `models/remapped/` and
+target here, eyas/training/online.py), `target`; reads the drafter directory `remap.source` (a DVC
+dependency: the stand-in's `models/stand_in` by default, or a published drafter downloaded beside
+it), `models/vocab/`, `data/features/`, `data/inputs/target.json`; writes `models/remapped/` and
 `metrics/remap.json` (compatibility report and step-0 val loss/acc: the source under its own
 mapping, the naive load that keeps rows in place, and the remapped drafter; `positions_from_target`:
 the source's context length / RoPE fields replaced by the target's, eyas.vocab.remap.adopt_target_positions).
@@ -22,7 +23,6 @@ from eyas.io import write_json
 from eyas.pipeline.provenance import FILE as FINGERPRINT
 from eyas.pipeline.provenance import check, record
 from eyas.pipeline.tracking import start_stage_run
-from eyas.target.hub import HubError, is_hub_id, snapshot
 from eyas.target.model import pick_device
 from eyas.training.batches import head_rows_for
 from eyas.training.online import capture_for, loader_for
@@ -47,28 +47,11 @@ def with_vocab(src: Eagle3Drafter, mapping: VocabMapping, lm_head) -> Eagle3Draf
     return out
 
 
-def source_dir(rp) -> tuple[Path, str | None]:
-    """``(directory, commit)`` of ``remap.source``: a local drafter directory as given (commit None),
-    or a hub id's snapshot at ``remap.revision`` (eyas/target/hub.py: safetensors only) and its commit sha.
-
-    Raises:
-        SystemExit: neither a directory nor a hub id, or the hub id, revision or a file is missing
-            (the message names the id and the revision)."""
-    if Path(rp.source).is_dir():
-        return Path(rp.source), None
-    if not is_hub_id(rp.source):
-        raise SystemExit(f"remap: remap.source {rp.source!r}: no such directory (nor a hub id org/name)")
-    try:
-        return snapshot(rp.source, rp.revision, param="remap.source")
-    except HubError as e:
-        raise SystemExit(f"remap: {e}") from None
-
-
 def main() -> None:
     p = load_params()
     with start_stage_run("remap", p) as tracker:
-        source, commit = source_dir(p.remap)
-        inputs = [FEATURES / "val", VOCAB] + ([source] if commit is None else [])
+        source = Path(p.remap.source)  # a directory (eyas.training.params checks it)
+        inputs = [FEATURES / "val", VOCAB, source]
         for a in inputs:  # refuse stale upstream outputs, naming the stage to rerun
             check(a, p, reader="remap")
         fp = record("remap", p, inputs)
@@ -106,10 +89,7 @@ def main() -> None:
             r = evaluate(unroll, loader, dev)
             step0[name] = {"loss_0": r["loss_0"], "acc_0": r["acc_0"]}
         save_drafter(remapped.cpu(), OUT, extra_files={"remap_report.json": report, FINGERPRINT: fp})
-        if commit is not None:
-            tracker.set_tags({"eyas.remap_source_commit": commit})
-        metrics = {**report, "step0_val": step0, "source": p.remap.source, "source_revision": p.remap.revision,
-                   "source_commit": commit, "positions_from_target": positions,
+        metrics = {**report, "step0_val": step0, "source": p.remap.source, "positions_from_target": positions,
                    "compatibility": {"vocab_size": m["vocab_size"], "target_hidden_size": m["hidden_size"],
                                      "aux_layers": m["aux_layers"], "ok": True}}
         write_json(METRICS / "remap.json", metrics)

@@ -1,4 +1,5 @@
-"""DVC stage `stand-in-drafter`: stands in for a PUBLISHED drafter in the embedded default.
+"""DVC stage `stand-in-drafter` (published/dvc.yaml): stands in for a PUBLISHED drafter in the
+embedded default, for the fine-tune comparison (finetune/dvc.yaml; `dvc repro` does not run it).
 
 It is trained on a disjoint data slice (`publish`) with its own, differently sized vocab whose
 draft ids are ordered by frequency, as some published drafters are, so `remap` has real work to do.

@@ -1,10 +1,10 @@
-"""DVC stage `train-finetune`: TTT fine-tuning of the remapped pretrained drafter.
+"""DVC stage `train-finetune` (finetune/dvc.yaml): TTT fine-tuning of the remapped pretrained drafter.
 
-Reads params `lr` (top level, so `dvc exp run -S lr=5e-5` reruns only this stage and its eval),
-`seed`, `train`, `train_finetune`, `target` (train.mode: online: the target runs here, eyas/training/online.py);
-reads `data/features/`, `models/remapped/`, `data/inputs/target.json`; writes
-`models/finetune/`, `metrics/train_finetune.json`, `plots/train_finetune/`. Before the first update
-a step-0 gate stops a run whose val accuracy is at chance or under the floor (eyas.training.loop.step0_gate).
+Reads params `seed`, `train`, `train_finetune` (its `lr` among them), `target` (train.mode: online:
+the target runs here, eyas/training/online.py); reads `data/features/`, `models/remapped/`,
+`data/inputs/target.json`; writes `models/finetune/`, `metrics/train_finetune.json`,
+`plots/train_finetune/`. Before the first update a step-0 gate stops a run whose val accuracy is at
+chance or under the floor (eyas.training.loop.step0_gate).
 Run: `python -m stages.train_finetune`.
 """
 
@@ -42,7 +42,7 @@ def main() -> None:
         drafter.set_embedding(head["embed_tokens"])
         gate = step0_gate(c.draft_vocab_size, f.gate_margin, f.gate_min_acc, f.gate_override, tracker)
         result = train_drafter(drafter, train_store=train, val_store=val, lm_head=head["lm_head"],
-                               tp=p.train, lr=p.lr, seed=p.seed, tracker=tracker, device=pick_device(),
+                               tp=p.train, lr=f.lr, seed=p.seed, tracker=tracker, device=pick_device(),
                                gate=gate, checkpoint_dir=checkpoint_dir("train-finetune"),
                                capture=capture_for(p, train), code=code_digest("stages.train_finetune"))
         m = finish_training("train-finetune", drafter, result, Path("models/finetune"), tracker,

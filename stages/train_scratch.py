@@ -1,8 +1,9 @@
 """DVC stage `train-scratch`: TTT-train an EAGLE-3 drafter from random initialisation.
 
-Reads params `seed`, `train`, `train_scratch`, `target` (train.mode: online: the target runs here,
-eyas/training/online.py); reads `data/features/`, `models/vocab/`, `data/inputs/target.json`; writes
-`models/scratch/` (servable checkpoint), `metrics/train_scratch.json`, `plots/train_scratch/`.
+Reads params `lr` (top level, so `dvc exp run -S lr=5e-5` reruns this stage and the stages after
+it), `seed`, `train`, `target` (train.mode: online: the target runs here, eyas/training/online.py);
+reads `data/features/`, `models/vocab/`, `data/inputs/target.json`; writes `models/scratch/`
+(servable checkpoint), `metrics/train_scratch.json`, `plots/train_scratch/`.
 Run: `python -m stages.train_scratch`.
 """
 
@@ -36,7 +37,7 @@ def main() -> None:
         drafter = new_drafter(train.manifest, mapping, head["embed_tokens"], p.seed, mapping_source=str(VOCAB),
                               lm_head=head["lm_head"])
         result = train_drafter(drafter, train_store=train, val_store=val, lm_head=head["lm_head"],
-                               tp=p.train, lr=p.train_scratch.lr, seed=p.seed, tracker=tracker,
+                               tp=p.train, lr=p.lr, seed=p.seed, tracker=tracker,
                                device=pick_device(), checkpoint_dir=checkpoint_dir("train-scratch"),
                                capture=capture_for(p, train), code=code_digest("stages.train_scratch"))
         m = finish_training("train-scratch", drafter, result, Path("models/scratch"), tracker,

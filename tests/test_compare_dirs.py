@@ -19,16 +19,6 @@ stages:
     - path: metrics/train_scratch.json
       hash: md5
       md5: 0
-  train-finetune:
-    cmd: python -m stages.train_finetune
-    params:
-      params.yaml:
-        train:
-          epochs: 2
-    outs:
-    - path: metrics/train_finetune.json
-      hash: md5
-      md5: 0
   elsewhere:
     cmd: python -m stages.elsewhere
     params:
@@ -41,29 +31,50 @@ stages:
       hash: md5
       md5: 0
 """
+# the fine-tune comparison's lock (finetune/dvc.yaml): its paths are relative to the repository root too
+FINETUNE_LOCK = """schema: '2.0'
+stages:
+  train-finetune:
+    cmd: python -m stages.train_finetune
+    params:
+      params.yaml:
+        train:
+          epochs: 2
+    outs:
+    - path: metrics/train_finetune.json
+      hash: md5
+      md5: 0
+"""
 
 
-def test_metrics_dir_params_come_from_the_lock_not_the_edited_params_yaml(tmp_path, monkeypatch):
+def test_metrics_dir_params_come_from_the_locks_not_the_edited_params_yaml(tmp_path, monkeypatch):
     """A quick trial or an edit not yet reproduced changes params.yaml, not the metrics: the table
-    shows what dvc.lock recorded for the stages that wrote them, and a key the stages recorded
-    differently (train-finetune not rerun since epochs changed) says so."""
+    shows what the lock files recorded for the stages that wrote them (the default DAG's and the
+    fine-tune comparison's), and a key the stages recorded differently (train-finetune not rerun
+    since epochs changed) says so."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "metrics").mkdir()
     (tmp_path / "metrics" / "train_scratch.json").write_text(json.dumps({"val": {"acc_0": 0.5}}))
     (tmp_path / "params.yaml").write_text("vocab:\n  draft_vocab_size: 512\ntrain:\n  epochs: 1\n")
     (tmp_path / "dvc.lock").write_text(LOCK)
-    assert lock_params(tmp_path / "dvc.lock", tmp_path / "metrics") == {
-        "train.epochs": "mixed: 4 (train-scratch) / 2 (train-finetune)", "vocab.draft_vocab_size": 6144}
+    assert lock_params(tmp_path, tmp_path / "metrics") == ({"train.epochs": 4, "vocab.draft_vocab_size": 6144},
+                                                          ["dvc.lock"])
+    (tmp_path / "finetune").mkdir()
+    (tmp_path / "finetune" / "dvc.lock").write_text(FINETUNE_LOCK)
+    assert lock_params(tmp_path, tmp_path / "metrics") == (
+        {"train.epochs": "mixed: 4 (train-scratch) / 2 (train-finetune)", "vocab.draft_vocab_size": 6144},
+        ["dvc.lock", "finetune/dvc.lock"])
     lines = compare_dirs(["metrics"]).splitlines()
-    assert "| params file | dvc.lock |" in lines
+    assert "| params file | dvc.lock, finetune/dvc.lock |" in lines
     assert "| `vocab.draft_vocab_size` | 6144 |" in lines  # not params.yaml's 512
     assert "| `train.epochs` | mixed: 4 (train-scratch) / 2 (train-finetune) |" in lines
     assert "| train-scratch val acc_0 | 0.5 |" in lines
 
-    # a directory the lock did not write (a copy elsewhere) keeps the workspace params.yaml
+    # a directory the locks did not write (a copy elsewhere) keeps the workspace params.yaml
     (tmp_path / "other").mkdir()
-    assert lock_params(tmp_path / "dvc.lock", tmp_path / "other") is None
-    assert "| `vocab.draft_vocab_size` | 512 |" in compare_dirs(["other"]).splitlines()
+    assert lock_params(tmp_path, tmp_path / "other") is None
+    lines = compare_dirs(["other"]).splitlines()
+    assert "| `vocab.draft_vocab_size` | 512 |" in lines and "| params file | params.yaml |" in lines
 
 
 def test_a_lock_not_in_dvc_layout_is_named(tmp_path):
@@ -73,7 +84,7 @@ def test_a_lock_not_in_dvc_layout_is_named(tmp_path):
                  "stages:\n  a:\n    outs:\n    - path: null\n"):
         (tmp_path / "dvc.lock").write_text(text)
         with pytest.raises(CompareError, match=rf"^{tmp_path / 'dvc.lock'}: cannot read the params DVC recorded"):
-            lock_params(tmp_path / "dvc.lock", tmp_path / "metrics")
+            lock_params(tmp_path, tmp_path / "metrics")
 
 
 @pytest.mark.parametrize("value, shown", [(True, "yes"), (False, "no"), (None, "unknown")])
@@ -81,7 +92,7 @@ def test_a_verdict_is_true_false_or_null(tmp_path, value, shown):
     d = tmp_path / "m"
     d.mkdir()
     (d / "eval_scratch.json").write_text(json.dumps({"chat": {"serving_verdict": {"worth_serving": value}}}))
-    lines = compare_dirs([str(d)], params_default=tmp_path / "none.yaml", lock=tmp_path / "none.lock").splitlines()
+    lines = compare_dirs([str(d)], params_default=tmp_path / "none.yaml", root=tmp_path).splitlines()
     assert f"| scratch chat worth serving (beats the n-gram floor and greedy) | {shown} |" in lines
     assert "| scratch humaneval worth serving (beats the n-gram floor and greedy) | – |" in lines  # no such key
 
@@ -94,7 +105,7 @@ def test_a_verdict_of_another_type_is_named(tmp_path, value):
     (d / "eval_scratch.json").write_text(json.dumps({"chat": {"serving_verdict": {"worth_serving": value}}}))
     with pytest.raises(CompareError, match=r"eval_scratch.json: chat.serving_verdict.worth_serving is .*"
                                            r"a verdict is true, false or null"):
-        compare_dirs([str(d)], params_default=tmp_path / "none.yaml", lock=tmp_path / "none.lock")
+        compare_dirs([str(d)], params_default=tmp_path / "none.yaml", root=tmp_path)
 
 
 @pytest.mark.parametrize("doc, where", [
@@ -109,7 +120,7 @@ def test_a_verdict_path_through_junk_is_named_not_shown_missing(tmp_path, doc, w
     d.mkdir()
     (d / "eval_scratch.json").write_text(json.dumps(doc))
     with pytest.raises(CompareError, match=f"eval_scratch.json: {where}.*expected a mapping"):
-        compare_dirs([str(d)], params_default=tmp_path / "none.yaml", lock=tmp_path / "none.lock")
+        compare_dirs([str(d)], params_default=tmp_path / "none.yaml", root=tmp_path)
 
 
 ROW = "served.chat.rows.eagle/chain/T0"
@@ -129,4 +140,4 @@ def test_a_served_table_of_another_layout_is_named(tmp_path, served, where):
     d.mkdir()
     (d / "eval_scratch.json").write_text(json.dumps({"served": served}))
     with pytest.raises(CompareError, match=f"eval_scratch.json: {where}"):
-        compare_dirs([str(d)], params_default=tmp_path / "none.yaml", lock=tmp_path / "none.lock")
+        compare_dirs([str(d)], params_default=tmp_path / "none.yaml", root=tmp_path)

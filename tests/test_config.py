@@ -81,9 +81,11 @@ def test_dvc_written_float_string_is_read_as_float(tmp_path):
     # '' is Path('') = the working directory: it passed as a local directory
     ({"target": {"path": ""}}, r"^params\.yaml: 'target.path' must be a non-empty string"),
     ({"data": {"source": " "}}, r"^params\.yaml: 'data.source' must be a non-empty string"),
-    ({"remap": {"source": ""}}, r"^params\.yaml: 'remap.source' must be a non-empty string"),
+    ({"remap": {"source": ""}}, r"^params\.yaml: 'remap.source' must be a local drafter directory .*, got ''"),
+    ({"remap": {"revision": None}}, r"unknown key 'remap.revision'"),  # hub ids went with it
+    ({"train_scratch": {"lr": 1e-3}}, r"unknown key 'train_scratch'"),  # the scratch lr is the top-level lr
+    ({"train_finetune": {"lr": 0.0}}, r"'train_finetune.lr' must be in \(0, 1\)"),
     ({"target": {"revision": ""}}, r"'target.revision' must be null \(the hub's main\) or a non-empty"),
-    ({"remap": {"revision": ""}}, r"'remap.revision' must be null or a non-empty"),
     ({"target": {"gguf_file": ""}}, r"'target.gguf_file' must be null or a non-empty"),
     # a mistyped split was refused only inside the self-distill stage
     ({"distill": {"splits": ["train", "trian"]}},
@@ -159,6 +161,22 @@ def test_missing_file_and_bad_yaml(tmp_path):
     bad.write_text("train: [unclosed\n")
     with pytest.raises(ParamsError, match="not valid YAML"):
         load_params(bad)
+
+
+@pytest.mark.parametrize("source", ["RedHatAI/Llama-3.1-8B-Instruct-speculator.eagle3", "models/publishd"])
+def test_remap_source_is_a_directory_dvc_can_hash_not_a_hub_id(tmp_path, monkeypatch, source):
+    """finetune/dvc.yaml's remap depends on ``${remap.source}``: a hub id (or a missing directory)
+    is refused before any compute, saying how to download a hub drafter and point remap.source at it."""
+    monkeypatch.chdir(tmp_path)  # relative to the repository root, where the stages run
+    with pytest.raises(ParamsError, match=rf"^params\.yaml: 'remap.source' must be a local drafter directory "
+                                          rf".*got '{re.escape(source)}': no such directory\. .*`hf download ORG/NAME "
+                                          rf"--revision <commit sha> --local-dir models/published`"):
+        parse_params({"remap": {"source": source}}, "params.yaml")
+    (tmp_path / source).mkdir(parents=True)  # downloaded: a directory like any other
+    assert parse_params({"remap": {"source": source}}).remap.source == source
+    # the stand-in's directory need not exist: published/dvc.yaml makes it before remap runs
+    assert not (tmp_path / "models/stand_in").exists()
+    assert parse_params({"remap": {"source": "models/stand_in"}}).remap.source == "models/stand_in"
 
 
 def test_flatten_and_hash():

@@ -13,11 +13,13 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from eyas.pipeline.dvcfiles import PIPELINES
+
 ROOT = Path(__file__).resolve().parents[1]
 
 # ``eyas.<x>`` names that are not modules: MLflow tags and keys eyas writes.
 NOT_MODULES = {"pipeline_key", "params_hash", "host", "pid", "resumes", "resumed_by", "reused",
-               "weights_sha256", "model_id", "remap_source_commit", "num_target_layers"}
+               "weights_sha256", "model_id", "num_target_layers"}
 PHRASES = {"eyas/stages"}  # "the eyas/ and stages/ modules"
 
 DOTTED = re.compile(r"(?<![\w/.-])eyas\.([a-z_][a-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*)")
@@ -48,7 +50,7 @@ def _dotted_ok(root: Path, name: str) -> bool:
 
 def stale_refs(root: Path) -> list[str]:
     files = [p for p in (root / "docs").glob("*.md") if p.name != "LOG.md"]
-    files += [root / "README.md", root / "benchmarks" / "README.md", root / "dvc.yaml"]
+    files += [root / "README.md", root / "benchmarks" / "README.md", *(root / f for f in PIPELINES)]
     for d in ("eyas", "stages", "scripts", "benchmarks"):
         files += sorted((root / d).rglob("*.py")) + sorted((root / d).glob("*.sh"))
     out = []

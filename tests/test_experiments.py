@@ -4,7 +4,7 @@ A tiny three-stage pipeline in a temporary git + DVC repo (no model, trivial wor
 scripts use the real ``eyas.training.params`` (typed params), ``eyas.pipeline.tracking`` (MLflow store anchored at
 ``$DVC_ROOT``, parent/child runs) and ``eyas.pipeline.plots`` (PNG artifacts)::
 
-    prepare-data (params: data) -> train-finetune (params: lr) -> eval-accept-len@finetune
+    prepare-data (params: data) -> train-scratch (params: lr) -> eval-accept-len@scratch
 
 It shows (docs/dvc-mlflow.md §2 and §4):
   (a) ``dvc exp run -S lr=5e-5`` reruns exactly the stages downstream of ``lr``, and the stage
@@ -59,14 +59,14 @@ stages:
     params: [data]
     outs: [out/data.txt]
     metrics: [{{metrics/prepare.json: {{cache: false}}}}]
-  train-finetune:
+  train-scratch:
     cmd: {py} steps/train.py
     deps: [steps/train.py, out/data.txt]
     params: [lr]
     outs: [out/model.json]
     metrics: [{{metrics/train.json: {{cache: false}}}}]
   eval-accept-len:
-    foreach: [finetune]
+    foreach: [scratch]
     do:
       cmd: {py} steps/evaluate.py ${{item}}
       deps: [steps/evaluate.py, out/model.json]
@@ -75,7 +75,7 @@ stages:
 """
 
 PARAMS_YAML = """\
-lr: 3.0e-4
+lr: 1.0e-3
 seed: 0
 data:
   max_conversations: 10
@@ -101,7 +101,7 @@ with start_stage_run("prepare-data", p) as t:
 '''
 
 TRAIN = '''\
-"""Stage train-finetune: reads params `lr` (top level); a fake curve that depends on lr."""
+"""Stage train-scratch: reads params `lr` (top level); a fake curve that depends on lr."""
 import json, math
 from pathlib import Path
 from eyas.training.params import load_params
@@ -109,8 +109,8 @@ from eyas.pipeline.plots import ttt_curves_figure
 from eyas.pipeline.tracking import start_stage_run
 
 p = load_params()
-print("COMPUTE train-finetune", flush=True)
-with start_stage_run("train-finetune", p) as t:
+print("COMPUTE train-scratch", flush=True)
+with start_stage_run("train-scratch", p) as t:
     n = int(Path("out/data.txt").read_text())
     acc = 1 - math.exp(-p.lr * 5e3)
     curve = [{"step": s, "split": "train", "loss": 3 - 2 * acc * s / 4, "acc_0": acc * s / 4}
@@ -125,7 +125,7 @@ with start_stage_run("train-finetune", p) as t:
                                                   "acc": acc, "n": n}) + "\\n")
     Path("metrics/train.json").write_text(json.dumps({"lr": p.lr, "final": {"acc_0": acc}}))
     t.log_artifact("metrics/train.json")
-    t.log_figure(ttt_curves_figure(curve, title="train-finetune"), "train_finetune_curves.png")
+    t.log_figure(ttt_curves_figure(curve, title="train-scratch"), "train_scratch_curves.png")
 '''
 
 EVALUATE = '''\
@@ -155,8 +155,8 @@ with start_stage_run(f"eval-accept-len@{name}", p) as t:
     t.log_figure(accept_len_figure(m, title=name), f"eval_{name}_accept_len.png")
 '''
 
-ALL_STAGES = {"prepare-data", "train-finetune", "eval-accept-len@finetune"}
-LR_STAGES = {"train-finetune", "eval-accept-len@finetune"}
+ALL_STAGES = {"prepare-data", "train-scratch", "eval-accept-len@scratch"}
+LR_STAGES = {"train-scratch", "eval-accept-len@scratch"}
 
 
 def _env(root: Path) -> dict:
@@ -248,7 +248,7 @@ def test_exp_run_set_param_reruns_only_lr_stages(repo):
     # DVC wrote `lr: 5e-05`, which PyYAML reads as a STRING (docs/dvc-mlflow.md §4) ...
     assert yaml.safe_load((repo / "params.yaml").read_text())["lr"] == "5e-05"
     lock = yaml.safe_load((repo / "dvc.lock").read_text())
-    assert lock["stages"]["train-finetune"]["params"]["params.yaml"]["lr"] == "5e-05"
+    assert lock["stages"]["train-scratch"]["params"]["params.yaml"]["lr"] == "5e-05"
     # ... and eyas.training.params hands the stage a float
     model = json.loads((repo / "out" / "model.json").read_text())
     assert model["lr"] == 5e-05 and model["lr_type"] == "float"
@@ -351,7 +351,7 @@ def test_queue_parallel_runs_land_in_one_mlflow_store(repo, queued):
         assert parent.info.status == "FINISHED"
         kids = children[parent.info.run_id]
         assert set(kids) == LR_STAGES
-        train, ev = kids["train-finetune"], kids["eval-accept-len@finetune"]
+        train, ev = kids["train-scratch"], kids["eval-accept-len@scratch"]
         assert train.info.status == ev.info.status == "FINISHED"
         assert train.data.tags["dvc.exp_name"] == name
         assert float(train.data.params["lr"]) == float(lr)
@@ -362,16 +362,16 @@ def test_queue_parallel_runs_land_in_one_mlflow_store(repo, queued):
         assert ev.data.metrics["chat/accept_len"] > 1.0
         # artifacts: readable after the temp dirs are gone, under <repo>/mlartifacts
         names = {a.path for a in client.list_artifacts(train.info.run_id)}
-        assert {"train_finetune_curves.png", "train.json"} <= names
+        assert {"train_scratch_curves.png", "train.json"} <= names
         assert train.info.artifact_uri.startswith(str(repo / "mlartifacts"))
-        png = Path(client.download_artifacts(train.info.run_id, "train_finetune_curves.png",
+        png = Path(client.download_artifacts(train.info.run_id, "train_scratch_curves.png",
                                              str(repo.parent / f"dl-{name}")))
         assert png.read_bytes()[:8] == PNG_MAGIC
-        png = Path(client.download_artifacts(ev.info.run_id, "eval_finetune_accept_len.png",
+        png = Path(client.download_artifacts(ev.info.run_id, "eval_scratch_accept_len.png",
                                              str(repo.parent / f"dl-{name}")))
         assert png.read_bytes()[:8] == PNG_MAGIC
     # different lr, different result
-    accs = {n: children[parents[n].info.run_id]["train-finetune"].data.metrics["final/acc_0"] for n in QUEUED}
+    accs = {n: children[parents[n].info.run_id]["train-scratch"].data.metrics["final/acc_0"] for n in QUEUED}
     assert len(set(accs.values())) == 2
 
     # `eyas compare` reads the same store (found from cwd) and puts both side by side
@@ -382,7 +382,7 @@ def test_queue_parallel_runs_land_in_one_mlflow_store(repo, queued):
     assert "**q-lr-1e-4**" in header and "**q-lr-2e-3**" in header
     lr_row = next(line for line in table.splitlines() if line.startswith("| `lr` |"))
     assert "0.0001" in lr_row and "0.002" in lr_row
-    acc_row = next(line for line in table.splitlines() if line.startswith("| train-finetune val acc_0 |"))
+    acc_row = next(line for line in table.splitlines() if line.startswith("| train-scratch val acc_0 |"))
     for a in accs.values():
         assert f"{a:.4g}" in acc_row
     (repo / "compare.md").unlink()
@@ -419,7 +419,7 @@ def test_exp_show_json_lists_metrics(repo, queued):
         metrics = rows[name]
         train = metrics["metrics/train.json"]["data"]
         assert set(train) == {"lr", "final"} and "acc_0" in train["final"]
-        assert metrics["metrics/eval_finetune.json"]["data"]["chat"]["accept_len"] > 1.0
+        assert metrics["metrics/eval_scratch.json"]["data"]["chat"]["accept_len"] > 1.0
         assert metrics["metrics/prepare.json"]["data"] == {"conversations": 10}
     for name, lr in QUEUED.items():
         assert rows[name]["metrics/train.json"]["data"]["lr"] == float(lr)
@@ -468,28 +468,32 @@ def unit_store(tmp_path, monkeypatch):
 
 
 def _pipeline(monkeypatch, name: str, lr: float, stage_metrics: dict) -> None:
+    """One pipeline execution: per DVC stage address (``$DVC_STAGE``: a stage of a subdirectory's
+    dvc.yaml carries its file, ``finetune/dvc.yaml:remap``), a stage run logging its metrics."""
     monkeypatch.setenv("DVC_EXP_NAME", name)
     monkeypatch.setenv("DVC_EXP_BASELINE_REV", "abcdef0123456789")
     p = parse_params({"lr": lr, "train": {"epochs": 3}})
-    for stage, metrics in stage_metrics.items():
-        monkeypatch.setenv("DVC_STAGE", stage)
-        with tracking.start_stage_run(stage, p) as t:
+    for address, metrics in stage_metrics.items():
+        monkeypatch.setenv("DVC_STAGE", address)
+        with tracking.start_stage_run(address.rpartition(":")[2], p) as t:
             t.log_metrics(metrics)
 
 
 def test_compare_renders_latest_pipelines_side_by_side(unit_store, monkeypatch):
-    _pipeline(monkeypatch, "exp-a", 3e-4, {
-        "train-scratch": {"final/acc_0": 0.41}, "train-finetune": {"final/acc_0": 0.52},
+    # both pipelines: the default DAG and the fine-tune comparison (finetune/dvc.yaml)
+    _pipeline(monkeypatch, "exp-a", 1e-3, {
+        "train-scratch": {"final/acc_0": 0.41}, "finetune/dvc.yaml:train-finetune": {"final/acc_0": 0.52},
         "eval-accept-len@scratch": {"chat/accept_len": 1.9, "humaneval/accept_len": 2.2,
                                     "chat/ngram_accept_len": 1.3, "humaneval/ngram_accept_len": 1.6},
-        "eval-accept-len@finetune": {"chat/accept_len": 2.05, "humaneval/accept_len": 2.4,
-                                     "chat/ngram_accept_len": 1.3, "humaneval/ngram_accept_len": 1.6}})
+        "finetune/dvc.yaml:eval-accept-len@finetune": {"chat/accept_len": 2.05, "humaneval/accept_len": 2.4,
+                                                       "chat/ngram_accept_len": 1.3,
+                                                       "humaneval/ngram_accept_len": 1.6}})
     time.sleep(0.01)
-    # only the lr stages ran (train-scratch restored from the run-cache: no child run)
+    # `dvc exp run -S lr=5e-5`: only the stages lr feeds ran (the default DAG's; no fine-tune)
     _pipeline(monkeypatch, "exp-b", 5e-5, {
-        "train-finetune": {"final/acc_0": 0.47},
-        "eval-accept-len@finetune": {"chat/accept_len": 1.95, "humaneval/accept_len": 2.3,
-                                     "chat/ngram_accept_len": 1.3, "humaneval/ngram_accept_len": 1.6}})
+        "train-scratch": {"final/acc_0": 0.47},
+        "eval-accept-len@scratch": {"chat/accept_len": 1.95, "humaneval/accept_len": 2.3,
+                                    "chat/ngram_accept_len": 1.3, "humaneval/ngram_accept_len": 1.6}})
     text = eyas_compare.compare()
     lines = text.splitlines()
     assert "| | **exp-b** | **exp-a** |" in lines  # latest first
@@ -497,14 +501,16 @@ def test_compare_renders_latest_pipelines_side_by_side(unit_store, monkeypatch):
     def row(label):
         return next(line for line in lines if line.startswith(f"| {label} |"))
 
-    assert row("`lr`") == "| `lr` | 5e-05 | 0.0003 |"
+    assert row("`lr`") == "| `lr` | 5e-05 | 0.001 |"
     assert not [line for line in lines if line.startswith("| `train.epochs`")]  # equal: folded
-    assert "`train.epochs=3`" in next(line for line in lines if line.startswith("Same in every column:"))
+    same = next(line for line in lines if line.startswith("Same in every column:"))
+    assert "`train.epochs=3`" in same and "`train_finetune.lr=0.0003`" in same
     full = eyas_compare.compare(all_params=True).splitlines()
-    assert "| `train.epochs` | 3 | 3 |" in full
-    assert row("train-scratch val acc_0") == "| train-scratch val acc_0 | – | 0.41 |"
-    assert row("train-finetune val acc_0") == "| train-finetune val acc_0 | 0.47 | 0.52 |"
-    assert row("finetune humaneval accept_len") == "| finetune humaneval accept_len | 2.3 | 2.4 |"
+    assert "| `train.epochs` | 3 | 3 |" in full and "| `train_finetune.lr` | 0.0003 | 0.0003 |" in full
+    assert row("train-scratch val acc_0") == "| train-scratch val acc_0 | 0.47 | 0.41 |"
+    assert row("train-finetune val acc_0") == "| train-finetune val acc_0 | – | 0.52 |"
+    assert row("scratch humaneval accept_len") == "| scratch humaneval accept_len | 2.3 | 2.2 |"
+    assert row("finetune humaneval accept_len") == "| finetune humaneval accept_len | – | 2.4 |"
     assert row("n-gram floor chat accept_len") == "| n-gram floor chat accept_len | 1.3 | 1.3 |"
     assert row("stages logged") == "| stages logged | 2 | 4 |"
     assert "**exp-a**" not in eyas_compare.compare(limit=1)

@@ -67,7 +67,7 @@ def workspace(tmp_path_factory) -> Path:
     counts = count_tokens(ids, mask, train.manifest["vocab_size"])
     mapping, info = build_mapping(counts, 64)
     save_mapping(root / "models/vocab", mapping, counts, info)
-    (root / "params.yaml").write_text(yaml.safe_dump({"seed": 0, "train": TRAIN, "train_scratch": {"lr": 3e-3}}))
+    (root / "params.yaml").write_text(yaml.safe_dump({"lr": 3e-3, "seed": 0, "train": TRAIN}))
     return root
 
 
@@ -96,7 +96,7 @@ def _reference(ws: Path):
     torch.set_num_threads(1)  # as the subprocess (OMP_NUM_THREADS=1): same reduction order, same bits
     try:
         res = train_drafter(drafter, train_store=train, val_store=val, lm_head=head["lm_head"], tp=p.train,
-                            lr=p.train_scratch.lr, seed=p.seed, tracker=Tracker(), device=torch.device("cpu"))
+                            lr=p.lr, seed=p.seed, tracker=Tracker(), device=torch.device("cpu"))
     finally:
         torch.set_num_threads(threads)
     return res, drafter.state_dict_for_export()

@@ -1,12 +1,15 @@
-"""Cached means correct: dvc.yaml's deps cannot drift from the code, and the input matrix.
+"""Cached means correct: the pipeline files' deps cannot drift from the code, and the input matrix.
 
-- ``dvc.yaml`` lists, per stage, exactly the eyas/stages modules its command can import
-  (eyas/pipeline/stage_deps.py), and the params each fingerprinting stage records are dvc.yaml's.
-- The input matrix, one test per row, with the real DVC on a copy of this pipeline whose outputs
+- Every pipeline file (eyas/pipeline/dvcfiles.py: the default DAG ``dvc.yaml``, and
+  ``published/dvc.yaml`` and ``finetune/dvc.yaml`` for the fine-tune comparison) lists, per stage,
+  exactly the eyas/stages modules its command can import (eyas/pipeline/stage_deps.py), and the
+  params each fingerprinting stage records are its file's.
+- The input matrix, one test per row, with the real DVC on a copy of these pipelines whose outputs
   are placeholders committed with ``dvc commit``: changing one input (a code module, a params
-  section, the target's tokenizer / chat template / config, the data source) makes exactly the
-  stages that read it out of date (``dvc status``). Stages further down rerun only when an output
-  they read changes, which DVC decides by the output's hash.
+  section, the target's tokenizer / chat template / config, the data source, the drafter that
+  ``remap.source`` names) makes exactly the stages that read it out of date (``dvc status``, every
+  file's stages). Stages further down rerun only when an output they read changes, which DVC
+  decides by the output's hash.
 """
 
 from __future__ import annotations
@@ -21,11 +24,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from eyas.pipeline import provenance, stage_deps
+from eyas.pipeline import dvcfiles, provenance, stage_deps
 
 ROOT = Path(__file__).resolve().parents[1]
-DVC_YAML = yaml.safe_load((ROOT / "dvc.yaml").read_text())
-DERIVED = stage_deps.derived_deps(ROOT, DVC_YAML)
+STAGES = dvcfiles.stages(ROOT)
+DERIVED = stage_deps.derived_deps(ROOT, STAGES)
 EVALS = {"eval-accept-len@scratch", "eval-accept-len@finetune"}
 # train.mode: online runs the target in the training stages (eyas/training/online.py)
 TARGET_READERS = {"self-distill", "extract", "stand-in-drafter", "remap", "train-scratch", "train-finetune",
@@ -34,9 +37,22 @@ EXPORTS = {"export-gguf@scratch", "export-gguf@finetune"}  # they read target.dt
 
 
 def test_dvc_yaml_code_deps_are_the_imports():
-    diff = stage_deps.differences(ROOT, DVC_YAML)
-    assert not diff, f"dvc.yaml code deps differ from what the stages import ({diff}); " \
+    assert {"stand-in-drafter", "remap", "train-finetune", "eval-accept-len@finetune"} <= set(STAGES)  # every file
+    diff = stage_deps.differences(ROOT, STAGES)
+    assert not diff, f"the pipeline files' code deps differ from what the stages import ({diff}); " \
                      f"`python3 -m eyas.pipeline.stage_deps` prints them"
+
+
+def test_the_pipeline_files_are_every_dvc_yaml_of_the_repository():
+    """DVC reads every dvc.yaml in the repository; eyas' list (stage deps, MLflow's parent summary,
+    `eyas compare --metrics`, scripts/run_dag.py) must be the same set, or a stage would escape them."""
+    tracked = subprocess.run(["git", "ls-files", "--", "dvc.yaml", "*/dvc.yaml"], cwd=ROOT, capture_output=True,
+                             text=True, check=True).stdout.split()
+    assert sorted(tracked) == sorted(dvcfiles.PIPELINES)
+    root = yaml.safe_load((ROOT / "dvc.yaml").read_text())
+    assert [name for name in dvcfiles.expand(root) if name != "identify-inputs"] == [
+        "prepare-data", "self-distill", "extract", "build-vocab", "train-scratch", "target-gguf",
+        "export-gguf@scratch", "eval-accept-len@scratch"]  # the default DAG: scratch only
 
 
 def test_a_module_reached_only_through_an_import_is_caught(tmp_path):
@@ -47,22 +63,21 @@ def test_a_module_reached_only_through_an_import_is_caught(tmp_path):
     (tmp_path / "eyas/newmod.py").write_text("X = 1\n")
     with open(tmp_path / "eyas/vocab/mapping.py", "a") as f:
         f.write("\n\ndef _late():\n    from eyas.newmod import X\n    return X\n")
-    diff = stage_deps.differences(tmp_path, DVC_YAML)
+    diff = stage_deps.differences(tmp_path, STAGES)
     assert diff["build-vocab"] == {"missing": ["eyas/newmod.py"], "extra": []}
     assert "eyas/newmod.py" in diff["train-scratch"]["missing"]
     assert "prepare-data" not in diff
 
 
 def test_fingerprint_params_are_dvc_yaml_params():
-    stages = stage_deps._stages(DVC_YAML)
     for name, sections in provenance.STAGE_PARAMS.items():
-        assert stages[name]["params"] == sections, name
+        assert STAGES[name]["params"] == sections, name
 
 
 # ------------------------------------------------------------------------------- the input matrix
 
 PARAM_ROWS = {  # section: (key to change, new value, the stages that read it)
-    "lr": ("lr", 1.0e-4, {"train-finetune"}),
+    "lr": ("lr", 1.0e-4, {"train-scratch"}),
     "seed": ("seed", 7, {"prepare-data", "stand-in-drafter", "remap", "train-scratch", "train-finetune"}),
     "target": ("target.dtype", "bfloat16", TARGET_READERS | EXPORTS),
     "data": ("data.val", 3, {"prepare-data"}),
@@ -74,8 +89,8 @@ PARAM_ROWS = {  # section: (key to change, new value, the stages that read it)
     "train": ("train.ttt_length", 2, {"stand-in-drafter", "remap", "train-scratch", "train-finetune"}),
     "train.backend": ("train.backend.attention", "dense", {"stand-in-drafter", "remap", "train-scratch",
                                                           "train-finetune"}),
-    "train_scratch": ("train_scratch.lr", 2.0e-3, {"train-scratch"}),
     "train_finetune": ("train_finetune.gate_margin", 0.1, {"train-finetune"}),
+    "train_finetune.lr": ("train_finetune.lr", 1.0e-4, {"train-finetune"}),
     "eval": ("eval.chat_prompts", 1, EVALS),
     "serve": ("serve.threads", 3, EVALS),
     "serve.engine": ("serve.engine", "none", EVALS | {"target-gguf"}),
@@ -113,7 +128,8 @@ def pipeline(tmp_path_factory) -> Path:
     for name in ("eyas", "stages"):
         shutil.copytree(ROOT / name, repo / name, ignore=shutil.ignore_patterns("__pycache__"))
     (repo / "scripts").mkdir()
-    for name in ("dvc.yaml", "scripts/build_llama_server.sh"):  # the build script pins llama.cpp's converter
+    for name in (*dvcfiles.PIPELINES, "scripts/build_llama_server.sh"):  # the script pins llama.cpp's converter
+        (repo / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / name, repo / name)
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
     params["target"]["path"] = "./target"
@@ -126,7 +142,7 @@ def pipeline(tmp_path_factory) -> Path:
     subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
     _dvc(repo, "init", "-q")
     _dvc(repo, "repro", "-s", "identify-inputs")
-    for name, st in stage_deps._stages(DVC_YAML).items():
+    for name, st in STAGES.items():
         for o in _outs(st):
             p = repo / o
             if name == "identify-inputs":
@@ -205,3 +221,37 @@ def test_matrix_target_file(pipeline, row):
 @pytest.mark.slow
 def test_matrix_data_source(pipeline):
     _input_row(pipeline, pipeline / "source.jsonl", {"prepare-data"})
+
+
+@pytest.mark.slow
+def test_matrix_remap_source(pipeline):
+    """remap depends on the directory ``remap.source`` names (``${remap.source}`` in finetune/dvc.yaml):
+    another drafter there puts remap alone out of date, the stand-in out of it, and a change inside
+    that directory does again; the stand-in's own output feeds remap while it is the source."""
+    f = pipeline / "params.yaml"
+    before = f.read_text()
+    drafter = pipeline / "models" / "published"
+    drafter.mkdir(parents=True)
+    (drafter / "config.json").write_text('{"a": 1}\n')
+    p = yaml.safe_load(before)
+    p["remap"]["source"] = "models/published"
+    try:
+        f.write_text(yaml.safe_dump(p, sort_keys=False))
+        assert _changed(pipeline) == {"remap"}
+        _dvc(pipeline, "commit", "-f", "-q", "finetune/dvc.yaml:remap")
+        assert _changed(pipeline) == set()
+        (drafter / "config.json").write_text('{"a": 2}\n')  # a new drafter downloaded there
+        assert _changed(pipeline) == {"remap"}
+    finally:
+        f.write_text(before)
+        shutil.rmtree(drafter)
+        _dvc(pipeline, "commit", "-f", "-q", "finetune/dvc.yaml:remap")
+    assert _changed(pipeline) == set()
+    stand_in = pipeline / "models" / "stand_in" / "placeholder"
+    was = stand_in.read_text()
+    try:
+        stand_in.write_text("another stand-in")
+        assert _changed(pipeline) == {"stand-in-drafter", "remap"}  # its output changed; remap reads it
+    finally:
+        stand_in.write_text(was)
+    assert _changed(pipeline) == set()

@@ -278,9 +278,9 @@ def test_queue_two_workers_on_postgres(server, tmp_path):
         assert float(parent.data.params["lr"]) == float(lr)
         # prepare-data did not run in this experiment: its numbers on the parent, marked reused
         assert parent.data.tags["eyas.reused.prepare-data"] == "true"
-        assert parent.data.tags["eyas.reused.train-finetune"] == "false"
+        assert parent.data.tags["eyas.reused.train-scratch"] == "false"
         assert parent.data.metrics["prepare-data/conversations"] == 10
-        assert parent.data.metrics["train-finetune/final/acc_0"] == kids["train-finetune"].data.metrics["final/acc_0"]
+        assert parent.data.metrics["train-scratch/final/acc_0"] == kids["train-scratch"].data.metrics["final/acc_0"]
     # the runs are PostgreSQL's rows, and the PNGs files on the shared path
     pg = server["pg"]
     conn = psycopg2.connect(host="127.0.0.1", port=pg["port"], user=pg["user"], password=pg["password"],
@@ -290,7 +290,7 @@ def test_queue_two_workers_on_postgres(server, tmp_path):
         assert cur.fetchone()[0] == len(runs)
     conn.close()
     pngs = sorted(p.name for p in server["artifacts"].rglob("*.png"))
-    assert pngs.count("train_finetune_curves.png") == 2 and pngs.count("eval_finetune_accept_len.png") == 2
+    assert pngs.count("train_scratch_curves.png") == 2 and pngs.count("eval_scratch_accept_len.png") == 2
     print(f"\nqueue -j 2 on PostgreSQL: {len(parents)} parents, {len(children)} children, {seconds:.0f} s")
 
 

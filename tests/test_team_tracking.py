@@ -22,8 +22,10 @@ EVAL_DOC = {"drafter": "scratch",
 
 
 def test_stage_metrics_files_and_run_keys():
-    files = team_tracking.stage_metrics_files(Path(__file__).resolve().parents[1] / "dvc.yaml")
-    assert files["eval-accept-len@finetune"][0].name == "eval_finetune.json"
+    root = Path(__file__).resolve().parents[1]
+    files = team_tracking.stage_metrics_files(root)  # every pipeline file: the fine-tune comparison's too
+    assert files["eval-accept-len@finetune"] == [root / "metrics/eval_finetune.json"]  # wdir: the root
+    assert files["stand-in-drafter"] == [root / "metrics/stand_in.json"]
     assert files["train-scratch"][0].name == "train_scratch.json"
     assert "target-gguf" not in files  # no metrics declared
     keys = team_tracking.run_keys("eval-accept-len@scratch", EVAL_DOC)
@@ -32,6 +34,19 @@ def test_stage_metrics_files_and_run_keys():
     assert team_tracking.run_keys("train-scratch", {"val": {"acc_0": 0.5}, "steps": 3}) == \
         {"val/acc_0": 0.5, "steps": 3.0, "final/acc_0": 0.5}
     assert team_tracking.safe_uri("postgresql://eyas:s3cret@db:5432/mlflow") == "postgresql://eyas:***@db:5432/mlflow"
+
+
+def test_a_stage_is_named_without_its_dvc_file(monkeypatch):
+    """DVC sets DVC_STAGE to ``finetune/dvc.yaml:remap`` for a stage of a subdirectory's dvc.yaml;
+    the MLflow tags (and eyas compare) name it ``remap``, as the stage of the root file is named."""
+    from eyas.pipeline.dvcfiles import running_stage
+
+    for env, name in (("finetune/dvc.yaml:eval-accept-len@finetune", "eval-accept-len@finetune"),
+                      ("published/dvc.yaml:stand-in-drafter", "stand-in-drafter"), ("train-scratch", "train-scratch")):
+        monkeypatch.setenv("DVC_STAGE", env)
+        assert running_stage() == name
+    monkeypatch.delenv("DVC_STAGE")
+    assert running_stage() is None
 
 
 def test_system_metrics_on_training_and_eval_stages_only(monkeypatch):

@@ -134,7 +134,7 @@ def test_stages_share_parent_and_exp_name_splits(repo, monkeypatch):
     with tracking.start_stage_run("extract", params) as c:
         pass
     assert c.parent_run_id != a.parent_run_id
-    params.train_scratch.lr = 5e-5  # other params -> other pipeline execution
+    params.lr = 5e-5  # other params -> other pipeline execution
     monkeypatch.setenv("DVC_EXP_NAME", "exp-one")
     with tracking.start_stage_run("extract", params) as d:
         pass
@@ -170,7 +170,7 @@ def test_params_flat_and_secrets_masked(repo, monkeypatch):
     expected = {k: json.dumps(v) if isinstance(v, list) else str(v) for k, v in flatten(params).items()}
     for k, v in expected.items():
         assert logged[k] == v, k
-    assert logged["train_scratch.lr"] == "0.001"
+    assert logged["lr"] == "0.001" and logged["train_finetune.lr"] == "0.0003"
     assert logged["train.batch_tokens"] == "2048"  # a count of tokens is not a secret
     assert logged["hub.hf_token"] == "***"
     assert logged["API_KEY"] == "***"
@@ -199,7 +199,7 @@ def test_killed_runs_are_closed_and_only_the_same_execution_linked(repo, monkeyp
     dead_pid = gone.stdout.strip()  # that process has exited
     monkeypatch.setenv("DVC_EXP_BASELINE_REV", "d" * 40)
     params, other = default_params(), default_params()
-    other.train_scratch.lr = 5e-5
+    other.lr = 5e-5
     parents = {}
     for name, exp_name, p in (("same", "", params), ("other params", "", other), ("other exp", "exp-q", params)):
         monkeypatch.setenv("DVC_EXP_NAME", exp_name)

@@ -5,8 +5,8 @@ eyas.pipeline.tracking records one *parent* run per pipeline execution (a DVC ex
 ``mlflow.parentRunId``). This module reads them back and renders a Markdown table with one
 column per parent (latest first) and one row per key param / stage metric:
 
-- params (from the parent, flattened dotted keys as in ``dvc exp show``): ``lr``,
-  ``train_scratch.lr`` and every ``train.*`` key (those equal in every column folded into one
+- params (from the parent, flattened dotted keys as in ``dvc exp show``): ``lr`` (the scratch
+  drafter's), ``train_finetune.lr`` and every ``train.*`` key (those equal in every column folded into one
   line unless ``--all-params``);
 - ``train-scratch`` / ``train-finetune``: the final val ``acc_0`` (metric ``final/acc_0``);
 - ``eval-accept-len@<drafter>``: ``chat/accept_len``, ``humaneval/accept_len``; the n-gram
@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from eyas import yaml12
+from eyas.pipeline import dvcfiles
 from eyas.pipeline.tracking import _experiment_name, _sqlite_path, tracking_uri
 
 PARENT_TAG = "eyas.pipeline_key"
@@ -137,8 +138,8 @@ class Pipeline:
 
 
 def key_params(params: dict[str, str]) -> list[str]:
-    """The param keys shown: ``lr``, ``train_scratch.lr``, then ``train.*`` sorted."""
-    head = [k for k in ("lr", "train_scratch.lr") if k in params]
+    """The param keys shown: ``lr``, ``train_finetune.lr``, then ``train.*`` sorted."""
+    head = [k for k in ("lr", "train_finetune.lr") if k in params]
     return head + sorted(k for k in params if k.startswith("train."))
 
 
@@ -438,56 +439,63 @@ def _served_rows(d: str, fname: str, doc: Any) -> dict[tuple[str, str], tuple[An
     return out
 
 
-def lock_params(lock: Path, metrics_dir: Path) -> dict[str, Any] | None:
-    """The params that made the metrics files in ``metrics_dir``, as DVC recorded them in ``lock``
-    (``dvc.lock``: each stage's ``params: {params.yaml: {...}}`` beside its ``outs``), flattened to
-    dotted keys; a key the stages recorded with different values (one not rerun since a change)
-    maps to ``"mixed: v1 (stage) / v2 (stage)"``. None when ``lock`` is missing or none of its stages
-    wrote into ``metrics_dir`` (the lock did not record these files).
+def lock_params(root: Path, metrics_dir: Path,
+                locks: tuple[str, ...] = dvcfiles.LOCKS) -> tuple[dict[str, Any], list[str]] | None:
+    """The params that made the metrics files in ``metrics_dir``, as DVC recorded them in the lock
+    files under ``root`` (each stage's ``params: {params.yaml: {...}}`` beside its ``outs``, paths
+    relative to ``root``, where every stage runs: eyas.pipeline.dvcfiles), flattened to dotted keys,
+    and the lock files that recorded them; a key the stages recorded with different values (one
+    not rerun since a change) maps to ``"mixed: v1 (stage) / v2 (stage)"``. None when no lock is
+    there or none of their stages wrote into ``metrics_dir`` (the locks did not record these files).
 
     Raises:
-        CompareError: ``lock`` is not valid YAML or not DVC's layout (named).
+        CompareError: a lock is not valid YAML or not DVC's layout (named).
     """
     from eyas.training.params import flatten
 
-    if not lock.is_file():
-        return None
-    try:
-        stages = (yaml12.load_file(lock) or {}).get("stages") or {}
-    except (yaml12.YamlError, AttributeError) as e:
-        raise CompareError(f"{lock}: cannot read the params DVC recorded: {e}") from None
-    if not isinstance(stages, dict) or not all(isinstance(st, dict) for st in stages.values()):
-        raise CompareError(f"{lock}: cannot read the params DVC recorded: 'stages' is not a mapping of stages")
     where = metrics_dir.resolve()
     values: dict[str, dict[str, list[str]]] = {}  # key -> repr(value) -> stages
-    wrote = False
-    try:
-        for name, st in stages.items():
-            outs = [(lock.parent / o["path"]).resolve() for o in (st.get("outs") or [])]
-            if not any(where in (o, o.parent) for o in outs):
-                continue  # only the stages that wrote into metrics_dir made its files
-            wrote = True
-            for _file, ps in (st.get("params") or {}).items():
-                for k, v in flatten(ps or {}).items():
-                    values.setdefault(k, {}).setdefault(json.dumps(v), []).append(name)
-    except (AttributeError, KeyError, TypeError) as e:
-        raise CompareError(f"{lock}: cannot read the params DVC recorded: a stage's outs or params are not "
-                           f"DVC's layout ({e!r})") from None
-    if not wrote:
+    used = []
+    for name in locks:
+        lock = Path(root) / name
+        if not lock.is_file():
+            continue
+        try:
+            stages = (yaml12.load_file(lock) or {}).get("stages") or {}
+        except (yaml12.YamlError, AttributeError) as e:
+            raise CompareError(f"{lock}: cannot read the params DVC recorded: {e}") from None
+        if not isinstance(stages, dict) or not all(isinstance(st, dict) for st in stages.values()):
+            raise CompareError(f"{lock}: cannot read the params DVC recorded: 'stages' is not a mapping of stages")
+        try:
+            for stage, st in stages.items():
+                outs = [(Path(root) / o["path"]).resolve() for o in (st.get("outs") or [])]
+                if not any(where in (o, o.parent) for o in outs):
+                    continue  # only the stages that wrote into metrics_dir made its files
+                if name not in used:
+                    used.append(name)
+                for _file, ps in (st.get("params") or {}).items():
+                    for k, v in flatten(ps or {}).items():
+                        values.setdefault(k, {}).setdefault(json.dumps(v), []).append(stage)
+        except (AttributeError, KeyError, TypeError) as e:
+            raise CompareError(f"{lock}: cannot read the params DVC recorded: a stage's outs or params are not "
+                               f"DVC's layout ({e!r})") from None
+    if not used:
         return None
-    return {k: json.loads(next(iter(vs))) if len(vs) == 1 else
-            "mixed: " + " / ".join(f"{v} ({', '.join(st)})" for v, st in vs.items()) for k, vs in values.items()}
+    return ({k: json.loads(next(iter(vs))) if len(vs) == 1 else
+             "mixed: " + " / ".join(f"{v} ({', '.join(st)})" for v, st in vs.items()) for k, vs in values.items()},
+            used)
 
 
-def compare_dirs(dirs: list[str], params_default: str | Path = "params.yaml", lock: str | Path = "dvc.lock") -> str:
+def compare_dirs(dirs: list[str], params_default: str | Path = "params.yaml", root: str | Path = ".") -> str:
     """The committed results of several runs side by side, one column per metrics directory.
 
     Each directory holds the stage metrics a pipeline run writes (``train_scratch.json``,
     ``eval_scratch.json``, ...); its params are ``<dir>/params.yaml`` when present (the exact
-    params a run elsewhere used, e.g. ``metrics/h200/params.yaml``), else those ``lock`` (the
-    workspace's ``dvc.lock``) recorded for the stages that wrote the directory's files
-    (:func:`lock_params`: ``params.yaml`` may have changed since, e.g. a quick trial's or an edit not
-    yet reproduced), else ``params_default``. A missing file or key shows ``–``.
+    params a run elsewhere used, e.g. ``metrics/h200/params.yaml``), else those the workspace's
+    lock files under ``root`` (``dvc.lock``, ``finetune/dvc.lock``, ...) recorded for the stages that
+    wrote the directory's files (:func:`lock_params`: ``params.yaml`` may have changed since, e.g. a
+    quick trial's or an edit not yet reproduced), else ``params_default``. A missing file or key
+    shows ``–``.
 
     Raises:
         CompareError: a directory does not exist, or a metrics, params or lock file is not valid
@@ -500,9 +508,10 @@ def compare_dirs(dirs: list[str], params_default: str | Path = "params.yaml", lo
         path = Path(d)
         if not path.is_dir():
             raise CompareError(f"{d}: no such metrics directory")
-        recorded = None if (path / "params.yaml").is_file() else lock_params(Path(lock), path)
+        recorded = None if (path / "params.yaml").is_file() else lock_params(Path(root), path)
         if recorded is not None:
-            pfile, params = Path(lock), recorded
+            params, used = recorded
+            pfile = ", ".join(used)
         else:
             pfile = path / "params.yaml" if (path / "params.yaml").is_file() else Path(params_default)
             try:
@@ -512,15 +521,16 @@ def compare_dirs(dirs: list[str], params_default: str | Path = "params.yaml", lo
             if raw is not None and not isinstance(raw, dict):
                 raise CompareError(f"{d}: cannot read its params: {pfile}: the top level must be a mapping")
             params = flatten(raw or {})
+            pfile = str(pfile) if pfile.is_file() else None
         files = {}
         for f in sorted(path.glob("*.json")):
             try:
                 files[f.name] = json.loads(f.read_text(encoding="utf-8"))
             except ValueError as e:  # json.JSONDecodeError, UnicodeDecodeError
                 raise CompareError(f"{d}: cannot read {f}: {e}") from None
-        cols.append((d, pfile if pfile.is_file() else None, params, files))
+        cols.append((d, pfile, params, files))
     lines = ["| | " + " | ".join(f"**{_cell(d)}**" for d, *_ in cols) + " |", "|---|" + "---:|" * len(cols)]
-    lines.append("| params file | " + " | ".join(_cell(str(p) if p else "–") for _, p, _, _ in cols) + " |")
+    lines.append("| params file | " + " | ".join(_cell(p or "–") for _, p, _, _ in cols) + " |")
     for k in DIR_PARAMS:
         lines.append(f"| `{k}` | " + " | ".join(_fmt(params.get(k)) for _, _, params, _ in cols) + " |")
     for label, fname, keys in DIR_ROWS:

@@ -55,8 +55,8 @@ STAGE_PARAMS: dict[str, list[str]] = {
     "stand-in-drafter": ["seed", "train", "stand_in", "target"],
     "remap": ["seed", "remap", "train.ttt_length", "train.step_decay", "train.batch_tokens", "train.mode",
               "train.backend", "target"],
-    "train-scratch": ["seed", "train", "train_scratch", "target"],
-    "train-finetune": ["lr", "seed", "train", "train_finetune", "target"],
+    "train-scratch": ["lr", "seed", "train", "target"],
+    "train-finetune": ["seed", "train", "train_finetune", "target"],
 }
 # params that change how a stage runs but not what it computes: not compared (the backend picks
 # kernels for the same math: eyas/drafter/backend.py)

@@ -1,10 +1,12 @@
-"""Code deps of each DVC stage, derived from what its script imports (so ``dvc.yaml`` cannot drift).
+"""Code deps of each DVC stage, derived from what its script imports (so the ``dvc.yaml`` files
+cannot drift).
 
 A stage's command runs a module (``python -m stages.build_vocab``, ``python -m eyas.training.launch
 stages.train_scratch``); the Python files it can execute are that module plus every ``eyas``/
 ``stages`` module reachable through ``import`` statements, found statically with :mod:`ast` (also
 imports inside functions, which run lazily: a conservative superset). A package's ``__init__.py``
-counts when it holds code. ``dvc.yaml`` must list exactly these files as the stage's code deps
+counts when it holds code. Every stage of every pipeline file (eyas.pipeline.dvcfiles.PIPELINES:
+the default DAG and the fine-tune comparison) must list exactly these files as its code deps
 (``tests/test_stage_deps.py``); ``python3 -m eyas.pipeline.stage_deps`` prints the differences and
 ``--tradeoff`` what an edit of each module costs in reruns, derived deps against one
 whole-package dep.
@@ -92,39 +94,27 @@ def cmd_modules(cmd: str) -> list[str]:
     return mods
 
 
-def _stages(dvc_yaml: dict) -> dict[str, dict]:
-    """Stage name -> definition, ``foreach`` stages expanded (``eval-accept-len@scratch``)."""
-    out = {}
-    for name, st in dvc_yaml["stages"].items():
-        if "foreach" in st:
-            for item in st["foreach"]:
-                sub = json.loads(json.dumps(st["do"]).replace("${item}", str(item)))
-                out[f"{name}@{item}"] = sub
-        else:
-            out[name] = st
-    return out
-
-
 def _dep_paths(st: dict) -> list[str]:
     return [d if isinstance(d, str) else next(iter(d)) for d in st.get("deps", [])]
 
 
-def derived_deps(root: Path, dvc_yaml: dict) -> dict[str, list[str]]:
-    """Stage name -> the code files (sorted) its command can import."""
-    return {name: closure(root, cmd_modules(st["cmd"])) for name, st in _stages(dvc_yaml).items()}
+def derived_deps(root: Path, stages: dict[str, dict]) -> dict[str, list[str]]:
+    """Stage name -> the code files (sorted) its command can import; ``stages``: stage name ->
+    definition (eyas.pipeline.dvcfiles.stages)."""
+    return {name: closure(root, cmd_modules(st["cmd"])) for name, st in stages.items()}
 
 
-def declared_code_deps(dvc_yaml: dict) -> dict[str, list[str]]:
-    """Stage name -> the ``.py`` deps under eyas/ or stages/ that ``dvc.yaml`` declares."""
+def declared_code_deps(stages: dict[str, dict]) -> dict[str, list[str]]:
+    """Stage name -> the ``.py`` deps under eyas/ or stages/ that its ``dvc.yaml`` declares."""
     return {name: sorted(d for d in _dep_paths(st) if d.endswith(".py") and d.split("/")[0] in PACKAGES)
-            for name, st in _stages(dvc_yaml).items()}
+            for name, st in stages.items()}
 
 
-def differences(root: Path, dvc_yaml: dict) -> dict[str, dict[str, list[str]]]:
+def differences(root: Path, stages: dict[str, dict]) -> dict[str, dict[str, list[str]]]:
     """Per stage whose declared code deps differ from the derived ones: ``{'missing': [...],
     'extra': [...]}`` (missing: a change there would leave the stage "up to date"; extra: an
     edit there reruns a stage that cannot run it)."""
-    want, have = derived_deps(root, dvc_yaml), declared_code_deps(dvc_yaml)
+    want, have = derived_deps(root, stages), declared_code_deps(stages)
     out = {}
     for name in want:
         missing = sorted(set(want[name]) - set(have[name]))
@@ -134,7 +124,7 @@ def differences(root: Path, dvc_yaml: dict) -> dict[str, dict[str, list[str]]]:
     return out
 
 
-def tradeoff(root: Path, dvc_yaml: dict, stage_seconds: dict[str, float]) -> dict:
+def tradeoff(root: Path, stages: dict[str, dict], stage_seconds: dict[str, float]) -> dict:
     """What an edit of one code file costs, derived deps vs a whole-package dep.
 
     For each first-party file: the stages that rerun (those that import it) and their seconds
@@ -142,7 +132,7 @@ def tradeoff(root: Path, dvc_yaml: dict, stage_seconds: dict[str, float]) -> dic
     every stage that runs code. Downstream stages rerun too only when the edit changes an output
     (a comment or refactor does not).
     """
-    deps = derived_deps(root, dvc_yaml)
+    deps = derived_deps(root, stages)
     files = sorted({f for fs in deps.values() for f in fs})
     total = sum(stage_seconds.get(s, 0.0) for s in deps)
     rows = {}
@@ -157,7 +147,7 @@ def tradeoff(root: Path, dvc_yaml: dict, stage_seconds: dict[str, float]) -> dic
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    import yaml
+    from eyas.pipeline import dvcfiles
 
     ap = argparse.ArgumentParser(prog="python3 -m eyas.pipeline.stage_deps", description=__doc__.split("\n")[0])
     ap.add_argument("--root", default=".")
@@ -165,16 +155,16 @@ def main(argv: list[str] | None = None) -> int:
                     help="per-file rerun cost from a measured run (benchmarks/results/pipeline_cpu.json)")
     a = ap.parse_args(argv)
     root = Path(a.root)
-    dvc_yaml = yaml.safe_load((root / "dvc.yaml").read_text())
+    stages = dvcfiles.stages(root)
     if a.tradeoff:
         st = json.loads(Path(a.tradeoff).read_text())["pipeline"]["stages"]
-        print(json.dumps(tradeoff(root, dvc_yaml, {k: v["seconds"] for k, v in st.items()}), indent=1))
+        print(json.dumps(tradeoff(root, stages, {k: v["seconds"] for k, v in st.items()}), indent=1))
         return 0
-    diff = differences(root, dvc_yaml)
+    diff = differences(root, stages)
     for name, d in diff.items():
         print(f"{name}: missing {d['missing']}, extra {d['extra']}")
     if not diff:
-        print("dvc.yaml code deps match the imports")
+        print(f"the code deps of {', '.join(dvcfiles.PIPELINES)} match the imports")
     return 1 if diff else 0
 
 

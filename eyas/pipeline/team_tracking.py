@@ -15,7 +15,7 @@ parent run (the reused ones too), and each exported drafter an MLflow logged mod
 - :func:`sync_parent`: a stage DVC skips (unchanged, or restored from the run-cache) runs no code and
   logs no run, so the parent run of a pipeline execution would lack its numbers. Each stage run, when
   it closes, logs onto its parent every stage's metrics as ``metrics/`` holds them then (the files
-  ``dvc.yaml`` declares, the ones DVC checked out for the stages it skipped), as
+  the ``dvc.yaml`` files declare, the ones DVC checked out for the stages it skipped), as
   ``<stage>/<key>`` (``@`` written ``:``, which MLflow names allow; ``key`` the name the stage's own
   run logs, :func:`run_keys`), and tags ``eyas.reused.<stage>``: ``true`` when the parent has no
   child run of that stage (DVC reused its outputs), ``false`` when it has. The last stage to close
@@ -47,6 +47,8 @@ import time
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
+
+from eyas.pipeline import dvcfiles
 
 log = logging.getLogger(__name__)
 
@@ -243,29 +245,15 @@ def metric_stage(stage: str) -> str:
     return stage.replace("@", ":")
 
 
-def stage_metrics_files(dvc_yaml: str | os.PathLike = "dvc.yaml") -> dict[str, list[Path]]:
-    """{stage: [its declared metrics files]} from ``dvc.yaml``, ``foreach`` lists expanded
-    (``name@item``, ``${item}`` substituted). A missing file gives {}."""
-    import yaml
-
-    path = Path(dvc_yaml)
-    if not path.is_file():
-        return {}
+def stage_metrics_files(root: str | os.PathLike = ".") -> dict[str, list[Path]]:
+    """{stage: [its declared metrics files]} over the pipeline files under ``root``
+    (eyas.pipeline.dvcfiles: the default DAG and the fine-tune comparison; those missing skipped),
+    ``foreach`` lists expanded (``name@item``, ``${item}`` substituted)."""
     out: dict[str, list[Path]] = {}
-    for name, st in (yaml.safe_load(path.read_text()) or {}).get("stages", {}).items():
-        if "foreach" in st:
-            items = st["foreach"]
-            items = list(items) if isinstance(items, (list, dict)) else []
-            expanded = {f"{name}@{i}": (st["do"], str(i)) for i in items}
-        else:
-            expanded = {name: (st, None)}
-        for stage, (body, item) in expanded.items():
-            files = []
-            for m in body.get("metrics") or []:
-                for f in (m if isinstance(m, dict) else {m: None}):
-                    files.append(Path(path.parent, f.replace("${item}", item) if item else f))
-            if files:
-                out[stage] = files
+    for stage, body in dvcfiles.stages(root).items():
+        files = [Path(root, f) for m in body.get("metrics") or [] for f in (m if isinstance(m, dict) else {m: None})]
+        if files:
+            out[stage] = files
     return out
 
 
@@ -311,8 +299,7 @@ def run_keys(stage: str, doc: dict) -> dict[str, float]:
     return flat
 
 
-def sync_parent(client, experiment_id: str, parent_run_id: str,
-                dvc_yaml: str | os.PathLike = "dvc.yaml") -> dict[str, bool]:
+def sync_parent(client, experiment_id: str, parent_run_id: str, root: str | os.PathLike = ".") -> dict[str, bool]:
     """Log every stage's metrics file onto the parent run (``<stage>/<key>``, :func:`run_keys`) and
     tag ``eyas.reused.<stage>`` (``true``: no child run of it under this parent). Returns
     {stage: reused} for the stages whose metrics file exists.
@@ -329,7 +316,7 @@ def sync_parent(client, experiment_id: str, parent_run_id: str,
     have = client.get_run(parent_run_id).data  # what an earlier stage's sync logged: not logged again
     metrics, tags, out = [], [], {}
     ts = int(time.time() * 1000)
-    for stage, files in stage_metrics_files(dvc_yaml).items():
+    for stage, files in stage_metrics_files(root).items():
         docs = []
         for f in files:
             try:
@@ -463,7 +450,7 @@ def log_drafter_model(tracker, stage: str, drafter_dir: str | os.PathLike, val: 
     d = Path(drafter_dir)
     config = json.loads((d / "config.json").read_text())
     params = {k: str(v)[:6000] for k, v in flatten(config).items()}
-    tags = {"dvc.stage": os.environ.get("DVC_STAGE") or stage, "eyas.drafter": d.name,
+    tags = {"dvc.stage": dvcfiles.running_stage() or stage, "eyas.drafter": d.name,
             "dvc.exp_name": os.environ.get("DVC_EXP_NAME", "")}
     sha = _weights_sha256(d)
     if sha:

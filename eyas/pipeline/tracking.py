@@ -43,6 +43,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
+from eyas.pipeline.dvcfiles import running_stage
 from eyas.training.params import flatten, params_hash
 
 log = logging.getLogger(__name__)
@@ -534,7 +535,8 @@ def start_stage_run(stage: str, params: Any, stage_params: dict | None = None) -
       not ``stage_params``, which differ per stage).
     - Child: named ``stage``, tag ``mlflow.parentRunId`` (works across processes;
       docs/dvc-mlflow.md §6),
-      tags ``dvc.stage`` (``$DVC_STAGE`` or ``stage``), ``dvc.exp_name``, ``dvc.baseline_rev``,
+      tags ``dvc.stage`` (``$DVC_STAGE`` without its file, eyas.pipeline.dvcfiles.running_stage, or
+      ``stage``), ``dvc.exp_name``, ``dvc.baseline_rev``,
       ``eyas.params_hash``; params = ``flatten(params)`` plus ``stage_params`` (flattened;
       they win on a clash), secrets masked; tags ``eyas.host`` and ``eyas.pid``.
     - Runs of the same stage left RUNNING by a killed process are ended KILLED first
@@ -565,7 +567,7 @@ def start_stage_run(stage: str, params: Any, stage_params: dict | None = None) -
     uri = tracking_uri()
     from eyas.pipeline.team_tracking import check_store, start_system_metrics, wants_system_metrics
     check_store(uri)  # a server or PostgreSQL that refuses: StoreError naming the URL, before any compute
-    stage_tag = os.environ.get("DVC_STAGE") or stage
+    stage_tag = running_stage() or stage
     system_metrics = wants_system_metrics(stage_tag)  # a bad MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING: before any run
     pipeline_flat = redact(flatten(params))
     flat = redact({**flatten(params), **(flatten(stage_params) if stage_params else {})})

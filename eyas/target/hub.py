@@ -1,8 +1,8 @@
-"""Hugging Face Hub ids for ``target.path`` and ``remap.source``: a pinned snapshot, safetensors only.
+"""Hugging Face Hub ids for ``target.path``: a pinned snapshot, safetensors only.
 
 A hub id (``org/name``, not an existing local path) is fetched with ``huggingface_hub.snapshot_download``
-at the params' revision (``target.revision``, ``remap.revision``: a commit sha pins it; a branch or
-tag is resolved to the commit it points at, which is recorded) into the standard HF cache
+at the params' revision (``target.revision``: a commit sha pins it; a branch or tag is resolved to the
+commit it points at, which is recorded) into the standard HF cache
 (``HF_HOME``/``HF_HUB_CACHE``; ``HF_HUB_OFFLINE=1`` reads the cache only), and the stage reads the
 local snapshot directory. Only the files eyas reads are fetched: configs, tokenizer files, chat
 templates, the safetensors weights that transformers loads (:func:`weight_files`: the shards
@@ -97,7 +97,7 @@ def snapshot(repo_id: str, revision: str | None, *, param: str, gguf_file: str |
     Args:
         repo_id: ``org/name``.
         revision: a commit sha (pins it), a branch or tag, or None (``main``).
-        param: the params key that named it (``target.path``, ``remap.source``), for messages.
+        param: the params key that named it (``target.path``), for messages.
         gguf_file: fetch this GGUF file instead of safetensors weights.
         trust_remote_code: also fetch the repository's ``*.py`` (custom model code).
     Returns:

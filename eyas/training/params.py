@@ -112,8 +112,7 @@ class StandInParams:
 
 @dataclass(kw_only=True)
 class RemapParams:
-    source: str
-    revision: str | None  # a hub id source: the commit (or tag) to fetch; pins it for DVC and MLflow
+    source: str  # a local drafter directory: a dependency DVC hashes (finetune/dvc.yaml)
     min_shared_fraction: float
 
 
@@ -141,12 +140,8 @@ class TrainParams:
 
 
 @dataclass(kw_only=True)
-class TrainScratchParams:
-    lr: float
-
-
-@dataclass(kw_only=True)
 class TrainFinetuneParams:
+    lr: float  # the fine-tune's learning rate (the scratch drafter's is the top-level ``lr``)
     gate_margin: float
     gate_min_acc: float
     gate_override: bool
@@ -183,7 +178,7 @@ class ServeParams:
 
 @dataclass(kw_only=True)
 class Params:
-    lr: float
+    lr: float  # the scratch drafter's learning rate (train-scratch)
     seed: int
     target: TargetParams
     data: DataParams
@@ -193,7 +188,6 @@ class Params:
     stand_in: StandInParams
     remap: RemapParams
     train: TrainParams
-    train_scratch: TrainScratchParams
     train_finetune: TrainFinetuneParams
     eval: EvalParams
     serve: ServeParams
@@ -331,6 +325,10 @@ FEATURE_SPLITS = ("train", "val", "publish")
 """The splits self-distill may regenerate (``distill.splits``) and extract turns into features, in
 stage order; ``test`` only supplies eval prompts."""
 _SEED_MAX = 2 ** 63  # torch.Generator.manual_seed takes a signed 64-bit integer
+STAND_IN = "models/stand_in"
+"""What published/dvc.yaml's stand-in-drafter writes: the one ``remap.source`` that need not exist yet
+(DVC runs the stand-in before remap). Any other ``remap.source`` must be a directory already, relative
+to the repository root, where the stages run."""
 
 
 def _nonempty(v) -> bool:
@@ -348,8 +346,6 @@ _RANGES = [
     ("target.gguf_file", _null_or_nonempty, "null or a non-empty file name"),
     ("target.revision", _null_or_nonempty, "null (the hub's main) or a non-empty commit sha, branch or tag"),
     ("data.source", _nonempty, "a non-empty string"),
-    ("remap.source", _nonempty, "a non-empty string (a local drafter directory or a hub id org/name)"),
-    ("remap.revision", _null_or_nonempty, "null or a non-empty commit sha, branch or tag"),
     ("target.dtype", lambda v: v in _FLOAT_DTYPES, f"one of {_FLOAT_DTYPES}"),
     ("data.max_conversations", lambda v: v >= 0, ">= 0 (0 = all)"),
     ("data.val", lambda v: v >= 1, ">= 1 (val features drive the step-0 gate and val metrics)"),
@@ -399,7 +395,7 @@ _RANGES = [
     ("train.max_steps", lambda v: v >= 0, ">= 0 (0 = epochs decide)"),
     ("train.checkpoint_every", lambda v: v >= 0, ">= 0 (0 = no checkpoints)"),
     ("train.nproc", lambda v: v >= 0, ">= 0 (0 = one per CUDA device)"),
-    ("train_scratch.lr", lambda v: 0 < v < 1, "in (0, 1)"),
+    ("train_finetune.lr", lambda v: 0 < v < 1, "in (0, 1)"),
     ("train_finetune.gate_margin", lambda v: v >= 0, ">= 0 (a negative margin would not flag a loss above chance)"),
     ("train_finetune.gate_min_acc", lambda v: 0 <= v < 1, "in [0, 1) (a floor of 1 refuses every drafter)"),
     ("eval.num_draft_tokens", lambda v: v >= 1, ">= 1"),
@@ -473,6 +469,15 @@ def _check_ranges(params: "Params", source: str) -> None:
     if params.distill.enabled and params.distill.max_new_tokens >= params.extract.max_length:
         raise ParamsError(f"{source}: 'distill.max_new_tokens' ({params.distill.max_new_tokens}) must be < "
                           f"'extract.max_length' ({params.extract.max_length}): the reply must fit a sample")
+    src = params.remap.source
+    if not (src == STAND_IN or (src.strip() and Path(src).is_dir())):
+        raise ParamsError(
+            f"{source}: 'remap.source' must be a local drafter directory (finetune/dvc.yaml's remap depends on it: "
+            f"DVC hashes it and reruns remap when it changes) or {STAND_IN!r} (the stand-in, published/dvc.yaml), "
+            f"got {src!r}: no such directory. A drafter on the Hugging Face Hub is not a path DVC can hash: "
+            f"download it first, `hf download ORG/NAME --revision <commit sha> --local-dir models/published` "
+            f"(and `dvc add models/published`, so DVC keeps it and queued experiments see it), then set "
+            f"'remap.source: models/published'")
 
 
 def load_params(path: str | Path = "params.yaml") -> Params:
