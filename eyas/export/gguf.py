@@ -187,7 +187,9 @@ def read_drafter(path: str | Path) -> dict:
         without one); ``own_embedding`` / ``own_lm_head`` (``token_embd.weight`` /
         ``output.weight`` in the file; without them llama.cpp uses the target's); ``metadata``
         (every ``eagle3.*`` key, prefix dropped, e.g. ``rope.scaling.type``); ``tensors``
-        (name -> ``{"shape": [...] in torch order, "type": "F32" ...}``); ``problems`` (what
+        (name -> ``{"shape": [...] in torch order, "type": "F32" ...}``); ``reader_tensors``
+        (name -> the reader's tensor, its data mapped from the file: :func:`check_against`
+        compares weights through it instead of parsing the file again); ``problems`` (what
         llama.cpp would refuse at load or serve wrongly, judged from the file alone: not 3 target
         layers, more than one block, an fc width other than 3 x target_hidden_size, a d2t that
         is not int64, longer or shorter than ``output.weight``'s rows, with an id outside
@@ -250,6 +252,7 @@ def read_drafter(path: str | Path) -> dict:
         "metadata": {k.removeprefix(a): _value(f) for k, f in fields.items() if k.startswith(a)},
         "tensors": {n: {"shape": [int(x) for x in reversed(t.shape.tolist())], "type": t.tensor_type.name}
                     for n, t in tensors.items()},
+        "reader_tensors": tensors,
     }
     problems = []
     ids = info["target_layers"]
@@ -395,7 +398,7 @@ def check_against(info: dict, *, drafter_dir: str | Path | None = None, features
                    bool(cfg.get("norm_before_residual", False))),
                   ("norm_before_fc", cfg_path, info["norm_before_fc"], bool(cfg.get("norm_before_fc", False)))]
         d2t_sources.append((w_path, dd2t))
-        problems += _weight_problems(where, w_path)
+        problems += _weight_problems(where, w_path, info.get("reader_tensors"))
     if vocab_dir is not None:
         from eyas.vocab.mapping import load_mapping
 
@@ -462,17 +465,19 @@ _SAME_WEIGHTS = (("fc.weight", "fc.weight"), ("output_norm.weight", "norm.weight
 names only): a GGUF converted from a checkpoint holds exactly its values, at the GGUF's type."""
 
 
-def _weight_problems(where: str, w_path: str) -> list[str]:
+def _weight_problems(where: str, w_path: str, tensors: dict | None = None) -> list[str]:
     """The GGUF's :data:`_SAME_WEIGHTS` against the checkpoint's, compared bit for bit at the GGUF's
     type (F32, F16 or BF16; a quantised type is not compared): a file converted from another
     checkpoint (another drafter's GGUF with the same vocab and layers, or one left from before
-    the drafter was retrained) has the right shape and metadata and other weights."""
+    the drafter was retrained) has the right shape and metadata and other weights. ``tensors``:
+    :func:`read_drafter`'s ``reader_tensors`` of ``where``; None reads the file again."""
     import numpy as np
     from gguf import GGMLQuantizationType, GGUFReader
 
     as_torch = {GGMLQuantizationType.F32: torch.float32, GGMLQuantizationType.F16: torch.float16,
                 GGMLQuantizationType.BF16: torch.bfloat16}
-    tensors = {t.name: t for t in GGUFReader(where).tensors}
+    if tensors is None:
+        tensors = {t.name: t for t in GGUFReader(where).tensors}
     out = []
     with safe_open(w_path, framework="pt") as h:
         for g_name, e_name in _SAME_WEIGHTS:
