@@ -227,7 +227,8 @@ def main() -> None:
     ap.add_argument("--skip-pipeline", action="store_true", help="reuse --workdir's finished pipeline run")
     ap.add_argument("--resume", action="store_true",
                     help="git pull this repo's HEAD into --workdir and rerun only the stages it made stale")
-    ap.add_argument("--preset", type=Path, help="a presets/*.yaml merged into the clone's params.yaml before the run")
+    ap.add_argument("--preset", type=Path, help="a presets/*.yaml merged into the clone's params.yaml before the "
+                    "run (with --resume: the preset the clone was made with, recorded)")
     ap.add_argument("--growth-n", type=int, default=50,
                     help="train conversations of the small extract run (x4 for the large); 0 = no growth part")
     ap.add_argument("--growth-shard-samples", type=int, default=20)
@@ -239,8 +240,8 @@ def main() -> None:
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     if a.growth_n < 0:
         raise SystemExit(f"--growth-n must be >= 0, got {a.growth_n}")
-    if a.preset and (a.resume or a.skip_pipeline):
-        raise SystemExit("--preset applies to a fresh clone: not with --resume or --skip-pipeline")
+    if a.preset and a.skip_pipeline:
+        raise SystemExit("--preset applies to a pipeline run: not with --skip-pipeline")
     doc["preset"] = str(a.preset) if a.preset else None
     doc["goal_minutes"] = 10 if a.preset else 40
     if (a.resume or a.skip_pipeline) and not (a.workdir / CLONE_MARK).exists():
