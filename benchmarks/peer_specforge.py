@@ -157,7 +157,10 @@ def main():
         "training": training, "run_id": "peer-specforge", "output_dir": str(tmp / "output")}))
     cfg_sf, algorithm = resolved.config, resolved.algorithm
     doc["config"] = cfg_sf.model_dump(mode="json")["training"]
-    os.environ["FSDP_SHARDING"] = cfg_sf.training.fsdp_sharding  # specforge/cli.py _train
+    # specforge/cli.py _train also exports FSDP_SHARDING = training.fsdp_sharding: at its default
+    # (SHARD_GRAD_OP) that is ParallelConfig.from_distributed's own default (specforge/training/backend.py)
+    if cfg_sf.training.fsdp_sharding != "SHARD_GRAD_OP":
+        raise SystemExit(f"training.fsdp_sharding {cfg_sf.training.fsdp_sharding}: this harness runs the default only")
     set_seed(cfg_sf.training.seed)
     _bootstrap_single_process_env()
     init_distributed(timeout=cfg_sf.training.dist_timeout, tp_size=cfg_sf.training.tp_size,
