@@ -49,7 +49,6 @@ import argparse
 import collections
 import importlib.metadata
 import json
-import os
 import sys
 import tempfile
 import time
