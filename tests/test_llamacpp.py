@@ -5,8 +5,9 @@ HumanEval prompts (it learns them well, so its acceptance is far from 1), conver
 converter (eyas.export.gguf), and served with the target at the precision eyas evaluates it (an F32
 GGUF of the same de-quantised weights). The engine's counters (``timings.draft_n_accepted``) are
 held to eyas' own figures on the same prompts (eyas.eval.llamacpp.agreement): eyas' exact chain
-oracle (eyas.eval.oracle, what the eval stage's ``per_prompt`` holds) on eyas' own greedy outputs;
-and the engine's output with the drafter to its own output without it (lossless).
+oracle (eyas.eval.oracle, what the eval stage's ``per_prompt`` holds) on eyas' own greedy outputs
+(batched, as the eval stage's reference); and the engine's output with the drafter to its own
+output without it (lossless).
 
 Negative controls: the same drafter with its aux layer ids shifted, and with its d2t scrambled,
 each converted the same way: eyas refuses each before serving (eyas.export.gguf.require_served_as_trained),
@@ -31,9 +32,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from eyas.data.conversations import code_user_turn, humaneval_problems
+from eyas.data.distill import generate_batch
 from eyas.eval.llamacpp import EngineError, agreement, serve_benchmark, server_binary
 from eyas.eval.oracle import accepted_draft_counts, per_prompt_walks, walk_metrics
-from eyas.eval.speculative import greedy_generate
 from eyas.export.eagle import save_drafter
 from eyas.export.gguf import CONVERTER, ServeMismatchError, convert, require_served_as_trained, write_target_dir
 from eyas.features import FeatureStore, ShardWriter
@@ -102,7 +103,9 @@ def built(tmp_path_factory):
     prompts = fit_benchmarks(target.tokenizer, {"humaneval": chats}, 0)["humaneval"][0]
     assert len(prompts) == N_PROMPTS
     aux = [2, target.num_layers // 2, target.num_layers - 3]
-    outputs = [greedy_generate(target.model, p, max_new_tokens=MAX_NEW, stop_ids=target.stop_ids) for p in prompts]
+    # eyas' greedy outputs as the eval stage makes them for its untimed prompts (one batched generate)
+    outputs = generate_batch(target.model, prompts, MAX_NEW, getattr(target.tokenizer, "pad_token_id", None) or 0,
+                             target.stop_ids)
     w = ShardWriter(tmp / "features", shard_samples=8, dtype=torch.float32)
     for p, y in zip(prompts, outputs):
         ids = torch.tensor(p + y)
