@@ -16,10 +16,10 @@ def _cited_results() -> set[str]:
     file names in benchmarks/README.md's results table."""
     names = set()
     for doc in DOCS:
-        names |= set(re.findall(r"benchmarks/results/([\w.-]+\.(?:json|txt))", doc.read_text()))
+        names |= set(re.findall(r"benchmarks/results/([\w.-]+\.(?:json|txt|csv))", doc.read_text()))
     table = (REPO / "benchmarks" / "README.md").read_text().split("## Results of record")[1].split("\n## ")[0]
     for row in [r for r in table.splitlines() if r.startswith("|")][2:]:
-        names |= set(re.findall(r"`([\w.-]+\.(?:json|txt))`", row.split("|")[2]))
+        names |= set(re.findall(r"`([\w.-]+\.(?:json|txt|csv))`", row.split("|")[2]))
     return names
 
 

@@ -226,15 +226,15 @@ def test_preset_write_changes_for_dvc_only_the_keys_the_preset_sets(tmp_path):
     sh("git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "params")
     base = parse_yaml((tmp_path / "params.yaml").read_text(), "params.yaml")
     pre = tmp_path / "p.yaml"
-    pre.write_text("lr: 5e-5\ntrain:\n  epochs: 0o7\n  nproc: 1_0\ndata:\n  max_conversations: 0300\n")
+    pre.write_text("lr: 5e-5\ntrain:\n  epochs: 0o7\n  nproc: 1_0\ndata:\n  max_conversations: 0400\n")
     f = tmp_path / "params.yaml"
     assert preset.main([str(pre), "--params", str(f), "--write", str(f)]) == 0
     diff = json.loads(sh("dvc", "params", "diff", "--json"))["params.yaml"]
     assert {k: (v["old"], v["new"]) for k, v in diff.items()} == {
         "lr": (base["lr"], 5e-5), "train.epochs": (base["train"]["epochs"], 7),
-        "train.nproc": (base["train"]["nproc"], 10), "data.max_conversations": (base["data"]["max_conversations"], 300)}
+        "train.nproc": (base["train"]["nproc"], 10), "data.max_conversations": (base["data"]["max_conversations"], 400)}
     p = load_params(f)
-    assert (p.lr, p.train.epochs, p.train.nproc, p.data.max_conversations) == (5e-5, 7, 10, 300)
+    assert (p.lr, p.train.epochs, p.train.nproc, p.data.max_conversations) == (5e-5, 7, 10, 400)
 
 
 @pytest.mark.parametrize("text, message", [
