@@ -56,6 +56,8 @@ from pathlib import Path
 import psutil
 
 from eyas import yaml12
+from eyas.pipeline import preset
+from eyas.training.params import ParamsError
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results"
@@ -164,16 +166,22 @@ def pipeline(work: Path, resume: bool = False) -> dict:
 
 def acceptance(work: Path) -> dict:
     """Per benchmark of ``work/metrics/eval_scratch.json``: eyas' acceptance length, the n-gram
-    floor's, and llama.cpp's with the same-precision and the quantized target (when served)."""
+    floor's, and llama.cpp's with the same-precision and the quantized target (when served): its
+    acceptance, its wall-clock speedup (tokens/s with the drafter over without), and the per-prompt
+    agreement with eyas' loop (prompts compared, exactly equal, outside the tolerance)."""
     ev = json.loads((work / "metrics" / "eval_scratch.json").read_text())
     out = {}
     for bench in ("chat", "humaneval"):
         b, eng = ev[bench], ev[bench].get("engine") or {}
+        served = [kind for kind in ("same_precision", "quantized") if kind in eng]
+        agreement = eng.get("agreement") or {}
         out[bench] = {"eyas": b["accept_len"], "ngram": ev["ngram"][bench]["accept_len"], "lossless": b["lossless"],
                       "above_ngram": b["accept_len"] >= ev["ngram"][bench]["accept_len"],
-                      **{f"llamacpp_{kind}": eng[kind]["accept_len"] for kind in ("same_precision", "quantized")
-                         if kind in eng},
-                      "llamacpp_agreement_ok": (eng.get("agreement") or {}).get("ok")}
+                      **{f"llamacpp_{kind}": eng[kind]["accept_len"] for kind in served},
+                      **{f"llamacpp_speedup_{kind}": eng[kind].get("speedup") for kind in served},
+                      "llamacpp_agreement_ok": agreement.get("ok"),
+                      "llamacpp_agreement": {k: len(agreement[k]) if k == "outside_tolerance" else agreement[k]
+                                             for k in ("compared", "exact", "outside_tolerance") if k in agreement}}
     return out
 
 
@@ -240,8 +248,16 @@ def main() -> None:
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     if a.growth_n < 0:
         raise SystemExit(f"--growth-n must be >= 0, got {a.growth_n}")
+    if a.growth_n and a.growth_shard_samples < 1:  # checked now: the growth part runs after the pipeline
+        raise SystemExit(f"--growth-shard-samples must be >= 1, got {a.growth_shard_samples}")
     if a.preset and a.skip_pipeline:
         raise SystemExit("--preset applies to a pipeline run: not with --skip-pipeline")
+    if a.preset:  # checked before the previous clone is deleted, as the clone's params.yaml will take it
+        try:
+            preset.merge(yaml12.load_file(REPO / "params.yaml"), preset.load_preset(a.preset),
+                         f"params.yaml + {a.preset}")
+        except ParamsError as e:
+            raise SystemExit(f"--preset {a.preset}: {e}") from None
     doc["preset"] = str(a.preset) if a.preset else None
     doc["goal_minutes"] = 10 if a.preset else 40
     if (a.resume or a.skip_pipeline) and not (a.workdir / CLONE_MARK).exists():

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from ruamel.yaml import YAML
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
-from ruamel.yaml.nodes import MappingNode, Node, SequenceNode
+from ruamel.yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 __all__ = ["YamlError", "dump", "key_line", "load", "load_file"]
 
@@ -130,7 +130,7 @@ def key_line(text: str, key: str) -> int | None:
         m = re.fullmatch(r"(.*?)((?:\[\d+\])*)", part)
         if not isinstance(node, MappingNode):
             return None
-        hits = [(k, v) for k, v in node.value if str(k.value) == m.group(1)]
+        hits = [(k, v) for k, v in node.value if _key_name(k) == m.group(1)]
         if not hits:
             return None
         k, node = hits[-1]
@@ -141,6 +141,20 @@ def key_line(text: str, key: str) -> int | None:
             node = node.value[int(i)]
             line = node.start_mark.line + 1
     return line
+
+
+def _key_name(node: object) -> str | None:
+    """A mapping key's node as the schema names it: ``str`` of the value a plain scalar loads as
+    (``~`` -> ``"None"``, ``true`` -> ``"True"``), a quoted scalar's own text; None for a
+    collection key."""
+    if not isinstance(node, ScalarNode):
+        return None
+    if node.style in ("'", '"'):
+        return node.value
+    try:
+        return str(load(node.value, "a key"))
+    except YamlError:
+        return node.value
 
 
 def dump(obj: object) -> str:

@@ -79,6 +79,9 @@ lr: 1.0e-3
 seed: 0
 data:
   max_conversations: 10
+  val: 2
+  test: 2
+  publish: 2
 train:
   ttt_length: 2
 """

@@ -260,6 +260,13 @@ def test_preset_names_a_broken_params_file_it_merges_into(tmp_path, capsys, text
     ("lr: 2\n", r"'lr' must be in \(0, 1\), got 2\.0 \(line 1 of params\.yaml\)$"),
     ("\n\ntrain:\n  lrr: 1\n", r"unknown key 'train\.lrr' \(allowed: .*\) \(line 4 of params\.yaml\)$"),
     ("target:\n  revision: 2026-12-01\n", r"'target\.revision' must be a string, .* \(line 2 of params\.yaml\)$"),
+    ("seed: 0\n~: 1\n", r"unknown key 'None' \(allowed: .*\) \(line 2 of params\.yaml\)$"),  # the key as loaded
+    ("seed: 0\ntrue: 1\n", r"unknown key 'True' \(allowed: .*\) \(line 2 of params\.yaml\)$"),
+    ("distill:\n  max_new_tokens: 64\nextract:\n  max_length: 50\n",  # two keys: the line of each
+     r"'distill\.max_new_tokens' \(64\) must be < 'extract\.max_length' \(50\): .* "
+     r"\('distill\.max_new_tokens' line 2, 'extract\.max_length' line 4 of params\.yaml\)$"),
+    ("extract:\n  max_length: 50\n",  # one of the two set here: its line
+     r"'distill\.max_new_tokens' \(64\) must be < 'extract\.max_length' \(50\): .* \(line 2 of params\.yaml\)$"),
 ])
 def test_a_params_error_names_the_line_that_sets_the_key(tmp_path, text, message):
     f = tmp_path / "params.yaml"
@@ -309,3 +316,39 @@ def test_a_directory_where_a_file_belongs_is_refused_naming_it(tmp_path, capsys,
 def test_every_repo_preset_passes_the_schema(name, capsys):
     assert preset.main([str(ROOT / "presets" / f"{name}.yaml"), "--params", str(ROOT / "params.yaml")]) == 0
     assert capsys.readouterr().out.startswith("-S ")
+
+
+@pytest.mark.parametrize("text, good, message", [
+    ("distill:\n  max_prompt_tokens: 300\n", "distill:\n  max_prompt_tokens: 256\n",
+     r"'distill\.max_prompt_tokens' \(300\) \+ 'distill\.max_new_tokens' \(64\) must be <= 'extract\.max_length' "
+     r"\(320\): extract would cut the target's reply off"),
+    ("data:\n  max_conversations: 50\n", "data:\n  max_conversations: 141\n",
+     r"'data\.max_conversations' \(50\) must be > 'data\.val' \+ 'data\.test' \+ 'data\.publish' "
+     r"\(20 \+ 40 \+ 80 = 140\): no conversation would be left to train on"),
+    ("target:\n  gguf_file: x.gguf\n", "target:\n  path: some/dir\n  gguf_file: x.gguf\n",
+     r"'target\.gguf_file' must be null when 'target\.path' is 'embedded' .*got 'x\.gguf'"),
+])
+def test_params_that_contradict_each_other_are_refused_naming_both(tmp_path, text, good, message):
+    """Keys each valid alone but not together fail at load, before any compute, with the line of the
+    key this file sets; the negative control (the nearest consistent value) loads."""
+    f = tmp_path / "params.yaml"
+    f.write_text(text)
+    with pytest.raises(ParamsError, match=rf"^{f}: {message}.*\(line [12] of params\.yaml\)$"):
+        load_params(f)
+    f.write_text(good)
+    load_params(f)
+
+
+@pytest.mark.parametrize("text", ["train: {}\n", "train:\n  {}\ndata: {}\n"])
+def test_a_preset_that_sets_nothing_is_refused(tmp_path, capsys, text):
+    """``dvc exp run $(python -m eyas.pipeline.preset P)`` with an empty override list would run the
+    defaults under the preset's name; the negative control sets one key and passes."""
+    base = tmp_path / "params.yaml"
+    base.write_text((ROOT / "params.yaml").read_text())
+    pre = tmp_path / "p.yaml"
+    pre.write_text(text)
+    assert preset.main([str(pre), "--params", str(base)]) == 2
+    assert capsys.readouterr().err.strip() == (f"eyas.pipeline.preset: error: {pre}: a preset sets at least one key, "
+                                               f"got only empty sections")
+    pre.write_text("train:\n  epochs: 3\n")
+    assert preset.main([str(pre), "--params", str(base)]) == 0

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from eyas import yaml12
 from eyas.io import write_text
-from eyas.training.params import ParamsError, flatten, parse_params
+from eyas.training.params import ParamsError, flatten, key_lines, parse_params
 
 __all__ = ["load_preset", "merge", "set_args"]
 
@@ -36,8 +36,8 @@ def load_preset(path: str | Path) -> dict:
     """The preset's nested mapping. Raises ParamsError naming the file when it is missing, not
     YAML or not a mapping."""
     raw = _read_mapping(Path(path), "preset")
-    if not raw:
-        raise ParamsError(f"{path}: a preset is a non-empty mapping of params sections")
+    if not flatten(raw):  # nothing set: `dvc exp run $(...)` would quietly run the defaults
+        raise ParamsError(f"{path}: a preset sets at least one key, got {'only empty sections' if raw else 'none'}")
     return raw
 
 
@@ -135,10 +135,9 @@ def main(argv: list[str] | None = None) -> int:
         merged = merge(base, preset, f"{a.params} + {a.preset}")
         args = set_args(preset)
     except ParamsError as e:
-        named = re.search(r"(?:preset key |: |unknown key )'([^']+)'", str(e))  # the key the error is about
-        line = named and Path(a.preset).is_file() and yaml12.key_line(
-            Path(a.preset).read_text(encoding="utf-8", errors="replace"), named.group(1))
-        at = f" (line {line} of {a.preset})" if line else ""
+        where = Path(a.preset).is_file() and key_lines(str(e), Path(a.preset).read_text(encoding="utf-8",
+                                                                                        errors="replace"))
+        at = f" ({where} of {a.preset})" if where else ""
         sys.stderr.write(f"eyas.pipeline.preset: error: {e}{at}\n")
         return 2
     if a.write:

@@ -466,9 +466,23 @@ def _check_ranges(params: "Params", source: str) -> None:
     if not 2 <= e.tree_num_draft_tokens <= most + 1:
         raise ParamsError(f"{source}: 'eval.tree_num_draft_tokens' must be in [2, {most + 1}] (the root and up to "
                           f"tree_topk + (tree_num_steps - 1) * tree_topk**2 candidates), got {e.tree_num_draft_tokens}")
-    if params.distill.enabled and params.distill.max_new_tokens >= params.extract.max_length:
-        raise ParamsError(f"{source}: 'distill.max_new_tokens' ({params.distill.max_new_tokens}) must be < "
-                          f"'extract.max_length' ({params.extract.max_length}): the reply must fit a sample")
+    d, length = params.distill, params.extract.max_length
+    if d.enabled and d.max_new_tokens >= length:
+        raise ParamsError(f"{source}: 'distill.max_new_tokens' ({d.max_new_tokens}) must be < "
+                          f"'extract.max_length' ({length}): the reply must fit a sample")
+    if d.enabled and d.max_prompt_tokens and d.max_prompt_tokens + d.max_new_tokens > length:
+        raise ParamsError(f"{source}: 'distill.max_prompt_tokens' ({d.max_prompt_tokens}) + 'distill.max_new_tokens' "
+                          f"({d.max_new_tokens}) must be <= 'extract.max_length' ({length}): extract would cut the "
+                          f"target's reply off the longest prompts (0 = extract.max_length - max_new_tokens)")
+    data = params.data
+    held_out = data.val + data.test + data.publish
+    if data.max_conversations and held_out >= data.max_conversations:
+        raise ParamsError(f"{source}: 'data.max_conversations' ({data.max_conversations}) must be > 'data.val' + "
+                          f"'data.test' + 'data.publish' ({data.val} + {data.test} + {data.publish} = {held_out}): "
+                          f"no conversation would be left to train on")
+    if params.target.path == "embedded" and params.target.gguf_file is not None:
+        raise ParamsError(f"{source}: 'target.gguf_file' must be null when 'target.path' is 'embedded' (the "
+                          f"embedded target names its own GGUF file), got {params.target.gguf_file!r}")
     src = params.remap.source
     if not (src == STAND_IN or (src.strip() and Path(src).is_dir())):
         raise ParamsError(
@@ -491,12 +505,22 @@ def load_params(path: str | Path = "params.yaml") -> Params:
     raw = _read_yaml(path)
     try:
         return _parse_file(raw, path)
-    except ParamsError as e:  # the schema names the key; say where the file writes it
-        named = re.match(rf"{re.escape(str(path))}: (?:unknown key )?'([^']+)'", str(e))
-        line = named and yaml12.key_line(path.read_text(encoding="utf-8"), named.group(1))
-        if line:
-            e.args = (f"{e} (line {line} of {path.name})", *e.args[1:])
+    except ParamsError as e:  # the schema names the keys; say where the file writes them
+        where = key_lines(str(e).removeprefix(f"{path}: "), path.read_text(encoding="utf-8"))
+        if where:
+            e.args = (f"{e} ({where} of {path.name})", *e.args[1:])
         raise
+
+
+def key_lines(message: str, text: str) -> str:
+    """Where the YAML ``text`` writes the keys a params error ``message`` names (each quoted,
+    ``'train.epochs'``): ``"line 12"`` for one key, ``"'a.b' line 3, 'c.d' line 9"`` for several,
+    ``""`` when the text sets none of them (a default, or not YAML)."""
+    names = list(dict.fromkeys(re.findall(r"'([A-Za-z_][\w.\[\]]*)'", message)))
+    lines = {k: line for k in names if (line := yaml12.key_line(text, k))}
+    if len(lines) == 1:
+        return f"line {next(iter(lines.values()))}"
+    return ", ".join(f"'{k}' line {line}" for k, line in lines.items())
 
 
 def _parse_file(raw: dict, path: Path) -> Params:
