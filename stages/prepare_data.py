@@ -6,24 +6,35 @@ Reads params `data.*` and `seed`; writes `data/conversations/{train,val,test,pub
 when it is > 0, the metrics' `code` section holds, per package (import name), the usable functions
 it gave (`code.<package>.usable`) and why the others were skipped. Run from the repository root:
 `python -m stages.prepare_data`.
+
+Bad data or params (a bad source line, an empty train split, an unknown key, ...) end the stage with
+one line `prepare-data: error: <message naming the file, line, id or key>` and exit status 1; the
+previous splits and metrics are then left as they were.
 """
 
 from __future__ import annotations
 
-import json
-import os
 from pathlib import Path
 
 from eyas.data.code import add_to_splits, code_conversations
-from eyas.data.conversations import load_conversations, split_conversations, write_jsonl
+from eyas.data.conversations import DataError, encode_jsonl, load_conversations, split_conversations
+from eyas.io import atomic_dir, atomic_path, write_json
 from eyas.pipeline.tracking import start_stage_run
-from eyas.training.params import flatten, load_params
+from eyas.training.params import ParamsError, flatten, load_params
 
 OUT_DIR = Path("data/conversations")
 METRICS = Path("metrics/prepare_data.json")
 
 
 def main() -> None:
+    try:
+        run()
+    except (DataError, ParamsError) as e:
+        raise SystemExit(f"prepare-data: error: {e}") from None
+
+
+def run() -> None:
+    """Load the params, :func:`prepare` under the stage's MLflow run, log and print the counts."""
     p = load_params()
     with start_stage_run("prepare-data", p) as tracker:
         metrics = prepare(p)
@@ -39,7 +50,12 @@ def main() -> None:
 
 
 def prepare(p) -> dict:
-    """Load, split and write the conversations of params ``p``; write and return the metrics."""
+    """Load, split and write the conversations of params ``p``; write and return the metrics.
+
+    Every split is built and encoded in memory first, then all four files are swapped in together
+    (:func:`eyas.io.atomic_dir` replaces ``data/conversations``), and the metrics are written
+    after them: a DataError leaves the previous splits and metrics untouched.
+    """
     d = p.data
     convs, stats = load_conversations(d.source, on_bad_line=d.on_bad_line)
     splits = split_conversations(convs, val=d.val, test=d.test, publish=d.publish,
@@ -48,9 +64,7 @@ def prepare(p) -> dict:
     code_ids = {c["id"] for c in code}
     splits = add_to_splits(splits, code)
     code_stats["conversations"] = {k: sum(c["id"] in code_ids for c in v) for k, v in splits.items()}
-    for name, rows in splits.items():
-        write_jsonl(OUT_DIR / f"{name}.jsonl", rows)
-
+    encoded = {name: encode_jsonl(OUT_DIR / f"{name}.jsonl", rows) for name, rows in splits.items()}
     metrics = {
         "source": d.source,
         "stats": stats,
@@ -58,10 +72,11 @@ def prepare(p) -> dict:
         "messages": {k: sum(len(c["messages"]) for c in v) for k, v in splits.items()},
         "code": code_stats,
     }
-    METRICS.parent.mkdir(parents=True, exist_ok=True)
-    tmp = METRICS.with_name(METRICS.name + ".tmp")
-    tmp.write_text(json.dumps(metrics, sort_keys=True, indent=2) + "\n")
-    os.replace(tmp, METRICS)
+    with atomic_dir(OUT_DIR) as tmp:
+        for name, data in encoded.items():
+            with atomic_path(tmp / f"{name}.jsonl") as f:
+                f.write_bytes(data)
+    write_json(METRICS, metrics)
     return metrics
 
 

@@ -275,6 +275,32 @@ def test_write_read_jsonl_roundtrip(tmp_path):
         read_jsonl(path)
 
 
+def test_write_jsonl_unencodable_row_names_file_line_id_and_keeps_the_file(tmp_path):
+    path = tmp_path / "x.jsonl"
+    path.write_text("previous\n")
+    good = {"id": "a", "messages": [{"role": "user", "content": "hi"}]}
+    for row, reason in [
+        ({"id": "b", "messages": [{"role": "user", "content": "bad \ud800 x"}]},
+         "'utf-8' codec can't encode character '\\ud800' in position 58: surrogates not allowed"),
+        ({"id": 7, "tags": {"x"}}, "Object of type set is not JSON serializable"),
+    ]:
+        with pytest.raises(DataError) as e:
+            write_jsonl(path, [good, row])
+        assert str(e.value) == f"{path}:2: conversation {str(row['id'])!r}: cannot be written as UTF-8 JSON: {reason}"
+        assert path.read_text() == "previous\n"  # nothing written
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["x.jsonl"]  # no temp file left
+
+
+def test_read_jsonl_unparseable_lines_name_file_and_line(tmp_path):
+    path = tmp_path / "x.jsonl"
+    for line, reason in [("[" * 200000 + "]" * 200000, "JSON nested too deeply to parse"),
+                         ('{"id": ' + "1" * 5000 + "}", "JSON not parseable: Exceeds the limit (4300 digits)")]:
+        path.write_text('{"id": "a"}\n' + line + "\n")
+        with pytest.raises(DataError) as e:
+            read_jsonl(path)
+        assert str(e.value).startswith(f"{path}:2: {reason}")
+
+
 # ------------------------------------------------------------------ splits and chitchat
 
 
@@ -304,8 +330,12 @@ def test_split_deterministic_and_disjoint():
 
 
 def test_split_empty_train_raises():
-    with pytest.raises(DataError, match="train split is empty"):
+    with pytest.raises(DataError) as e:
         split_conversations(_convs(10), val=5, test=3, publish=2, max_conversations=0, seed=0)
+    assert str(e.value) == (
+        "train split is empty: 10 conversations taken, val+test+publish = 10 (data.val 5 + data.test 3 "
+        "+ data.publish 2); in params.yaml lower data.val, data.test or data.publish, or raise "
+        "data.max_conversations (now 0, 0 = all), or add conversations to data.source")
 
 
 def test_chitchat_source():

@@ -5,6 +5,8 @@ Stage scripts run for real in a subprocess where that is cheap (prepare-data rea
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
 import subprocess
@@ -16,7 +18,7 @@ import pytest
 import torch
 import yaml
 
-from eyas.data.conversations import DataError, load_conversations
+from eyas.data.conversations import DataError, load_conversations, split_conversations
 from eyas.training.params import ParamsError, load_params
 
 REPO = Path(__file__).resolve().parents[1]
@@ -40,15 +42,81 @@ def test_prepare_data_stage_names_file_and_line(tmp_path):
     bad.write_text(GOOD + "\n" + '{"messages": [{"role": "user", "content": "x"}\n' + GOOD + "\n")
     r = run_stage("stages.prepare_data", tmp_path, {"data": {"source": str(bad), "val": 1, "test": 1,
                                                              "publish": 1}})
-    assert r.returncode != 0
-    assert f"{bad}:2: malformed JSON" in r.stderr
-    assert "on_bad_line: skip" in r.stderr  # the way out is named
+    assert r.returncode == 1
+    # one line, no traceback
+    assert r.stderr.startswith(f"prepare-data: error: {bad}:2: malformed JSON: ") and r.stderr.count("\n") == 1
+    assert r.stderr.endswith("(set data.on_bad_line: skip to skip such lines)\n")  # the way out is named
     assert not (tmp_path / "data/conversations").exists()  # nothing half-written
+
+
+def _seed_putting_last(ids: list[str], last: str, n_held_out: int) -> int:
+    """A seed whose split order (eyas.data.conversations.split_conversations) puts ``last`` at
+    position ``n_held_out - 1``: the last held-out split, written after train, val and test."""
+    order = lambda seed: sorted(ids, key=lambda i: hashlib.sha256(f"{seed}:{i}".encode()).hexdigest())  # noqa: E731
+    return next(seed for seed in range(1000) if order(seed).index(last) == n_held_out - 1)
+
+
+def test_prepare_data_bad_line_keeps_the_previous_run_whole(tmp_path):
+    """A lone surrogate in a held-out conversation: one error line naming file, line and id, and
+    the previous run's four splits and metrics stay byte for byte (none rewritten)."""
+    src = tmp_path / "src.jsonl"
+    ids = [f"c{i}" for i in range(8)] + ["sur9"]
+    lines = [GOOD.replace('{"messages"', f'{{"id": "{i}", "messages"') for i in ids[:-1]]
+    lines.insert(3, '{"id":"sur9","messages":[{"role":"user","content":"bad \\ud800 x"},'
+                    '{"role":"assistant","content":"ok"}]}')
+    src.write_text("\n".join(lines) + "\n")
+    data = {"source": str(src), "val": 1, "test": 1, "publish": 1, "code_prompts": 0, "on_bad_line": "skip"}
+    seed = _seed_putting_last(ids, "sur9", 3)
+    r = run_stage("stages.prepare_data", tmp_path, {"seed": seed, "data": data})
+    assert r.returncode == 0, r.stderr
+    outs = [tmp_path / "data/conversations" / f"{s}.jsonl" for s in ("train", "val", "test", "publish")]
+    outs.append(tmp_path / "metrics/prepare_data.json")
+    before = {f: f.read_bytes() for f in outs}
+    assert json.loads(before[outs[-1]])["stats"]["skipped_bad_line"] == 1  # skipped and counted
+
+    r = run_stage("stages.prepare_data", tmp_path, {"seed": seed, "data": {**data, "on_bad_line": "error"}})
+    assert r.returncode == 1
+    assert r.stderr == (f"prepare-data: error: {src}:4: conversation 'sur9': turn 0 (user): '\\ud800' at "
+                        "character 4 is a lone surrogate (an unpaired \\u escape), which UTF-8 cannot encode "
+                        "(set data.on_bad_line: skip to skip such lines)\n")
+    assert {f: f.read_bytes() for f in outs} == before
+    assert sorted(p.name for p in (tmp_path / "data").iterdir()) == ["conversations"]  # no temp dir left
+
+
+def test_prepare_data_unwritable_split_writes_nothing(tmp_path, monkeypatch):
+    """A row the JSONL writer refuses (here injected into publish, the last split written): the
+    error names the split file, line and id; no split and no metrics are touched."""
+    import stages.prepare_data as stage
+
+    monkeypatch.chdir(tmp_path)
+    src = tmp_path / "src.jsonl"
+    src.write_text("\n".join(GOOD.replace('{"messages"', f'{{"id": "c{i}", "messages"') for i in range(6)) + "\n")
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(
+        {"data": {"source": str(src), "val": 1, "test": 1, "publish": 1, "code_prompts": 0}}))
+    outs = [Path("data/conversations") / f"{s}.jsonl" for s in ("train", "val", "test", "publish")]
+    outs.append(Path("metrics/prepare_data.json"))
+    for f in outs:
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text("previous run\n")
+
+    def split_with_bad_publish(*args, **kwargs):
+        splits = split_conversations(*args, **kwargs)
+        splits["publish"].append({"id": "bad", "messages": [{"role": "user", "content": "\udfff"}]})
+        return splits
+
+    monkeypatch.setattr(stage, "split_conversations", split_with_bad_publish)
+    with pytest.raises(DataError) as e:
+        stage.prepare(load_params())
+    assert str(e.value) == ("data/conversations/publish.jsonl:2: conversation 'bad': cannot be written as UTF-8 "
+                            "JSON: 'utf-8' codec can't encode character '\\udfff' in position 56: surrogates not "
+                            "allowed")
+    assert {str(f): f.read_text() for f in outs} == {str(f): "previous run\n" for f in outs}
 
 
 def test_params_errors_name_the_key(tmp_path):
     r = run_stage("stages.prepare_data", tmp_path, {"train": {"lrr": 1.0}})
-    assert r.returncode != 0 and "params.yaml: unknown key 'train.lrr'" in r.stderr
+    assert r.returncode == 1 and r.stderr.startswith("prepare-data: error: params.yaml: unknown key 'train.lrr'")
+    assert r.stderr.count("\n") == 1  # one line, no traceback
     (tmp_path / "p.yaml").write_text("extract:\n  max_length: long\n")
     with pytest.raises(ParamsError, match=r"p.yaml: 'extract.max_length' must be an integer, got 'long'"):
         load_params(tmp_path / "p.yaml")
@@ -65,6 +133,20 @@ def test_params_errors_name_the_key(tmp_path):
     ('[1, 2]', "expected a JSON object, got list"),
     ('{"text": "hi"}', "neither 'messages' (OpenAI) nor 'conversations' (ShareGPT) key"),
     ('{"messages": [{"role": "user", "content": ""}]}', "turn 0 (user): empty text"),
+    ('{"id": "x7", "messages": [{"role": "robot", "content": "x"}]}', "conversation 'x7': turn 0: unknown role"),
+    # json accepts a lone surrogate escape; UTF-8 cannot write it back: in a text, a ShareGPT value, an id
+    ('{"id": "sur9", "messages": [{"role": "user", "content": "bad \\ud800 x"}, '
+     '{"role": "assistant", "content": "ok"}]}',
+     "conversation 'sur9': turn 0 (user): '\\ud800' at character 4 is a lone surrogate (an unpaired \\u escape), "
+     "which UTF-8 cannot encode"),
+    ('{"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "\\udfff"}]}',
+     "turn 1 (assistant): '\\udfff' at character 0 is a lone surrogate"),
+    ('{"id": "a\\udc00", "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}]}',
+     "conversation 'a\\udc00': id: '\\udc00' at character 1 is a lone surrogate"),
+    # JSON the parser refuses for reasons other than syntax
+    pytest.param("[" * 200000 + "]" * 200000, "JSON nested too deeply to parse", id="deep-nesting"),
+    pytest.param('{"id": "n", "messages": ' + "1" * 5000 + "}", "JSON not parseable: Exceeds the limit (4300 digits)",
+                 id="too-many-digits"),
 ])
 def test_bad_jsonl_lines(tmp_path, line, message):
     f = tmp_path / "d.jsonl"

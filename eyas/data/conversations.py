@@ -41,6 +41,7 @@ __all__ = [
     "DataError",
     "load_conversations",
     "split_conversations",
+    "encode_jsonl",
     "write_jsonl",
     "read_jsonl",
     "render_with_loss_mask",
@@ -133,13 +134,52 @@ def _normalise(obj: Any) -> tuple[str | None, list[dict]]:
         content = t[ckey]
         if not isinstance(content, str):
             raise ValueError(f"turn {k}: '{ckey}' must be a string, got {type(content).__name__}")
+        _require_utf8(content, f"turn {k} ({role})")
         if not content.strip():
             if role == "system":  # an empty system prompt says nothing: drop it
                 continue
             raise ValueError(f"turn {k} ({role}): empty text")
         messages.append({"role": role, "content": content})
     cid = obj.get("id")
-    return (None if cid is None else str(cid)), messages
+    if cid is None:
+        return None, messages
+    cid = str(cid)
+    _require_utf8(cid, "id")
+    return cid, messages
+
+
+def _require_utf8(text: str, where: str) -> None:
+    """Raise ValueError naming ``where`` when ``text`` holds a lone surrogate (a ``\\uD800``-style
+    JSON escape with no pair): json accepts it, but it cannot be written back as UTF-8."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"{where}: {text[e.start]!r} at character {e.start} is a lone surrogate "
+                         "(an unpaired \\u escape), which UTF-8 cannot encode") from None
+
+
+def _parse_line(raw: bytes) -> Any:
+    """One JSONL line -> its JSON value. Raises ValueError with a short reason for bytes that are
+    not UTF-8, malformed JSON, nesting too deep for the parser, or a value json refuses (e.g. an
+    integer beyond Python's digit limit)."""
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"not valid UTF-8 ({e.reason} at byte {e.start})") from None
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"malformed JSON: {e}") from None
+    except RecursionError:
+        raise ValueError("JSON nested too deeply to parse") from None
+    except ValueError as e:
+        raise ValueError(f"JSON not parseable: {e}") from None
+
+
+def _known_id(obj: Any) -> str:
+    """``"conversation '<id>': "`` when ``obj`` is an object with a string or integer id, else ``""``."""
+    cid = obj.get("id") if isinstance(obj, dict) else None
+    return f"conversation {str(cid)!r}: " if isinstance(cid, (str, int)) else ""
 
 
 class _DuplicateId(ValueError):
@@ -160,15 +200,9 @@ def _jsonl(path: Path, on_bad_line: str) -> tuple[list[dict], dict]:
             stats["blank_lines"] += 1
             continue
         stats["read"] += 1
+        obj = None
         try:
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise ValueError(f"not valid UTF-8 ({e.reason} at byte {e.start})") from None
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"malformed JSON: {e}") from None
+            obj = _parse_line(raw)
             cid, messages = _normalise(obj)
             cid = cid if cid is not None else f"{path.name}:{lineno}"
             if cid in seen:
@@ -178,9 +212,8 @@ def _jsonl(path: Path, on_bad_line: str) -> tuple[list[dict], dict]:
                 dup = isinstance(e, _DuplicateId)
                 stats["skipped_duplicate_id" if dup else "skipped_bad_line"] += 1
                 continue
-            raise DataError(
-                f"{path}:{lineno}: {e} (set data.on_bad_line: skip to skip such lines)"
-            ) from None
+            raise DataError(f"{path}:{lineno}: {_known_id(obj)}{e} "
+                            "(set data.on_bad_line: skip to skip such lines)") from None
         if not any(m["role"] == "assistant" for m in messages):
             stats["skipped_no_assistant"] += 1
             continue
@@ -206,9 +239,12 @@ def load_conversations(source: str, on_bad_line: str = "error") -> tuple[list[di
         ``empty_turns_dropped``. Empty system messages are dropped silently.
 
     Raises:
-        DataError: naming ``file:line`` for malformed JSON, non-UTF-8 bytes, an unknown role,
+        DataError: naming ``file:line`` (and the conversation id when the line has one) for
+            malformed JSON, JSON nested too deeply or otherwise refused by the parser, non-UTF-8
+            bytes, a text or id holding a lone surrogate (not writable as UTF-8), an unknown role,
             a non-string or empty (non-system) text, or a duplicate id (only with
-            ``on_bad_line="error"``); also when nothing is left, or ``on_bad_line`` is unknown.
+            ``on_bad_line="error"``; ``"skip"`` counts these in ``skipped_bad_line`` /
+            ``skipped_duplicate_id``); also when nothing is left, or ``on_bad_line`` is unknown.
     """
     if on_bad_line not in ("error", "skip"):
         raise DataError(f"on_bad_line must be 'error' or 'skip', got {on_bad_line!r}")
@@ -238,7 +274,8 @@ def split_conversations(convs: list[dict], *, val: int, test: int, publish: int,
     source's order, so a conversation stays in its split when others are added.
 
     Raises:
-        DataError: a negative size, or ``train`` would be empty.
+        DataError: a negative size, or ``train`` would be empty (naming the params keys
+            ``data.val``, ``data.test``, ``data.publish`` and ``data.max_conversations``).
     """
     sizes = {"val": val, "test": test, "publish": publish, "max_conversations": max_conversations}
     bad = {k: v for k, v in sizes.items() if v < 0}
@@ -259,27 +296,54 @@ def split_conversations(convs: list[dict], *, val: int, test: int, publish: int,
     out["train"] = ordered[start:]
     if not out["train"]:
         raise DataError(f"train split is empty: {len(ordered)} conversations taken, "
-                        f"val+test+publish = {val + test + publish}; lower them or add data")
+                        f"val+test+publish = {val + test + publish} (data.val {val} + data.test {test} + "
+                        f"data.publish {publish}); in params.yaml lower data.val, data.test or "
+                        f"data.publish, or raise data.max_conversations (now {max_conversations}, "
+                        "0 = all), or add conversations to data.source")
     return {k: out[k] for k in ("train", "val", "test", "publish")}
 
 
+def encode_jsonl(path: str | os.PathLike, rows: Iterable[dict]) -> bytes:
+    """``rows`` as UTF-8 JSONL bytes (one ``json.dumps(row, ensure_ascii=False)`` per line), built
+    in memory so that a bad row is found before anything is written.
+
+    Raises:
+        DataError: a row cannot be written as UTF-8 JSON (a string holding a lone surrogate, a
+            value json cannot encode, nesting too deep); names ``path``, the row's line (1-based)
+            and its id when it has one.
+    """
+    lines = []
+    for lineno, row in enumerate(rows, start=1):
+        try:
+            lines.append(json.dumps(row, ensure_ascii=False).encode("utf-8") + b"\n")
+        except (ValueError, TypeError, RecursionError) as e:
+            reason = "nested too deeply" if isinstance(e, RecursionError) else str(e)
+            raise DataError(f"{path}:{lineno}: {_known_id(row)}cannot be written as UTF-8 JSON: "
+                            f"{reason}") from None
+    return b"".join(lines)
+
+
 def write_jsonl(path: str | os.PathLike, rows: Iterable[dict]) -> int:
-    """Write ``rows`` as UTF-8 JSONL atomically (:func:`eyas.io.atomic_path`: temp file in the same
-    dir, fsync, rename, the umask's permissions). Creates parent directories. Returns the number
-    of rows written."""
-    n = 0
-    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
-        for row in rows:
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
-            n += 1
-    return n
+    """Write ``rows`` as UTF-8 JSONL (:func:`encode_jsonl`) atomically (:func:`eyas.io.atomic_path`:
+    temp file in the same dir, fsync, rename, the umask's permissions); a bad row leaves ``path``
+    as it was. Creates parent directories. Returns the number of rows written.
+
+    Raises:
+        DataError: from :func:`encode_jsonl`.
+    """
+    rows = list(rows)
+    data = encode_jsonl(path, rows)
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data)
+    return len(rows)
 
 
 def read_jsonl(path: str | os.PathLike) -> list[dict]:
     """Read a JSONL file (blank lines ignored).
 
     Raises:
-        DataError: the file is missing, or a line is not UTF-8 / not JSON (names ``file:line``).
+        DataError: the file is missing, or a line is not UTF-8 or not parseable as JSON (malformed,
+            nested too deeply, ...; names ``file:line``).
     """
     path = Path(path)
     try:
@@ -291,11 +355,9 @@ def read_jsonl(path: str | os.PathLike) -> list[dict]:
         if not raw.strip():
             continue
         try:
-            rows.append(json.loads(raw.decode("utf-8")))
-        except UnicodeDecodeError as e:
-            raise DataError(f"{path}:{lineno}: not valid UTF-8 ({e.reason})") from None
-        except json.JSONDecodeError as e:
-            raise DataError(f"{path}:{lineno}: malformed JSON: {e}") from None
+            rows.append(_parse_line(raw))
+        except ValueError as e:
+            raise DataError(f"{path}:{lineno}: {e}") from None
     return rows
 
 
