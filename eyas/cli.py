@@ -106,12 +106,12 @@ def _compare(args) -> int:
     try:
         text = (compare_dirs(args.metrics) if args.metrics else
                 compare(args.tracking_uri, args.experiment, args.limit, args.all_params))
+        sys.stdout.write(text)
+        if args.out:
+            sys.stderr.write(f"eyas compare: wrote {write(text, args.out)}\n")
     except CompareError as e:
         sys.stderr.write(f"eyas compare: error: {e}\n")
         return 2
-    sys.stdout.write(text)
-    if args.out:
-        sys.stderr.write(f"eyas compare: wrote {write(text, args.out)}\n")
     return 1 if "No pipeline runs found." in text else 0
 
 

@@ -141,3 +141,75 @@ def test_a_served_table_of_another_layout_is_named(tmp_path, served, where):
     (d / "eval_scratch.json").write_text(json.dumps({"served": served}))
     with pytest.raises(CompareError, match=f"eval_scratch.json: {where}"):
         compare_dirs([str(d)], params_default=tmp_path / "none.yaml", root=tmp_path)
+
+
+@pytest.mark.parametrize("fname, doc, message", [
+    ("train_scratch.json", [1, 2, 3],
+     r"train_scratch.json: the top level is \[1, 2, 3\]; expected a mapping \(a metrics file is a JSON object\)"),
+    ("train_scratch.json", "0.5", "train_scratch.json: the top level is '0.5'; expected a mapping"),
+    ("train_scratch.json", {"val": "abc"}, "train_scratch.json: val is 'abc'; expected a mapping holding 'acc_0'"),
+    ("train_scratch.json", {"val": {"acc_0": "abc"}}, "train_scratch.json: val.acc_0 is 'abc'; expected a number"),
+    ("train_scratch.json", {"val": {"acc_0": True}}, "train_scratch.json: val.acc_0 is True; expected a number"),
+    ("eval_finetune.json", {"chat": {"accept_len": [1.5]}},
+     r"eval_finetune.json: chat.accept_len is \[1.5\]; expected a number"),
+    ("eval_scratch.json", {"ngram": {"chat": {"accept_len_by_chain_length": {"4": {"x": 1}}}}},
+     r"eval_scratch.json: ngram.chat.accept_len_by_chain_length.4 is \{'x': 1\}; expected a number"),
+])
+def test_a_metrics_file_of_the_wrong_shape_is_named_not_shown_missing(tmp_path, capsys, fname, doc, message):
+    """Was: exit 0 and `–`, exactly what an absent file shows. Now one error line naming the
+    directory, the file and the key path, exit 2."""
+    from eyas.cli import main as cli_main
+
+    d = tmp_path / "m"
+    d.mkdir()
+    (d / fname).write_text(json.dumps(doc))
+    with pytest.raises(CompareError, match=f"^{d}: {message}"):
+        compare_dirs([str(d)], params_default=tmp_path / "none.yaml", root=tmp_path)
+    assert cli_main(["compare", "--metrics", str(d)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and err.startswith(f"eyas compare: error: {d}: {fname}: "), err
+
+
+@pytest.mark.parametrize("doc, shown", [
+    ({"val": {"acc_0": 0.5}}, "0.5"),
+    ({"val": {"acc_0": None}}, "–"),  # eyas.io.write_json's NaN
+    ({"val": {}}, "–"),               # an older file without the key
+    ({"steps": 3}, "–"),
+])
+def test_a_well_formed_metrics_file_without_the_number_shows_a_dash(tmp_path, doc, shown):
+    """The negative control of the test above: the same row, a well-formed file."""
+    d = tmp_path / "m"
+    d.mkdir()
+    (d / "train_scratch.json").write_text(json.dumps(doc))
+    lines = compare_dirs([str(d)], params_default=tmp_path / "none.yaml", root=tmp_path).splitlines()
+    assert f"| train-scratch val acc_0 | {shown} |" in lines
+
+
+def test_an_out_path_that_cannot_be_written_is_one_error_line(tmp_path, capsys):
+    """Was: an IsADirectoryError / FileNotFoundError traceback, and a write that was not atomic. Now
+    one error line naming the path, exit 2, the table on stdout all the same; a file written is
+    replaced whole, with no temporary file left beside it."""
+    from eyas.cli import main as cli_main
+
+    d = tmp_path / "m"
+    d.mkdir()
+    (d / "train_scratch.json").write_text(json.dumps({"val": {"acc_0": 0.5}}))
+    blocker = tmp_path / "afile"
+    blocker.write_text("x")
+    outdir = tmp_path / "outdir"
+    outdir.mkdir()
+    for out, message in ((outdir, f"--out {outdir}: is a directory; name a file (e.g. {outdir / 'compare.md'})"),
+                         (blocker / "x.md", f"--out {blocker / 'x.md'}: cannot write the table there: {blocker} "
+                                            f"is a file, not a directory")):
+        assert cli_main(["compare", "--metrics", str(d), "--out", str(out)]) == 2
+        stdout, err = capsys.readouterr()
+        assert err == f"eyas compare: error: {message}\n" and "| train-scratch val acc_0 | 0.5 |" in stdout, err
+    assert list(outdir.iterdir()) == [] and blocker.read_text() == "x"
+    # negative control: a file there is replaced by the table
+    target = tmp_path / "reports" / "compare.md"
+    target.parent.mkdir()
+    target.write_text("old\n")
+    assert cli_main(["compare", "--metrics", str(d), "--out", str(target)]) == 0
+    stdout, err = capsys.readouterr()
+    assert target.read_text() == stdout and err == f"eyas compare: wrote {target}\n"
+    assert list(target.parent.iterdir()) == [target]

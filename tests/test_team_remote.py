@@ -17,12 +17,17 @@ Run: ``python3 -m pytest tests/test_team_remote.py -q -s`` (``-s`` prints the ro
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import http.server
+import importlib.util
 import os
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -173,6 +178,7 @@ def test_ssh_round_trip(tmp_path, ssh_server):
     a.mkdir(parents=True)
     a.rmdir()
     a = make_origin(a, url)
+    remote.mkdir(parents=True)  # created once on the server: a path that is not there is refused
     for key, value in creds.items():
         sh(a, "dvc", "remote", "modify", "--local", "team", key, value)
     round_trip(a, tmp_path / "host-b" / "B", creds, kind="ssh")
@@ -232,9 +238,22 @@ def test_bad_remotes_fail_naming_the_url(tmp_path, ssh_server):
     msg = refused(a)
     assert url in msg and "refused the login" in msg, msg
     assert cache_files(a) == before  # nothing computed was lost
-    # positive control: the right key passes the same check
+    # the right key, a path that is not there on the server: refused, naming the file that sets the URL
     set_remote(a, "local", keyfile=ssh_server["keyfile"])
-    assert team_remote.check_remote(a)["url"] == url
+    srv = tmp_path / "srv"
+    msg = refused(a)
+    assert msg.startswith(f".dvc/config: DVC remote 'team' ({url}): {srv} does not exist there (the server answers)")
+    assert f"ssh -p {ssh_server['port']} 127.0.0.1 mkdir -p {srv}" in msg, msg
+    assert not srv.exists()
+    # a path that is a file on the server
+    srv.write_text("x")
+    msg = refused(a)
+    assert msg.startswith(f".dvc/config: DVC remote 'team' ({url}): {srv} is a file, not a directory"), msg
+    srv.unlink()
+    # positive control: the directory there, the same check passes
+    srv.mkdir()
+    info = team_remote.check_remote(a)
+    assert (info["url"], info["source"], info["run_cache"]) == (url, ".dvc/config", False)
 
     # a remote pushed without --run-cache: a pull is refused before it transfers anything
     set_remote(a, "local", user=None, keyfile=None)  # a local remote takes no SSH settings
@@ -312,6 +331,80 @@ def test_malformed_remotes_and_places_fail_naming_them(tmp_path):
     set_remote(a, url=str(src))
     assert team_remote.check_remote(a, write=True)["writable"] is True
     assert team_remote.transfer("push", a) == 0 and (src / "files").is_dir()
+
+
+def write_local_remote(repo: Path, url: str) -> None:
+    """``.dvc/config.local`` holding the default remote ``r`` = ``url``, written as a file (DVC's own
+    config API refuses to save the URLs DVC cannot load)."""
+    (repo / ".dvc" / "config.local").write_text(f"[core]\n    remote = r\n['remote \"r\"']\n    url = {url}\n")
+
+
+@contextlib.contextmanager
+def http_server(directory: Path):
+    """A real HTTP server on 127.0.0.1 serving ``directory`` (Python's http.server)."""
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(directory))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_unusable_remote_urls_fail_naming_the_file_remote_and_url(tmp_path):
+    """Every URL the remote cannot be used with is one error naming the config file, the remote, the URL
+    and why (was: a refused HTTP connection checked as "reachable", exit 0; tracebacks for a scheme
+    whose plugin is absent, a scheme DVC does not know, a URL that does not parse, a config file
+    that does not parse). A server that answers but lacks the path is refused too. Nothing is
+    transferred; the local cache is as it was."""
+    a = bare_repo(tmp_path / "A")
+    before = cache_files(a)
+    # through the command line: a refused HTTP connection; exit 2, no "reachable" on stdout
+    url = f"http://127.0.0.1:{team_servers.free_port()}/x"
+    write_local_remote(a, url)
+    r = eyas_remote(a, "check")
+    assert r.returncode == 2 and r.stdout == "" and "Traceback" not in r.stderr, r.stdout + r.stderr
+    assert r.stderr.startswith(f"eyas.pipeline.team_remote: error: .dvc/config.local: DVC remote 'r' ({url}) "
+                               "is unreachable (ClientConnectorError: Cannot connect to host"), r.stderr
+    # the same, in-process, for every other kind of unusable URL
+    cases = [
+        ("gs://bucket/x", "cannot be used here (gs is supported, but requires 'dvc-gs' to be installed): "
+                          "`pip install dvc-gs`"),
+        ("weird://x", "is refused by DVC (Unsupported URL type weird://): fix it with "
+                      "`dvc remote modify --local r url URL`"),
+        ("ssh://[::1/x", "is refused by DVC (the URL does not parse: Invalid IPv6 URL)"),
+        ("ssh://127.0.0.1:abc/x", "the URL does not parse (Port could not be cast to integer value as 'abc')"),
+    ]
+    if importlib.util.find_spec("dvc_gs") is not None:
+        cases = cases[1:]
+    for url, why in cases:
+        write_local_remote(a, url)
+        with pytest.raises(team_remote.RemoteError) as e:
+            team_remote.check_remote(a)
+        assert str(e.value).startswith(f".dvc/config.local: DVC remote 'r' ({url})") and why in str(e.value), e.value
+    # a config file that does not parse: named, with its line
+    (a / ".dvc" / "config.local").write_text("[core\n")
+    with pytest.raises(team_remote.RemoteError, match=r"^\.dvc/config\.local: not a valid DVC config file .*"
+                                                      r"Invalid line \('\[core'\).* at line 1"):
+        team_remote.check_remote(a)
+    # an HTTP server that answers but lacks the path: refused, not "reachable"
+    served = tmp_path / "served"
+    served.mkdir()
+    with http_server(served) as port:
+        url = f"http://127.0.0.1:{port}/eyas-dvc"
+        write_local_remote(a, url)
+        with pytest.raises(team_remote.RemoteError) as e:
+            team_remote.check_remote(a)
+        assert str(e.value).startswith(f".dvc/config.local: DVC remote 'r' ({url}): {url} does not exist there "
+                                       "(the server answers)"), e.value
+        # negative control: the path there, the same check passes
+        (served / "eyas-dvc").mkdir()
+        info = team_remote.check_remote(a)
+        assert (info["url"], info["source"], info["run_cache"], info["writable"]) == (url, ".dvc/config.local",
+                                                                                      False, None)
+    assert cache_files(a) == before
 
 
 def machine_bound(doc: dict, root: Path = ROOT) -> list[tuple[str, str, str]]:

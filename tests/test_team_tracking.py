@@ -177,3 +177,39 @@ def test_mlflow_server_script_refuses_bad_settings_before_starting(tmp_path):
                        env={**os.environ, "EYAS_MLFLOW_BACKEND": db, "EYAS_MLFLOW_ARTIFACTS": str(art),
                             "EYAS_ROOT": str(script.parents[1])}, timeout=60)
     assert r.returncode == 0 and art.is_dir(), r.stderr
+
+
+def test_a_store_mlflow_cannot_open_is_one_compare_error_line(monkeypatch, tmp_path, capsys):
+    """A file:// store (MLflow refuses its file backend), a file:// path that is a file (with the file
+    backend allowed) and a sqlite file that is not a database: was an MlflowException /
+    NotADirectoryError / SQLAlchemy traceback; now one `eyas compare: error:` line naming the URI and
+    the error, exit 2, and the files as they were."""
+    from mlflow import MlflowClient
+
+    from eyas.cli import main as cli_main
+
+    _no_store_env(monkeypatch, tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    afile, notdb, store = tmp_path / "afile", tmp_path / "bad.db", tmp_path / "store"
+    afile.write_text("x")
+    notdb.write_text("not a database\n")
+    store.mkdir()
+    for uri, allow, why in (
+            (f"file://{store}", None, "MlflowException: The filesystem tracking backend"),
+            (f"file://{afile}", "true", f"NotADirectoryError: [Errno 20] Not a directory: '{afile}/"),
+            (f"sqlite:///{notdb}", None, "DatabaseError: (sqlite3.DatabaseError) file is not a database")):
+        if allow:
+            monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", allow)
+        assert cli_main(["compare", "--tracking-uri", uri]) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and err.count("\n") == 1, err
+        assert err.startswith(f"eyas compare: error: cannot query the MLflow tracking store {uri}: {why}"), err
+        monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    assert afile.read_text() == "x" and notdb.read_text() == "not a database\n" and list(store.iterdir()) == []
+    # negative control: a sqlite store MLflow opens, with the experiment and no pipeline runs
+    good = tmp_path / "good.db"
+    MlflowClient(f"sqlite:///{good}").create_experiment("eyas")
+    assert cli_main(["compare", "--tracking-uri", f"sqlite:///{good}"]) == 1
+    out, err = capsys.readouterr()
+    assert "No pipeline runs found." in out and "eyas compare: error" not in err, err

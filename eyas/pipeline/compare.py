@@ -79,7 +79,8 @@ SERVED_METRIC = re.compile(r"^(?P<bench>[^/]+)/served/(?P<row>(?P<proposer>[^/]+
 
 
 class CompareError(RuntimeError):
-    """No store, no such experiment, no answer from the server: the message says what is missing."""
+    """No store, no such experiment, no answer from the server, an input file that is not valid or
+    an ``--out`` that cannot be written: the message names the path or URI and what is wrong."""
 
 
 # MLflow's own HTTP settings for the first request, which doubles as the reachability probe: its
@@ -209,16 +210,9 @@ def _file_verdict(d: str, fname: str, files: dict, keys: tuple) -> str:
         CompareError: any other value (a string ``"false"`` would otherwise read as true), or a
             step of the key path that is not a mapping, naming the directory, file and key path.
     """
-    obj = files.get(fname)
-    if obj is None:
+    obj = _file_key(d, fname, files, keys)
+    if obj is _ABSENT:
         return "–"
-    for i, k in enumerate(keys):
-        if not isinstance(obj, dict):
-            raise CompareError(f"{d}: {fname}: {'.'.join(keys[:i]) or 'the top level'} is {obj!r}; "
-                               f"expected a mapping holding {k!r}")
-        if k not in obj:
-            return "–"
-        obj = obj[k]
     if obj is None:
         return "unknown"
     if not isinstance(obj, bool):
@@ -323,6 +317,7 @@ def compare(uri: str | None = None, experiment: str | None = None, limit: int = 
     """
     from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
+    from sqlalchemy.exc import SQLAlchemyError
 
     uri = uri or tracking_uri()
     db = _sqlite_path(uri)
@@ -336,30 +331,54 @@ def compare(uri: str | None = None, experiment: str | None = None, limit: int = 
         except StoreError as e:
             raise CompareError(str(e)) from e
     name = experiment or _experiment_name()
-    client = MlflowClient(tracking_uri=uri)
+    # what opening or reading a store raises: MLflow's own errors (a file store MLflow refuses), the
+    # filesystem's (a file:// path that is a file), the database's (a sqlite file that is not a database)
+    store_errors = (MlflowException, OSError, SQLAlchemyError)
     try:
         with _fail_fast_http():
+            client = MlflowClient(tracking_uri=uri)
             exp = client.get_experiment_by_name(name)
-    except MlflowException as e:
+    except store_errors as e:
         raise CompareError(f"cannot query the MLflow tracking store {_safe_uri(uri)}{_hint(uri, e)}: "
-                           f"{_safe_uri(str(e))}") from e
+                           f"{type(e).__name__}: {_safe_uri(_first_line(e))}") from e
     if exp is None:
         raise CompareError(f"no MLflow experiment {name!r} in {_safe_uri(uri)}")
     try:
         with _fail_fast_http(_READ_HTTP_ENV):
             pipes = collect(client, exp.experiment_id, limit)
-    except MlflowException as e:
+    except store_errors as e:
         raise CompareError(f"the MLflow tracking store {_safe_uri(uri)} stopped answering{_hint(uri, e)}: "
-                           f"{_safe_uri(str(e))}") from e
+                           f"{type(e).__name__}: {_safe_uri(_first_line(e))}") from e
     header = (f"Pipeline runs in MLflow experiment `{name}` ({_safe_uri(uri)}), latest first: "
               f"{len(pipes)} shown.")
     return render_markdown(pipes, header, all_params)
 
 
+def _first_line(e: Exception) -> str:
+    """The first line of an error's message (SQLAlchemy's go on with the SQL and a link)."""
+    return (str(e).strip().splitlines() or [""])[0]
+
+
 def write(text: str, out: str | Path) -> Path:
+    """Write ``text`` to ``out`` atomically (eyas.io.write_text: a file already there is replaced
+    whole or not at all), creating its parent directories.
+
+    Raises:
+        CompareError: ``out`` cannot be written (a directory, a parent that is a file, no
+            permission, a full disk), naming the path and why.
+    """
+    from eyas.io import write_text
+
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text)
+    if out.is_dir():
+        raise CompareError(f"--out {out}: is a directory; name a file (e.g. {out / 'compare.md'})")
+    blocked = next((p for p in out.parents if p.exists() and not p.is_dir()), None)
+    if blocked is not None:
+        raise CompareError(f"--out {out}: cannot write the table there: {blocked} is a file, not a directory")
+    try:
+        write_text(out, text)
+    except OSError as e:  # no permission, a read-only filesystem, a full disk
+        raise CompareError(f"--out {out}: cannot write the table there ({e.strerror or e})") from None
     return out
 
 
@@ -387,17 +406,51 @@ DIR_ROWS: list[tuple[str, str, tuple]] = [
         (f"finetune {b} {WORTH}", "eval_finetune.json", (b, "serving_verdict", "worth_serving")),
     )],
 ]
+# the metrics files compare_dirs reads (the served tables: eval_<drafter>.json)
+READ_FILES = frozenset(f for _, f, _ in DIR_ROWS)
 DIR_PARAMS = ("data.max_conversations", "data.code_prompts", "distill.turns", "distill.max_new_tokens",
               "vocab.draft_vocab_size", "train.loss_tokens", "train.batch_tokens", "train.epochs",
               "eval.num_draft_tokens", "eval.chat_prompts", "eval.humaneval_prompts")
 
 
-def _dig(obj: Any, path: tuple) -> Any:
-    for k in path:
-        if not isinstance(obj, dict) or k not in obj:
-            return None
+_ABSENT = object()  # a metrics file, or a key in it, that is not there
+
+
+def _file_key(d: str, fname: str, files: dict, keys: tuple) -> Any:
+    """The value at ``keys`` in the metrics file ``fname`` of directory ``d``; :data:`_ABSENT` when
+    the file or a key is not there (older files lack newer keys).
+
+    Raises:
+        CompareError: a step of the key path that is not a mapping (the top level included), naming
+            the directory, file and key path.
+    """
+    obj = files.get(fname, _ABSENT)
+    if obj is _ABSENT:
+        return _ABSENT
+    for i, k in enumerate(keys):
+        if not isinstance(obj, dict):
+            raise CompareError(f"{d}: {fname}: {'.'.join(keys[:i]) or 'the top level'} is {obj!r}; "
+                               f"expected a mapping holding {k!r}")
+        if k not in obj:
+            return _ABSENT
         obj = obj[k]
     return obj
+
+
+def _file_number(d: str, fname: str, files: dict, keys: tuple) -> str:
+    """A number read from a metrics file, formatted; ``–`` when the file or a key is absent, or the
+    value is null (what eyas.io.write_json writes for NaN and inf).
+
+    Raises:
+        CompareError: any other value (a string, a list, a mapping, a boolean), or a step of the key
+            path that is not a mapping, naming the directory, file and key path.
+    """
+    v = _file_key(d, fname, files, keys)
+    if v is _ABSENT or v is None:
+        return _fmt(None)
+    if not _number(v):
+        raise CompareError(f"{d}: {fname}: {'.'.join(keys)} is {v!r}; expected a number")
+    return _fmt(v)
 
 
 def _number(v: Any) -> bool:
@@ -494,12 +547,19 @@ def compare_dirs(dirs: list[str], params_default: str | Path = "params.yaml", ro
     params a run elsewhere used, e.g. ``metrics/h200/params.yaml``), else those the workspace's
     lock files under ``root`` (``dvc.lock``, ``finetune/dvc.lock``, ...) recorded for the stages that
     wrote the directory's files (:func:`lock_params`: ``params.yaml`` may have changed since, e.g. a
-    quick trial's or an edit not yet reproduced), else ``params_default``. A missing file or key
-    shows ``–``.
+    quick trial's or an edit not yet reproduced), else ``params_default``.
+
+    A missing metrics file, a key missing from a well-formed one (older files lack newer keys) and a
+    null value (eyas.io.write_json's NaN or inf) show ``–``; a file of the wrong shape is an error,
+    never a ``–``.
 
     Raises:
-        CompareError: a directory does not exist, or a metrics, params or lock file is not valid
-            (a ``worth_serving`` verdict that is not true, false or null included).
+        CompareError: a directory does not exist, or a metrics, params or lock file is not valid:
+            unreadable or not JSON / YAML; a metrics file this reads whose top level is not an
+            object; a value read where a number goes that is not a number (a string, a list, a
+            boolean), or a key path through something that is not a mapping; a ``worth_serving``
+            verdict that is not true, false or null. The message names the directory, the file and
+            the key path.
     """
     from eyas.training.params import flatten
 
@@ -526,8 +586,11 @@ def compare_dirs(dirs: list[str], params_default: str | Path = "params.yaml", ro
         for f in sorted(path.glob("*.json")):
             try:
                 files[f.name] = json.loads(f.read_text(encoding="utf-8"))
-            except ValueError as e:  # json.JSONDecodeError, UnicodeDecodeError
+            except (OSError, ValueError) as e:  # a directory, no permission; json.JSONDecodeError, UnicodeDecodeError
                 raise CompareError(f"{d}: cannot read {f}: {e}") from None
+            if f.name in READ_FILES and not isinstance(files[f.name], dict):
+                raise CompareError(f"{d}: {f.name}: the top level is {files[f.name]!r}; expected a mapping (a "
+                                   f"metrics file is a JSON object)")
         cols.append((d, pfile, params, files))
     lines = ["| | " + " | ".join(f"**{_cell(d)}**" for d, *_ in cols) + " |", "|---|" + "---:|" * len(cols)]
     lines.append("| params file | " + " | ".join(_cell(p or "–") for _, p, _, _ in cols) + " |")
@@ -535,8 +598,7 @@ def compare_dirs(dirs: list[str], params_default: str | Path = "params.yaml", ro
         lines.append(f"| `{k}` | " + " | ".join(_fmt(params.get(k)) for _, _, params, _ in cols) + " |")
     for label, fname, keys in DIR_ROWS:
         verdict = keys[-1] == "worth_serving"
-        cells = [_file_verdict(d, fname, files, keys) if verdict else _fmt(_dig(files.get(fname), keys))
-                 for d, *_, files in cols]
+        cells = [(_file_verdict if verdict else _file_number)(d, fname, files, keys) for d, *_, files in cols]
         lines.append(f"| {_cell(label)} | " + " | ".join(cells) + " |")
     # the served tables (eyas/eval/served.py): every row any column has, the n-gram rows from eval_scratch.json
     tables = [{fname: _served_rows(d, fname, files.get(fname)) for fname in ("eval_scratch.json", "eval_finetune.json")}

@@ -15,14 +15,22 @@ What DVC itself does on a bad remote, and what this module says instead (:func:`
 - a shared directory that is not there: ``dvc push`` CREATES it, so an unmounted NFS path silently
   fills the local disk; refused here, naming the path and the mount;
 - an unreachable SSH server or a refused login: asyncssh's error, here with the URL, the port and
-  ``dvc remote modify --local`` for the key;
+  ``dvc remote modify --local`` for the key; a refused HTTP connection, which DVC's ``exists`` reads
+  as a missing file: here "unreachable";
+- a path that does not exist on a server that answers: ``dvc push`` creates it there (a typo in
+  the path starts a remote the team does not use) and ``dvc pull`` finds nothing; refused here,
+  with the ``ssh ... mkdir -p`` line; an SSH path that is a file likewise;
+- a URL DVC's config refuses (a scheme it does not know, an unclosed IPv6 bracket), a config file
+  that does not parse, or a scheme whose plugin is absent (``s3://`` without ``dvc-s3``): DVC's
+  ConfigError or ImportError traceback; here the config file, the remote and its URL;
 - a remote without the run-cache (no ``runs/`` beside ``files/``: pushed with plain ``dvc push``):
   ``dvc pull --run-cache`` succeeds and then experiments recompute what the team computed; refused
   here before the pull, saying to push with ``--run-cache``.
 
-Nothing here writes to the remote or the local cache; a refused push or pull leaves ``.dvc/cache``
-and the workspace as they were (DVC transfers object by object, so a push cut off half way is
-finished by the next one).
+Every refusal names the config file that sets the remote's URL (``.dvc/config``,
+``.dvc/config.local``, or the user's or system's by path). Nothing here writes to the remote or the
+local cache; a refused push or pull leaves ``.dvc/cache`` and the workspace as they were (DVC
+transfers object by object, so a push cut off half way is finished by the next one).
 
 Run: ``python3 -m eyas.pipeline.team_remote check [-r NAME] [--run-cache]``, ``... push [-r NAME]``,
 ``... pull [-r NAME]`` (the check, then ``dvc push|pull --run-cache``). Exit status 2 on a refused
@@ -49,6 +57,7 @@ class RemoteError(RuntimeError):
 
 
 def _repo(root: str | os.PathLike):
+    from dvc.config import ConfigError
     from dvc.exceptions import NotDvcRepoError
     from dvc.repo import Repo
 
@@ -58,14 +67,66 @@ def _repo(root: str | os.PathLike):
         raise RemoteError(
             f"{Path(root).resolve()}: not a DVC repository (no .dvc/ here or above it): run this in the "
             f"clone's root or name it with -C DIR; `dvc init` makes one") from None
+    except ConfigError as e:
+        raise RemoteError(_config_error(root, e)) from None
 
 
-def remote_config(root: str | os.PathLike = ".", name: str | None = None) -> tuple[str, str]:
-    """(name, url) of remote ``name``, or of the default remote (``core.remote``).
+def _config_files(root: str | os.PathLike) -> list[tuple[str, Path]]:
+    """DVC's config files for the repository at ``root``, as (shown name, path), the one whose
+    settings win first: ``.dvc/config.local``, ``.dvc/config``, the user's, the system's."""
+    from dvc.config import Config
+    from dvc.repo import Repo
+
+    top = Path(Repo.find_root(str(root)))
+    dvc_dir = top / Repo.DVC_DIR
+    files = [dvc_dir / Config.CONFIG_LOCAL, dvc_dir / Config.CONFIG,
+             *(Path(Config.get_dir(level)) / Config.CONFIG for level in ("global", "system"))]
+    return [(str(f.relative_to(top)) if f.is_relative_to(top) else str(f), f) for f in files]
+
+
+def _config_error(root: str | os.PathLike, e: Exception) -> str:
+    """DVC's ConfigError ``e`` as a message naming the config file at fault and, where the fault is a
+    remote's setting, the remote and its URL (password masked) and why the URL is refused."""
+    from dvc.config import Config, ConfigError, get_compiled_schema
+    from voluptuous import Invalid
+
+    for shown, path in _config_files(root):
+        try:
+            raw = Config.load_file(str(path))
+        except FileNotFoundError:
+            continue
+        except ConfigError as bad:
+            return f"{shown}: not a valid DVC config file ({bad}): fix or remove it (`dvc config --list` reads it)"
+        try:
+            get_compiled_schema()(raw)
+        except Invalid as bad:
+            where = [str(k) for k in bad.path]
+            if len(where) >= 2 and where[0] == "remote":
+                name = where[1]
+                url = str((raw["remote"].get(name) or {}).get("url", ""))
+                try:
+                    urlsplit(url).port  # noqa: B018 - says why a URL does not parse (an unclosed IPv6 bracket)
+                    why = bad.msg
+                except ValueError as parse:
+                    why = f"the URL does not parse: {parse}"
+                return (f"{shown}: DVC remote {name!r} ({safe_uri(url)}) is refused by DVC ({why}): fix it with "
+                        f"`dvc remote modify{' --local' if path.name == Config.CONFIG_LOCAL else ''} {name} url "
+                        f"URL` (a shared directory, or ssh://host:port/path)")
+            return f"{shown}: DVC refuses the setting {'.'.join(where) or 'at the top level'} ({bad.msg}): fix it"
+    return f"{Path(root).resolve()}: DVC cannot load its config ({e}): `dvc config --list` shows it"
+
+
+def remote_config(root: str | os.PathLike = ".", name: str | None = None) -> tuple[str, str, str | None]:
+    """(name, url, config file) of remote ``name``, or of the default remote (``core.remote``); the
+    config file is the one whose ``url`` wins (``.dvc/config.local``, ``.dvc/config``, or the user's
+    or the system's by path).
 
     Raises:
-        RemoteError: no default remote and no ``name``, or no remote of that name.
+        RemoteError: a config file DVC cannot load (named), no default remote and no ``name``, or
+            no remote of that name.
     """
+    from dvc.config import Config
+
     repo = _repo(root)
     try:
         conf = repo.config
@@ -79,96 +140,140 @@ def remote_config(root: str | os.PathLike = ".", name: str | None = None) -> tup
         if name not in remotes:
             raise RemoteError(f"no DVC remote named {name!r} (configured: {sorted(remotes) or 'none'}): "
                               f"`dvc remote list` shows them")
-        return name, remotes[name]["url"]
+        source = next((shown for shown, path in _config_files(root) if path.is_file()
+                       and "url" in (Config.load_file(str(path)).get("remote", {}).get(name) or {})), None)
+        return name, remotes[name]["url"], source
     finally:
         repo.close()
 
 
 def check_remote(root: str | os.PathLike = ".", name: str | None = None, run_cache: bool = False,
                  write: bool = False) -> dict:
-    """Check that remote ``name`` (default: the default remote) can be reached, with ``write``
-    that a shared directory can be written (a push), and, with ``run_cache``, that it holds a
-    run-cache.
+    """Check that remote ``name`` (default: the default remote) can be reached and that its
+    directory is there, with ``write`` that a shared directory can be written (a push), and, with
+    ``run_cache``, that it holds a run-cache.
 
-    Returns ``{"name", "url", "run_cache": bool, "writable"}`` (whether ``<remote>/runs`` exists;
-    whether a shared directory can be written, None for SSH).
+    Returns ``{"name", "url", "source", "run_cache": bool, "writable"}`` (``source``: the config file
+    that sets the URL; whether ``<remote>/runs`` exists; whether a shared directory can be written,
+    None for the other kinds).
 
     Raises:
-        RemoteError: not a DVC repository; no such remote; a URL that does not parse (a port out of
-            range); a shared directory that does not exist (not mounted?), is a file, or (``write``)
-            is read-only; an SSH server that refuses or does not answer, or a refused login; with
-            ``run_cache``, a remote without ``runs/``. Each message names the URL (password
-            masked) and what to do.
+        RemoteError: not a DVC repository; a config file DVC refuses (an unsupported scheme, a URL
+            that does not parse); no such remote; a port out of range; a scheme whose DVC plugin is
+            not installed (``s3://`` without ``dvc-s3``); a shared directory that does not exist (not
+            mounted?), is a file, or (``write``) is read-only; a server that refuses or does not
+            answer, or a refused login; a path that does not exist on a server that answers, or
+            (SSH) is a file; with ``run_cache``, a remote without ``runs/``. Each message names the
+            config file, the remote, its URL (password masked) and what to do.
     """
-    name, url = remote_config(root, name)
+    name, url, source = remote_config(root, name)
     shown = safe_uri(url)
+    who = f"{source + ': ' if source else ''}DVC remote {name!r} ({shown})"
     try:
         parts = urlsplit(url)
         parts.port  # noqa: B018 - raises ValueError on a port out of range or not a number
     except ValueError as e:
-        raise RemoteError(f"DVC remote {name!r} ({shown}): the URL does not parse ({e}): fix it, e.g. "
+        raise RemoteError(f"{who}: the URL does not parse ({e}): fix it, e.g. "
                           f"`dvc remote modify {name} url ssh://host:22/srv/eyas-dvc` (a port is 1-65535)") from None
     scheme = parts.scheme
     repo = _repo(root)
     try:
-        if scheme in ("", "file") and not Path(urlsplit(url).path if scheme else url).expanduser().is_absolute():
+        if scheme in ("", "file") and not Path(parts.path if scheme else url).expanduser().is_absolute():
             base = (Path(root) / ".dvc").resolve()  # DVC resolves a relative local remote against .dvc/
             local = base / url
         elif scheme in ("", "file"):
-            local = Path(urlsplit(url).path if scheme else url).expanduser()
+            local = Path(parts.path if scheme else url).expanduser()
         else:
             local = None
         if local is not None:
             if local.exists() and not local.is_dir():
                 raise RemoteError(
-                    f"DVC remote {name!r} ({shown}) is a file, not a directory: point the remote at the team's "
+                    f"{who} is a file, not a directory: point the remote at the team's "
                     f"directory on the shared storage: `dvc remote modify {name} url /mnt/...`")
             if not local.is_dir():
                 raise RemoteError(
-                    f"DVC remote {name!r} ({shown}) does not exist on this machine: is the shared filesystem "
+                    f"{who} does not exist on this machine: is the shared filesystem "
                     f"mounted here (`findmnt {local.parent}`)? DVC would create the directory on the local disk "
                     f"and the team would not see it. Create it once on the shared storage (`mkdir -p {local}`) "
                     f"or fix the path: `dvc remote modify {name} url /mnt/...`")
             if not os.access(local, os.R_OK | os.X_OK):
-                raise RemoteError(f"DVC remote {name!r} ({shown}) cannot be read by this user ({os.getuid()}): "
+                raise RemoteError(f"{who} cannot be read by this user ({os.getuid()}): "
                                   f"give the team's group read access (`chmod -R g+rX {local}`)")
             if write and not os.access(local, os.W_OK | os.X_OK):
                 raise RemoteError(
-                    f"DVC remote {name!r} ({shown}) is read-only here (a read-only mount, or no write permission "
+                    f"{who} is read-only here (a read-only mount, or no write permission "
                     f"for this user): a push would fail half way. Mount it read-write (`findmnt {local}`) or "
                     f"give the team's group write access (`chmod -R g+w {local}`); a pull needs read access only")
             has_runs = (local / RUN_CACHE_DIR).is_dir()
             writable = os.access(local, os.W_OK | os.X_OK)
         else:
-            remote = repo.cloud.get_remote(name)
-            fs = remote.fs
             try:
-                fs.exists(remote.path)
-                has_runs = fs.exists(fs.join(remote.path, RUN_CACHE_DIR))
-                writable = None  # not probed over SSH: the push itself says
-            except Exception as e:  # noqa: BLE001 - asyncssh/OSError/timeout: all mean "cannot reach"
-                raise RemoteError(_unreachable(name, shown, e)) from e
+                remote = repo.cloud.get_remote(name)
+            except ImportError as e:  # DVC's "s3 is supported, but requires 'dvc-s3' to be installed"
+                raise RemoteError(f"{who} cannot be used here ({e}): `pip install dvc-{scheme}`, or use a shared "
+                                  f"directory or SSH (docs/team.md)") from None
+            except Exception as e:  # noqa: BLE001 - DVC's own refusal of the remote's settings, whatever its type
+                raise RemoteError(f"{who} cannot be used here ({type(e).__name__}: {e}): fix its settings "
+                                  f"(`dvc remote modify {name} ...`)") from None
+            has_runs = _probe(who, name, scheme, parts, remote)
+            writable = None  # not probed on a server: the push itself says
         if run_cache and not has_runs:
             raise RemoteError(
-                f"DVC remote {name!r} ({shown}) has no run-cache ({RUN_CACHE_DIR}/ is missing): it was pushed "
+                f"{who} has no run-cache ({RUN_CACHE_DIR}/ is missing): it was pushed "
                 f"without --run-cache, so a pull would bring the data but no record of the runs. In the clone "
                 f"that ran the pipeline: `dvc push --run-cache -r {name}`; then pull again")
-        return {"name": name, "url": shown, "run_cache": has_runs, "writable": writable}
+        return {"name": name, "url": shown, "source": source, "run_cache": has_runs, "writable": writable}
     finally:
         repo.close()
 
 
-def _unreachable(name: str, shown: str, e: Exception) -> str:
+def _probe(who: str, name: str, scheme: str, parts, remote) -> bool:
+    """Whether the remote's ``runs/`` exists, after checking that its server answers and that its path
+    is there (for SSH: a directory).
+
+    Raises:
+        RemoteError: the server does not answer or refuses the login; the path does not exist; an
+            SSH path that is a file.
+    """
+    fs, path = remote.fs, remote.path
+    try:
+        try:
+            kind = fs.info(path).get("type")
+        except FileNotFoundError as e:
+            # fsspec's HTTP reports a refused connection as a missing file, the OSError as its cause
+            if isinstance(e.__cause__, OSError) and not isinstance(e.__cause__, FileNotFoundError):
+                raise e.__cause__ from None
+            kind = None
+        has_runs = kind is not None and fs.exists(fs.join(path, RUN_CACHE_DIR))
+    except Exception as e:  # noqa: BLE001 - asyncssh/OSError/timeout: all mean "cannot reach"
+        raise RemoteError(_unreachable(who, name, scheme, e)) from e
+    if kind is None:
+        make = (f"`ssh{f' -p {parts.port}' if parts.port else ''} {parts.hostname} mkdir -p {path}`"
+                if scheme == "ssh" else "on that server")
+        raise RemoteError(
+            f"{who}: {path} does not exist there (the server answers): a pull would find nothing, and a push "
+            f"would start a new remote the team does not use. Fix the path (`dvc remote modify {name} url ...`) "
+            f"or create it once {make}")
+    if kind == "file" and scheme == "ssh":  # HTTP reports every URL as a file
+        raise RemoteError(f"{who}: {path} is a file, not a directory: point the remote at the team's directory: "
+                          f"`dvc remote modify {name} url ssh://host:port/srv/eyas-dvc`")
+    return has_runs
+
+
+def _unreachable(who: str, name: str, scheme: str, e: Exception) -> str:
     text = f"{type(e).__name__}: {e}".strip()
     low = text.lower()
-    if "permission denied" in low or "auth" in low:
+    if scheme == "ssh" and ("permission denied" in low or "auth" in low):
         what = (f"the SSH server refused the login. Give DVC the key (kept out of git): "
                 f"`dvc remote modify --local {name} keyfile ~/.ssh/id_ed25519` and the user: "
                 f"`dvc remote modify --local {name} user $USER`")
-    else:
+    elif scheme == "ssh":
         what = (f"check that sshd runs there and listens on that port (`ssh -p PORT host true`), that the host "
                 f"name resolves from this machine, and the URL: `dvc remote modify {name} url ssh://host:port/path`")
-    return f"DVC remote {name!r} ({shown}) is unreachable ({text}): {what}. The local cache is untouched."
+    else:
+        what = (f"check that the server runs and answers from this machine, and the URL: "
+                f"`dvc remote modify {name} url ...`")
+    return f"{who} is unreachable ({text}): {what}. The local cache is untouched."
 
 
 def transfer(op: str, root: str | os.PathLike = ".", name: str | None = None) -> int:
