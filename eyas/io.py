@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 _UMASK = os.umask(0)
@@ -117,14 +117,43 @@ def write_tsv(path: str | os.PathLike, rows: list[dict[str, Any]]) -> None:
 
 
 def read_json(path: str | Path) -> dict:
-    """Read a JSON file; errors name the file."""
+    """Read a JSON file whose top level is an object; errors name the file.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: not valid JSON (with the line), or the top level is not an object (a list, a
+            number, ...).
+    """
     path = Path(path)
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        out = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise FileNotFoundError(f"{path}: no such file") from None
     except json.JSONDecodeError as e:
         raise ValueError(f"{path}: not valid JSON (line {e.lineno}): {e.msg}") from None
+    if not isinstance(out, dict):
+        what = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(type(out), "a number")
+        raise ValueError(f"{path}: the top level is {what} ({json.dumps(out)[:60]}), expected a JSON object")
+    return out
+
+
+@contextlib.contextmanager
+def open_safetensors(path: str | Path) -> Iterator:
+    """``safetensors.safe_open`` on ``path`` (torch tensors, CPU), for reading some tensors without
+    loading all.
+
+    Raises:
+        FileNotFoundError / ValueError: naming the file when it is missing or not safetensors
+            (truncated, another format), on opening or on reading a tensor.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file")
+    try:
+        with safe_open(str(path), framework="pt") as h:
+            yield h
+    except (SafetensorError, OSError) as e:
+        raise ValueError(f"{path}: not a readable safetensors file: {e}") from None
 
 
 def save_safetensors(tensors: dict[str, torch.Tensor], path: str | Path, metadata: dict | None = None) -> None:

@@ -20,6 +20,7 @@ way, eyas.target.layers.capture_aux), ``k > L`` aborts; exactly three ids, conca
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -27,10 +28,11 @@ import sysconfig
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 from safetensors.torch import save_file
 
-from eyas.io import read_json, write_json
+from eyas.export.eagle import read_config
+from eyas.export.engine_keys import INT_LIST, POS_INT, has_type
+from eyas.io import open_safetensors, read_json, write_json
 from eyas.target import layers
 
 CONVERTER = Path(sysconfig.get_path("data"), "share", "eyas", "llama.cpp", "convert_hf_to_gguf.py")
@@ -295,8 +297,9 @@ def features_manifest(features: str | Path) -> tuple[Path, dict]:
     it: ``aux_layers`` as HF ``hidden_states`` indices, ``num_layers``, ``hidden_size``).
 
     Raises:
-        FileNotFoundError / ValueError: no such file, not JSON, or another aux layer convention
-            than eyas' (``eyas.features.LAYER_CONVENTION``); each names the file.
+        FileNotFoundError / ValueError: no such file, not a JSON object, another aux layer
+            convention than eyas' (``eyas.features.LAYER_CONVENTION``), or ``aux_layers``,
+            ``num_layers`` or ``hidden_size`` of the wrong type; each names the file (and the key).
     """
     from eyas.features import LAYER_CONVENTION
 
@@ -305,19 +308,23 @@ def features_manifest(features: str | Path) -> tuple[Path, dict]:
     if manifest.get("aux_layers_convention") != LAYER_CONVENTION or "aux_layers" not in manifest:
         raise ValueError(f"{path}: aux_layers_convention {manifest.get('aux_layers_convention')!r} (eyas reads "
                          f"{LAYER_CONVENTION!r} with aux_layers): not an eyas features manifest")
+    for key, kind in (("aux_layers", INT_LIST), ("num_layers", POS_INT), ("hidden_size", POS_INT)):
+        v = manifest.get(key)
+        if (v is not None or key == "aux_layers") and not has_type(v, kind):
+            raise ValueError(f"{path}: {key} is {json.dumps(v)}, expected {kind}")
     return path, manifest
 
 
 def _drafter_source(drafter_dir: Path) -> tuple[dict, torch.Tensor | None, str, str]:
     """(flat config dict, d2t offsets or None, config path, weights path) of a drafter checkpoint
     directory in the eagle or speculators layout (``transformer_layer_config`` merged over the
-    top level, as the converter merges it)."""
+    top level, as the converter merges it), the config read by :func:`eyas.export.eagle.read_config`."""
     cfg_path, w_path = drafter_dir / "config.json", drafter_dir / "model.safetensors"
-    raw = read_json(cfg_path)
+    raw = read_config(cfg_path)
     cfg = {**raw, **(raw.get("transformer_layer_config") or {})}
     if not w_path.is_file():
         raise FileNotFoundError(f"{w_path}: no such file (the drafter's weights)")
-    with safe_open(str(w_path), framework="pt") as h:
+    with open_safetensors(w_path) as h:
         d2t = h.get_tensor("d2t").to(torch.int64) if "d2t" in h.keys() else None
     return cfg, d2t, str(cfg_path), str(w_path)
 
@@ -355,8 +362,9 @@ def check_against(info: dict, *, drafter_dir: str | Path | None = None, features
         One message per problem, each naming the GGUF file, the key, llama.cpp and the source it
         disagrees with (d2t: how many of N positions agree); empty when it serves as trained.
     Raises:
-        FileNotFoundError / ValueError: a given manifest, vocab or drafter file is missing or not
-            JSON (naming it).
+        FileNotFoundError / ValueError: a given manifest, vocab or drafter file is missing, not a
+            JSON object or not safetensors (naming it); a drafter config value of the wrong type
+            (:func:`eyas.export.eagle.read_config`: an ExportError naming the file and the key).
         eyas.vocab.mapping.VocabError: ``vocab_dir``'s mapping is invalid.
     """
     problems = list(info["problems"])
@@ -479,7 +487,7 @@ def _weight_problems(where: str, w_path: str, tensors: dict | None = None) -> li
     if tensors is None:
         tensors = {t.name: t for t in GGUFReader(where).tensors}
     out = []
-    with safe_open(w_path, framework="pt") as h:
+    with open_safetensors(w_path) as h:
         for g_name, e_name in _SAME_WEIGHTS:
             t = tensors.get(g_name)
             if t is None or e_name not in h.keys() or t.tensor_type not in as_torch:

@@ -29,13 +29,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 
 from eyas.export import gguf
-from eyas.export.eagle import SERVED_KEYS, ExportError, check_served_tensors, config_from_hf
+from eyas.export.eagle import SERVED_KEYS, ExportError, check_served_tensors, config_from_hf, read_config
 from eyas.export.engine_keys import ENGINE_KEYS, departs, refusals
 from eyas.export.load import detect_layout
-from eyas.io import read_json
+from eyas.io import load_safetensors, read_json
 from eyas.target import layers, rope
 from eyas.vocab.mapping import (
     VocabError,
@@ -56,11 +55,7 @@ def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
     f = path / "model.safetensors"
     if not f.is_file():
         raise FileNotFoundError(f"{f}: no such file (eyas inspect reads config.json + model.safetensors)")
-    out = {}
-    with safe_open(str(f), framework="pt") as h:
-        for k in h.keys():
-            out[k] = h.get_tensor(k)
-    return out
+    return load_safetensors(f)
 
 
 def inspect_checkpoint(path: str | Path, vocab_dir: str | Path | None = None,
@@ -94,11 +89,14 @@ def inspect_checkpoint(path: str | Path, vocab_dir: str | Path | None = None,
     Raises:
         FileNotFoundError: config.json or model.safetensors (or ``vocab_dir``'s
             vocab.safetensors, or ``features``' manifest) is missing.
-        ValueError: ``features`` is not an eyas features manifest.
+        ValueError: ``features`` is not an eyas features manifest, a JSON file is not a JSON
+            object, or model.safetensors is not safetensors (truncated: naming the file).
+        eyas.export.eagle.ExportError: a config.json value of the wrong type
+            (:func:`eyas.export.eagle.read_config`: naming the file, the key and the type expected).
         VocabError: ``vocab_dir``'s mapping is invalid in itself.
     """
     path = Path(path)
-    raw_cfg = read_json(path / "config.json")
+    raw_cfg = read_config(path / "config.json")
     raw = _read_tensors(path)
     layout = detect_layout(raw_cfg, raw)
     errors: list[str] = []
@@ -577,7 +575,7 @@ def inspect_gguf(path: str | Path, drafter_dir: str | Path | None = None, vocab_
     if L is None and features is not None:
         L = gguf.features_manifest(features)[1].get("num_layers")
     if L is None and drafter_dir is not None:
-        L = (read_json(Path(drafter_dir) / "config.json").get("eyas") or {}).get("num_target_layers")
+        L = (read_config(Path(drafter_dir) / "config.json").get("eyas") or {}).get("num_target_layers")
     errors = gguf.check_against(info, drafter_dir=drafter_dir, features=features, vocab_dir=vocab_dir,
                                 num_target_layers=L, target=target)
     warnings: list[str] = []

@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from eyas.drafter.model import Eagle3Drafter
-from eyas.export.eagle import check_served_tensors, config_from_hf
+from eyas.export.eagle import check_served_tensors, config_from_hf, read_config
 from eyas.export.speculators import ARCHITECTURE as SPECULATORS_ARCHITECTURE
 from eyas.export.speculators import EAGLE_LAYER_PREFIX, LAYER_PREFIX, read_speculators
-from eyas.io import load_safetensors, read_json
+from eyas.io import load_safetensors
 
 
 def detect_layout(cfg: dict, tensor_names) -> str:
@@ -36,14 +36,17 @@ def load_drafter(path: str | Path, num_target_layers: int | None = None) -> Eagl
 
     Raises:
         FileNotFoundError: no config.json / model.safetensors.
-        eyas.export.eagle.ExportError: wrong keys, shapes or vocab mapping; an unsupported variant
-            (``norm_before_residual: true`` ...).
+        ValueError: config.json is not a JSON object, or model.safetensors is not safetensors
+            (naming the file).
+        eyas.export.eagle.ExportError: a config value of the wrong type
+            (:func:`eyas.export.eagle.read_config`), wrong keys, shapes or vocab mapping; an
+            unsupported variant (``norm_before_residual: true`` ...).
     """
     path = Path(path)
     if not path.is_dir():
         raise FileNotFoundError(f"drafter {str(path)!r}: no such directory (expected a local drafter dir "
                                 f"with config.json and model.safetensors)")
-    cfg = read_json(path / "config.json")
+    cfg = read_config(path / "config.json")
     tensors = load_safetensors(path / "model.safetensors")
     if detect_layout(cfg, tensors) == "speculators":
         cfg, tensors = read_speculators(path)

@@ -26,9 +26,9 @@ from pathlib import Path
 
 import torch
 
-from eyas.export.eagle import llama_layer_fields
+from eyas.export.eagle import llama_layer_fields, read_config
 from eyas.export.engine_keys import BY_KEY
-from eyas.io import atomic_dir, load_safetensors, read_json, save_safetensors, write_json
+from eyas.io import atomic_dir, load_safetensors, save_safetensors, write_json
 from eyas.target import hf_config, layers
 from eyas.vocab.mapping import target_id_order
 
@@ -97,7 +97,7 @@ def config_to_eagle(cfg: dict, source: str = "config.json") -> dict:
             (" (speculators then assumes Qwen3Config)" if mt is None else "") +
             "; eyas drafters use a Llama decoder layer")
     # every key of the layer config that an engine reads (the table of eyas/export/engine_keys.py) is
-    # carried, so that check_config refuses what eyas does not implement (tie_word_embeddings,
+    # carried, so that check_supported_variant refuses what eyas does not implement (tie_word_embeddings,
     # layer_types / sliding_window, biases, ...) instead of it being dropped or overwritten here
     out = {k: v for k, v in tlc.items() if k in _LAYER_KEYS or (k in BY_KEY and k not in _WRITTEN)}
     # speculators writes the layer config with to_diff_dict(): keys equal to LlamaConfig's defaults
@@ -155,7 +155,7 @@ def read_speculators(path: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
             hold more than one decoder layer (``layers.1.*``).
     """
     path = Path(path)
-    cfg = read_json(path / "config.json")
+    cfg = read_config(path / "config.json")
     mtype = cfg.get("speculators_model_type")
     if mtype is not None and mtype != "eagle3":
         raise SpeculatorsFormatError(f"{path / 'config.json'}: speculators_model_type {mtype!r}, not 'eagle3'")
