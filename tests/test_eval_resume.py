@@ -206,7 +206,8 @@ def test_parts_resume_store_and_replace(tmp_path):
     assert other.discarded.endswith("(a, b.c changed): starting fresh, its 1 part(s) discarded")
     assert json.loads(path.read_text()) == {"resume_key": {"a": 2, "b": {"c": [1, 3]}}, "parts": {}}
     for text, why in (("{\"resume_key\": {\"a\": 2}, \"par", "unreadable (" + str(path)),
-                      ("[1, 2]", "not a parts file"), ("\xff\xfe", "unreadable (")):
+                      ("[1, 2]", "the top level is an array ([1, 2]), expected a JSON object"),
+                      ("{\"parts\": {}}", "not a parts file"), ("\xff\xfe", "unreadable (")):
         path.write_bytes(text.encode("latin-1"))
         assert why in Parts(path, {"a": 2}).discarded
         assert json.loads(path.read_text()) == {"resume_key": {"a": 2}, "parts": {}}

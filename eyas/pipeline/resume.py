@@ -69,9 +69,9 @@ class Parts:
     def _read(self) -> tuple[dict[str, Any], str | None]:
         try:
             rec = read_json(self.path)
-        except (OSError, ValueError) as e:  # ValueError: not JSON (torn, truncated) or not UTF-8
+        except (OSError, ValueError) as e:  # ValueError: not JSON (torn, truncated), not UTF-8, not an object
             return {}, f"{self.path}: unreadable ({e}): starting fresh"
-        if not isinstance(rec, dict) or "resume_key" not in rec or not isinstance(rec.get("parts"), dict):
+        if "resume_key" not in rec or not isinstance(rec.get("parts"), dict):
             return {}, f"{self.path}: not a parts file (no resume_key and parts): starting fresh"
         if rec["resume_key"] != self.resume_key:
             old = rec["resume_key"]
