@@ -2,7 +2,7 @@
 size, a list for the whole file) is refused by every load path (``load_drafter``, ``eyas inspect``
 of a checkpoint, ``eyas inspect`` of a GGUF against its checkpoint) with a message naming the file,
 the key, the value and the type expected (eyas/export/engine_keys.py's ``kind`` column, checked by
-eyas.export.eagle.read_config); a features manifest and a model.safetensors that cannot be read
+eyas.export.engine_keys.read_config); a features manifest and a model.safetensors that cannot be read
 are named too. Each case starts from a drafter that loads (the control), so the message is the
 edit's."""
 

@@ -20,7 +20,8 @@ from pathlib import Path
 import torch
 
 from eyas.drafter.model import DrafterConfig, Eagle3Drafter
-from eyas.io import atomic_dir, load_safetensors, read_json, save_safetensors, write_json
+from eyas.export.engine_keys import ExportError
+from eyas.io import atomic_dir, load_safetensors, save_safetensors, write_json
 from eyas.target import hf_config, layers, rope
 from eyas.vocab.mapping import validate_mapping
 
@@ -42,29 +43,6 @@ SERVED_KEYS = (
     "d2t",
     "t2d",
 )
-
-
-class ExportError(ValueError):
-    """A drafter checkpoint does not have the keys, shapes or mapping the engines need."""
-
-
-def read_config(path: str | Path) -> dict:
-    """A drafter's ``config.json`` (either layout), every value of the type its key's row in
-    eyas/export/engine_keys.py gives (:func:`eyas.export.engine_keys.type_problems`): the one
-    reader every load path (``load_drafter``, ``eyas inspect``, the GGUF check) reads it with.
-
-    Raises:
-        FileNotFoundError / ValueError: no such file, not JSON, or not a JSON object (naming it).
-        ExportError: naming the file and, for every wrong value, the key, the value and the type
-            expected.
-    """
-    from eyas.export.engine_keys import type_problems
-
-    cfg = read_json(path)
-    bad = type_problems(cfg)
-    if bad:
-        raise ExportError(f"{path}: " + "; ".join(bad))
-    return cfg
 
 
 def llama_layer_fields(c: DrafterConfig) -> dict:

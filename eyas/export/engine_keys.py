@@ -6,7 +6,7 @@ Load paths that go through :func:`refusals`: :func:`eyas.export.eagle.config_fro
 layout), hence ``load_drafter`` (train-finetune's warm start, the remap source, eval) and
 ``eyas inspect`` (which reports every refusal, with or without the target's layer count). Each row
 also gives the JSON type of the key's value, which :func:`type_problems` checks when
-:func:`eyas.export.eagle.read_config` reads a drafter's ``config.json`` (every load path, the GGUF
+:func:`eyas.export.engine_keys.read_config` reads a drafter's ``config.json`` (every load path, the GGUF
 check included).
 
 ``eyas`` column: ``honours`` (read and implemented), ``writes`` (eyas sets it; its value is
@@ -26,7 +26,9 @@ config only through its HF -> GGUF converter (``conversion/llama.py`` ``LlamaMod
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
+from eyas.io import read_json
 from eyas.target import rope
 
 # the JSON types a config value may have, as the errors name them (a JSON true is not an integer,
@@ -355,3 +357,24 @@ def table_markdown() -> str:
         kind = k.kind + (", not null" if k.required else "")
         rows.append(f"| `{k.key}` | {kind} | {k.sglang} | {k.vllm} | {k.llamacpp} | {what} | {k.note} |")
     return "\n".join(rows) + "\n"
+
+
+class ExportError(ValueError):
+    """A drafter checkpoint does not have the keys, shapes or mapping the engines need."""
+
+
+def read_config(path: str | Path) -> dict:
+    """A drafter's ``config.json`` (either layout), every value of the type its key's row in
+    eyas/export/engine_keys.py gives (:func:`eyas.export.engine_keys.type_problems`): the one
+    reader every load path (``load_drafter``, ``eyas inspect``, the GGUF check) reads it with.
+
+    Raises:
+        FileNotFoundError / ValueError: no such file, not JSON, or not a JSON object (naming it).
+        ExportError: naming the file and, for every wrong value, the key, the value and the type
+            expected.
+    """
+    cfg = read_json(path)
+    bad = type_problems(cfg)
+    if bad:
+        raise ExportError(f"{path}: " + "; ".join(bad))
+    return cfg

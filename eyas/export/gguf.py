@@ -30,8 +30,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from eyas.export.eagle import read_config
-from eyas.export.engine_keys import INT_LIST, POS_INT, has_type
+from eyas.export.engine_keys import INT_LIST, POS_INT, has_type, read_config
 from eyas.io import open_safetensors, read_json, write_json
 from eyas.target import layers
 
@@ -318,7 +317,7 @@ def features_manifest(features: str | Path) -> tuple[Path, dict]:
 def _drafter_source(drafter_dir: Path) -> tuple[dict, torch.Tensor | None, str, str]:
     """(flat config dict, d2t offsets or None, config path, weights path) of a drafter checkpoint
     directory in the eagle or speculators layout (``transformer_layer_config`` merged over the
-    top level, as the converter merges it), the config read by :func:`eyas.export.eagle.read_config`."""
+    top level, as the converter merges it), the config read by :func:`eyas.export.engine_keys.read_config`."""
     cfg_path, w_path = drafter_dir / "config.json", drafter_dir / "model.safetensors"
     raw = read_config(cfg_path)
     cfg = {**raw, **(raw.get("transformer_layer_config") or {})}
@@ -364,7 +363,7 @@ def check_against(info: dict, *, drafter_dir: str | Path | None = None, features
     Raises:
         FileNotFoundError / ValueError: a given manifest, vocab or drafter file is missing, not a
             JSON object or not safetensors (naming it); a drafter config value of the wrong type
-            (:func:`eyas.export.eagle.read_config`: an ExportError naming the file and the key).
+            (:func:`eyas.export.engine_keys.read_config`: an ExportError naming the file and the key).
         eyas.vocab.mapping.VocabError: ``vocab_dir``'s mapping is invalid.
     """
     problems = list(info["problems"])

@@ -31,8 +31,8 @@ from pathlib import Path
 import torch
 
 from eyas.export import gguf
-from eyas.export.eagle import SERVED_KEYS, ExportError, check_served_tensors, config_from_hf, read_config
-from eyas.export.engine_keys import ENGINE_KEYS, departs, refusals
+from eyas.export.eagle import SERVED_KEYS, ExportError, check_served_tensors, config_from_hf
+from eyas.export.engine_keys import ENGINE_KEYS, departs, read_config, refusals
 from eyas.export.load import detect_layout
 from eyas.io import load_safetensors, read_json
 from eyas.target import layers, rope
@@ -92,7 +92,7 @@ def inspect_checkpoint(path: str | Path, vocab_dir: str | Path | None = None,
         ValueError: ``features`` is not an eyas features manifest, a JSON file is not a JSON
             object, or model.safetensors is not safetensors (truncated: naming the file).
         eyas.export.eagle.ExportError: a config.json value of the wrong type
-            (:func:`eyas.export.eagle.read_config`: naming the file, the key and the type expected).
+            (:func:`eyas.export.engine_keys.read_config`: naming the file, the key and the type expected).
         VocabError: ``vocab_dir``'s mapping is invalid in itself.
     """
     path = Path(path)

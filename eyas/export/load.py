@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from eyas.drafter.model import Eagle3Drafter
-from eyas.export.eagle import check_served_tensors, config_from_hf, read_config
+from eyas.export.eagle import check_served_tensors, config_from_hf
+from eyas.export.engine_keys import read_config
 from eyas.export.speculators import ARCHITECTURE as SPECULATORS_ARCHITECTURE
 from eyas.export.speculators import EAGLE_LAYER_PREFIX, LAYER_PREFIX, read_speculators
 from eyas.io import load_safetensors
@@ -39,7 +40,7 @@ def load_drafter(path: str | Path, num_target_layers: int | None = None) -> Eagl
         ValueError: config.json is not a JSON object, or model.safetensors is not safetensors
             (naming the file).
         eyas.export.eagle.ExportError: a config value of the wrong type
-            (:func:`eyas.export.eagle.read_config`), wrong keys, shapes or vocab mapping; an
+            (:func:`eyas.export.engine_keys.read_config`), wrong keys, shapes or vocab mapping; an
             unsupported variant (``norm_before_residual: true`` ...).
     """
     path = Path(path)

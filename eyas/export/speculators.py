@@ -26,8 +26,8 @@ from pathlib import Path
 
 import torch
 
-from eyas.export.eagle import llama_layer_fields, read_config
-from eyas.export.engine_keys import BY_KEY
+from eyas.export.eagle import llama_layer_fields
+from eyas.export.engine_keys import BY_KEY, read_config
 from eyas.io import atomic_dir, load_safetensors, save_safetensors, write_json
 from eyas.target import hf_config, layers
 from eyas.vocab.mapping import target_id_order
