@@ -35,7 +35,16 @@
 # That path ran on 2026-12-02 (next session, code 9a3caff): A 13 s, B without stages 2 s, restore +
 # eval-accept-len@finetune 294 s (the eval 289 s), ~410 s of device time with the machine's start.
 # With self-distill's figure measured beside `gpu-tests` (both on the one GPU: 329 s, 253 s alone).
-# Each call leaves $OUT/results.tgz (metrics/ and plots/ as they stand) and the stage log.
+# Each call leaves $OUT/results.tgz (w/metrics, w/plots and each variant's v/NAME/metrics, v/NAME/plots as they
+# stand) and the stage log.
+# Levers and the scaling table: one data build (A, B = `setup self-distill extract build-vocab`), then variants
+# that share it, each trained in its own copy of the work dir (`variant`), evaluated alone or several at once
+# (`evals`), with benchmarks/h200_lever_eval.yaml's eval (no served table, no engine on the device):
+#   C  bash benchmarks/device.sh profile variant full 1 && bash benchmarks/device.sh profile evals full \
+#        && bash benchmarks/device.sh profile keep scratch full       (the drafter back, for benchmarks/engine_check.py)
+#   D  bash benchmarks/device.sh profile variant half 2 && bash benchmarks/device.sh profile variant quarter 4 \
+#        && bash benchmarks/device.sh profile evals half quarter      (the scaling table's smaller data sizes)
+# A training-only lever is `variant NAME 1 PRESET` with PRESET holding its keys (e.g. train.ttt_length).
 set -uo pipefail
 REPO=$(pwd)
 # Scratch space on the GPU machine (not this checkout): it survives between calls while the
@@ -79,12 +88,41 @@ case "$1" in
         || { echo "setup: the GPU tests failed or did not finish ($OUT/gpu_tests/log.txt)"; rc=1; }
     fi
     (exit "$rc") ;;
-  keep)  # keep NAME: models/NAME back through $OUT as keep_NAME.tar.partNN (15 MB each; one drafter per call)
-    [ $# -eq 2 ] || { echo "keep: one drafter per call (\$OUT returns 64 MiB), got: ${*:2}"; exit 2; }
-    n=$2
-    [ -d "$W/models/$n" ] || { echo "keep: no $W/models/$n"; exit 1; }
-    tar cf - -C "$W/models" "$n" | split -b 15000000 -d - "$OUT/keep_$n.tar.part" || exit 1
+  keep)  # keep NAME [VARIANT]: models/NAME (of $DEV/v/VARIANT if given) back through $OUT as keep_NAME.tar.partNN
+         # (15 MB each; one drafter per call)
+    [ $# -eq 2 ] || [ $# -eq 3 ] || { echo "keep: one drafter per call (\$OUT returns 64 MiB), got: ${*:2}"; exit 2; }
+    n=$2; m=$W/models; [ $# -eq 3 ] && m=$DEV/v/$3/models
+    [ -d "$m/$n" ] || { echo "keep: no $m/$n"; exit 1; }
+    tar cf - -C "$m" "$n" | split -b 15000000 -d - "$OUT/keep_$n.tar.part" || exit 1
     ls -la "$OUT" ;;
+  variant)  # variant NAME EVERY [PRESET ...]: train-scratch in $DEV/v/NAME, a copy of the work dir whose train split
+            # is every EVERY-th shard of the profile's (benchmarks/feature_subset.py; 1 = all of it), with params =
+            # the profile's + benchmarks/h200_lever_eval.yaml + each PRESET (a lever's keys, applied in order)
+    [ $# -ge 3 ] || { echo "variant: NAME EVERY [PRESET ...], got: ${*:2}"; exit 2; }
+    n=$2; every=$3; V=$DEV/v/$2; shift 3
+    [ -f "$W/data/features/train/manifest.json" ] || { echo "variant: no features in $W (run setup ... extract first)"; exit 1; }
+    rm -rf "$V" && mkdir -p "$V/data/features" || exit 1
+    (cd "$W" && tar cf - --exclude=./data/features --exclude=./.eyas/work --exclude=./.eyas/checkpoints .) \
+      | tar xf - -C "$V" || exit 1
+    for s in val publish; do cp -al "$W/data/features/$s" "$V/data/features/" || exit 1; done
+    python3 "$REPO"/benchmarks/feature_subset.py "$W/data/features/train" "$V/data/features/train" --every "$every" \
+      | tee -a "$DEV"/log.txt || exit 1
+    cd "$V" || exit 1
+    for f in "$REPO"/benchmarks/h200_lever_eval.yaml "$@"; do
+      python3 -m eyas.pipeline.preset "$REPO/${f#"$REPO"/}" --write params.yaml || exit 1
+    done
+    echo "=== variant $n" | tee -a "$DEV"/log.txt
+    python3 scripts/run_dag.py train-scratch 2>&1 | tee -a "$DEV"/log.txt | grep -v "it/s\]\|s/it\]" ;;
+  evals)  # evals VARIANT ...: eval-accept-len@scratch in each variant, all at once (the decodes are launch-bound:
+          # they share the GPU; the speed-ups of such a call are not figures, the acceptance is)
+    shift; pids=()
+    for n in "$@"; do
+      [ -d "$DEV/v/$n/models/scratch" ] || { echo "evals: no drafter in $DEV/v/$n (variant $n ... first)"; exit 1; }
+      (cd "$DEV/v/$n" && python3 scripts/run_dag.py eval-accept-len@scratch >eval_log.txt 2>&1) & pids+=($!)
+    done
+    rc=0; for p in "${pids[@]}"; do wait "$p" || rc=1; done
+    for n in "$@"; do echo "=== variant $n" ; grep -v "it/s\]\|s/it\]" "$DEV/v/$n/eval_log.txt"; done | tee -a "$DEV"/log.txt
+    (exit "$rc") ;;
   restore)  # restore NAME: models/NAME from the carried .devcarry/keep_NAME/keep_NAME.tar.part*
     [ $# -eq 2 ] || { echo "restore: one drafter per call (a call carries 64 MiB), got: ${*:2}"; exit 2; }
     n=$2; parts=(.devcarry/keep_"$n"/keep_"$n".tar.part*)
@@ -101,6 +139,7 @@ case "$1" in
 esac
 rc=$?
 # one archive: $OUT returns at most 8 files, and metrics/ alone holds 11 JSONs after the evals
-tar czf "$OUT"/results.tgz -C $W metrics plots 2>/dev/null; cp "$DEV"/log.txt "$OUT"/log.txt 2>/dev/null
+(cd "$DEV" && tar czf "$OUT"/results.tgz w/metrics w/plots $(ls -d v/*/metrics v/*/plots 2>/dev/null)) 2>/dev/null
+cp "$DEV"/log.txt "$OUT"/log.txt 2>/dev/null
 du -sh $W/data/* $W/models/* 2>/dev/null
 exit $rc

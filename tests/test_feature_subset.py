@@ -1,0 +1,67 @@
+"""benchmarks/feature_subset.py: every n-th shard of a feature split, read back as a store the
+train stages open (the scaling table's smaller training sets)."""
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from eyas.features import FeatureStore, ShardWriter
+from eyas.training.batches import PackedLoader
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from feature_subset import subset  # noqa: E402
+
+
+def _store(root: Path, lengths: list[int], shard_samples: int) -> list[dict]:
+    """A float32 feature split of samples with the given lengths; returns the samples written."""
+    g = torch.Generator().manual_seed(0)
+    w, samples = ShardWriter(root, shard_samples=shard_samples, dtype=torch.float32), []
+    for n in lengths:
+        s = {"input_ids": torch.randint(0, 50, (n,), generator=g), "loss_mask": (torch.rand(n, generator=g) > 0.4),
+             "aux_hidden": torch.randn(n, 2 * 4, generator=g), "final_hidden": torch.randn(n, 4, generator=g),
+             "target_argmax": torch.randint(0, 50, (n,), generator=g)}
+        w.add(s["input_ids"], s["loss_mask"], s["aux_hidden"], s["final_hidden"], s["target_argmax"])
+        samples.append(s)
+    w.finish(aux_layers=[1, 2], hidden_size=4, vocab_size=50, fingerprint={"stage": "extract", "params": {}})
+    return samples
+
+
+def test_every_nth_shard_whole_and_counted(tmp_path):
+    lengths = [3, 5, 2, 7, 4, 6, 1, 8, 2, 3]  # shard_samples 2: 5 shards
+    samples = _store(tmp_path / "train", lengths, shard_samples=2)
+    m = subset(tmp_path / "train", tmp_path / "half" / "train", every=2)
+    # shards 0, 2, 4 = samples 0-1, 4-5, 8-9, counted by hand from the lengths and masks above
+    kept = [0, 1, 4, 5, 8, 9]
+    assert [s["file"] for s in m["shards"]] == ["shard-00000.safetensors", "shard-00002.safetensors",
+                                               "shard-00004.safetensors"]
+    assert m["num_samples"] == 6 and m["num_tokens"] == sum(lengths[i] for i in kept) == 3 + 5 + 4 + 6 + 2 + 3
+    assert m["supervised_tokens"] == sum(int(samples[i]["loss_mask"].sum()) for i in kept)
+    assert m["subset"]["every"] == 2 and m["subset"]["num_tokens_of_source"] == sum(lengths)
+    assert m["fingerprint"] == {"stage": "extract", "params": {}}  # what the train stages check, kept
+    store = FeatureStore.open(tmp_path / "half" / "train")
+    got = list(store.iter_samples())
+    assert len(got) == len(kept)
+    for i, s in zip(kept, got, strict=True):
+        assert torch.equal(s["input_ids"], samples[i]["input_ids"].to(s["input_ids"].dtype))
+        assert torch.equal(s["aux_hidden"], samples[i]["aux_hidden"])
+    # the training loader reads it like any split: each kept sample once per epoch, lengths as written
+    loader = PackedLoader(store, batch_tokens=16, seed=0)
+    planned = sorted(loader.lengths[si][i] for batch in loader.plan(0) for row in batch for si, i in row)
+    assert planned == sorted(lengths[i] for i in kept)
+
+
+def test_every_one_is_the_whole_split_and_bad_arguments_are_named(tmp_path):
+    _store(tmp_path / "train", [3, 5, 2], shard_samples=1)
+    whole = subset(tmp_path / "train", tmp_path / "all", every=1)
+    assert whole["num_tokens"] == 10 and len(whole["shards"]) == 3
+    with pytest.raises(SystemExit, match=r"--every 4: must be 1\.\.3"):
+        subset(tmp_path / "train", tmp_path / "x", every=4)
+    with pytest.raises(SystemExit, match=r"--every 0"):
+        subset(tmp_path / "train", tmp_path / "x", every=0)
+    with pytest.raises(SystemExit, match="all: exists"):
+        subset(tmp_path / "train", tmp_path / "all", every=1)
+    with pytest.raises(SystemExit, match="no manifest"):
+        subset(tmp_path / "nothing", tmp_path / "y", every=1)
+    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
