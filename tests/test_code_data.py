@@ -51,6 +51,8 @@ def is_identity(self):
     """Return ``True`` if this ``Lambda`` is an identity function. """
 '''
 USABLE = {"more_itertools": 79, "boltons": 227, "networkx": 241, "sympy": 4066}
+DEFAULT = list(USABLE)  # params.yaml's data.code_packages
+MORE = {"mlflow": 2165, "dvc": 137}  # the other pinned packages data.code_packages may add
 TOTAL = 4613
 
 
@@ -62,9 +64,9 @@ def humaneval_prompts_raw() -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def all_code(seed: int = 0) -> list[dict]:
-    _, stats = code_conversations(1, seed)
-    return code_conversations(stats["usable"], seed)[0]
+def all_code(seed: int = 0, packages: list[str] = DEFAULT) -> list[dict]:
+    _, stats = code_conversations(1, seed, packages)
+    return code_conversations(stats["usable"], seed, packages)[0]
 
 
 def test_take_conversation_exact():
@@ -87,7 +89,7 @@ def test_method_conversation_exact():
 
 
 def test_usable_counts_per_package():
-    _, stats = code_conversations(1, 0)
+    _, stats = code_conversations(1, 0, DEFAULT)
     assert stats["packages"] == {"more-itertools": "11.2.1", "boltons": "26.2.0",
                                  "networkx": "3.6.1", "sympy": "1.14.0"}
     assert {m: stats[m]["usable"] for m in USABLE} == USABLE
@@ -112,8 +114,8 @@ def test_no_humaneval_overlap_and_limits_hold():
     words = lambda t: re.findall(r"[a-z]+", t.lower())  # noqa: E731
     he_runs = {tuple(w[i : i + 8]) for p in problems for w in [words(p["prompt"])]
                for i in range(len(w) - 7)}
-    convs = all_code()
-    assert len(convs) == TOTAL
+    convs = all_code(packages=list(PACKAGES))  # every pinned package data.code_packages may name
+    assert len(convs) == TOTAL + sum(MORE.values())
     names = [c["id"].rsplit(":", 1)[1].rsplit(".", 1)[-1] for c in convs]  # method: its own name
     assert not set(names) & entry_points
     for c in convs:
@@ -130,11 +132,12 @@ def test_no_humaneval_overlap_and_limits_hold():
         assert not {tuple(w[i : i + 8]) for i in range(len(w) - 7)} & he_runs, c["id"]
     # what the two rules left out: names like HumanEval problems (more-itertools intersperse,
     # is_sorted, unique, is_prime; boltons unique, ...), docstrings sharing a run with one
-    _, stats = code_conversations(1, 0)
+    _, stats = code_conversations(1, 0, DEFAULT)
     assert {m: (stats[m]["skipped_humaneval_name"], stats[m]["skipped_humaneval_docstring"])
             for m in USABLE} == {"more_itertools": (4, 6), "boltons": (8, 0), "networkx": (1, 0),
                                  "sympy": (50, 1)}
     ids = {c["id"] for c in convs}
+    assert "code:mlflow/tracking/fluent.py:delete_tag" in ids and "code:dvc/repo/stage.py:StageLoad.load_one" in ids
     import more_itertools
     assert "code:more_itertools/more.py:split_at" not in ids
     assert humaneval_word_runs(more_itertools.split_at.__doc__) == {
@@ -144,22 +147,42 @@ def test_no_humaneval_overlap_and_limits_hold():
 
 
 def test_selection_is_deterministic_and_prefix_stable():
-    a, _ = code_conversations(20, 0)
-    b, _ = code_conversations(20, 0)
+    a, _ = code_conversations(20, 0, DEFAULT)
+    b, _ = code_conversations(20, 0, DEFAULT)
     assert a == b
-    assert code_conversations(7, 0)[0] == a[:7]  # more prompts never reorder the first ones
+    assert code_conversations(7, 0, DEFAULT)[0] == a[:7]  # more prompts never reorder the first ones
     ids = [c["id"] for c in all_code()]
     by_hash = sorted(ids, key=lambda i: hashlib.sha256(f"0:{i}".encode()).hexdigest())
     assert [c["id"] for c in a] == by_hash[:20]
-    assert [c["id"] for c in code_conversations(20, 1)[0]] != [c["id"] for c in a]
-    assert code_conversations(0, 0) == ([], {"taken": 0})
+    assert [c["id"] for c in code_conversations(20, 1, DEFAULT)[0]] != [c["id"] for c in a]
+    assert code_conversations(0, 0, DEFAULT) == ([], {"taken": 0})
+
+
+def test_code_packages_choose_where_the_prompts_come_from():
+    _, stats = code_conversations(1, 0, list(MORE))
+    assert stats["packages"] == {"mlflow": "3.17.2", "dvc": "3.67.1"}
+    assert {m: stats[m]["usable"] for m in MORE} == MORE and stats["usable"] == 2165 + 137
+    assert not set(USABLE) & set(stats)  # the default's packages are not read
+    six = [c["id"] for c in code_conversations(50, 0, list(PACKAGES))[0]]
+    everything = [c["id"] for c in all_code(packages=list(PACKAGES))]  # the same order over all six packages
+    by_hash = sorted(everything, key=lambda i: hashlib.sha256(f"0:{i}".encode()).hexdigest())
+    assert six == by_hash[:50] and {i.split("/")[0] for i in six} >= {"code:mlflow", "code:sympy"}
+    assert {c["id"].split("/")[0] for c in code_conversations(30, 0, ["dvc"])[0]} == {"code:dvc"}
+    # the default's selection is the four packages' alone: adding packages to the table moved none of it
+    default = [c["id"] for c in code_conversations(50, 0, DEFAULT)[0]]
+    assert default == [i for i in by_hash if i.split("/")[0].removeprefix("code:") in USABLE][:50]
+    with pytest.raises(DataError, match=r"data.code_packages: \['sympyy'\] are not among the pinned packages"):
+        code_conversations(5, 0, ["sympyy"])
+    with pytest.raises(ParamsError, match=r"'data.code_packages' must be a non-empty list of distinct"):
+        parse_params({"data": {"code_packages": ["dvc", "dvc"]}})
+    assert parse_params({}).data.code_packages == DEFAULT  # params.yaml's default
 
 
 def test_too_many_or_negative_names_the_key():
     with pytest.raises(DataError, match=r"data.code_prompts: 4614 requested, only 4613 usable"):
-        code_conversations(4614, 0)
+        code_conversations(4614, 0, DEFAULT)
     with pytest.raises(DataError, match="data.code_prompts must be >= 0"):
-        code_conversations(-1, 0)
+        code_conversations(-1, 0, DEFAULT)
     with pytest.raises(ParamsError, match=r"'data.code_prompts' must be >= 0 \(0 = off\), got -3"):
         parse_params({"data": {"code_prompts": -3}})
     assert parse_params({"data": {"code_prompts": 0}}).data.code_prompts == 0  # 0 = off
@@ -195,7 +218,7 @@ def test_prepare_data_stage_counts_code(tmp_path):
     assert m["code"]["packages"] == {"more-itertools": "11.2.1", "boltons": "26.2.0",
                                      "networkx": "3.6.1", "sympy": "1.14.0"}
     assert {k: m["code"][k]["usable"] for k in USABLE} == USABLE and m["code"]["usable"] == TOTAL
-    want = [c["id"] for c in code_conversations(10, 0)[0]]
+    want = [c["id"] for c in code_conversations(10, 0, DEFAULT)[0]]
     for split, lo, hi in (("val", 0, 2), ("train", 2, 10)):
         rows = [json.loads(x) for x in (tmp_path / f"data/conversations/{split}.jsonl").read_text().splitlines()]
         assert [c["id"] for c in rows if c["id"].startswith("code:")] == want[lo:hi]

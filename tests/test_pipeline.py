@@ -138,6 +138,34 @@ def test_dvc_repro_end_to_end(tmp_path):
     assert json.loads((repo / "models/vocab/vocab.json").read_text())["fingerprint"]["stage"] == "build-vocab"
     assert (repo / "models/scratch/fingerprint.json").is_file()
 
+    # llama.cpp serves the drafter again from its eval's record (benchmarks/engine_check.py, as the GPU
+    # profile does after an eval without the engine): the stage's engine figures, count for count
+    (repo / "benchmarks").mkdir()
+    shutil.copy(ROOT / "benchmarks/engine_check.py", repo / "benchmarks")
+    run([sys.executable, "benchmarks/engine_check.py", "scratch", "--out", "engine.json"], repo, env)
+    served = json.loads((repo / "engine.json").read_text())
+    counts = ("accepted", "drafted", "verify_steps", "output_sha256")
+    for bench in ("chat", "humaneval"):
+        stage = m["eval_scratch"][bench]["engine"]
+        assert served["eyas_eval"][bench]["accept_len"] == m["eval_scratch"][bench]["accept_len"]
+        assert served[bench]["agreement"] == stage["agreement"]
+        for t in ("same_precision", "quantized"):
+            assert [[x[c] for c in counts] for x in served[bench][t]["per_prompt"]] == \
+                   [[x[c] for c in counts] for x in stage[t]["per_prompt"]], (bench, t)
+    # negative control: eyas' record moved by 5 verify steps a prompt is a disagreement: exit 1, file written
+    record = (repo / "metrics/eval_scratch.json").read_bytes()
+    ev = json.loads(record)
+    for x in ev["chat"]["per_prompt"]:
+        x["verify_steps"] += 5
+    (repo / "metrics/eval_scratch.json").write_text(json.dumps(ev))
+    (repo / "engine.json").unlink()
+    r = subprocess.run([sys.executable, "benchmarks/engine_check.py", "scratch", "--out", "engine.json"], cwd=repo,
+                       env=env, capture_output=True, text=True, timeout=1200)
+    assert r.returncode == 1 and "disagree" in (r.stdout + r.stderr).lower(), r.stdout[-2000:] + r.stderr[-2000:]
+    assert json.loads((repo / "engine.json").read_text())["chat"]["agreement"]["ok"] is False
+    (repo / "metrics/eval_scratch.json").write_bytes(record)  # as the stage wrote it
+    (repo / "engine.json").unlink()
+
     # a second repro runs only identify-inputs (always_changed, seconds): its outputs are unchanged,
     # so nothing downstream reruns
     again = run([*dvc, "repro"], repo, env)

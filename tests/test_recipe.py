@@ -131,7 +131,7 @@ def test_the_default_trains_on_the_prompts_it_is_evaluated_on(tok):
     def within(prompts):
         return sum(len(render_prompt(tok, m)) <= budget for m in prompts)
 
-    code, _ = code_conversations(p.data.code_prompts, p.seed)
+    code, _ = code_conversations(p.data.code_prompts, p.seed, p.data.code_packages)
     assert (budget, len(code)) == (256, 600)
     assert within([prompt_messages(c["messages"]) for c in code]) == 596  # self-distill keeps them
     assert within(humaneval_prompts(164)) == 141  # HumanEval: whole problems, as the eval decodes them

@@ -10,9 +10,11 @@ splits (never to test or publish), built from real functions of the packages of
 - ``networkx==3.6.1``, ``sympy==1.14.0``: also dependencies of torch (which needs
   ``networkx>=2.5.1``, ``sympy>=1.13.3``), so they cost no extra download next to it
   (py3-none-any wheels of 2.1 and 6.3 MB; sympy needs mpmath),
+- ``mlflow==3.17.2``, ``dvc==3.67.1``: eyas' own pinned requirements,
 
-giving 79, 227, 241 and 4,066 usable functions (4,613; ``code.<package>.usable`` in
-``metrics/prepare_data.json`` when ``data.code_prompts`` > 0). All four are pinned in
+giving 79, 227, 241, 4,066, 2,165 and 137 usable functions (``code.<package>.usable`` in
+``metrics/prepare_data.json`` when ``data.code_prompts`` > 0). ``data.code_packages`` names the
+packages the prompts come from (the default, the first four: 4,613). All six are pinned in
 ``pyproject.toml`` and installed by ``scripts/install.sh``, so the data is the same
 on every machine (the running Python's stdlib is not used: it differs between versions). Every
 ``*.py`` file under a package's directory is read, except those under a ``tests`` directory (the
@@ -59,9 +61,11 @@ from eyas.data.conversations import DataError, code_user_turn, humaneval_problem
 __all__ = ["PACKAGES", "MAX_PROMPT_CHARS", "MAX_SOURCE_CHARS", "OVERLAP_WORDS", "CodeFunction",
            "humaneval_word_runs", "usable_functions", "code_conversations", "add_to_splits"]
 
-# import name -> (distribution name, pinned version); keep in step with pyproject.toml
+# import name -> (distribution name, pinned version); keep in step with pyproject.toml. data.code_packages
+# picks among them (the default: the first four); mlflow and dvc are eyas' own pinned requirements
 PACKAGES = {"more_itertools": ("more-itertools", "11.2.1"), "boltons": ("boltons", "26.2.0"),
-            "networkx": ("networkx", "3.6.1"), "sympy": ("sympy", "1.14.0")}
+            "networkx": ("networkx", "3.6.1"), "sympy": ("sympy", "1.14.0"),
+            "mlflow": ("mlflow", "3.17.2"), "dvc": ("dvc", "3.67.1")}
 # rendered with SmolLM2's chat template, the 4,613 usable prompts of the pins are 122 tokens on
 # average and 323 at most; 54 (52 of them sympy's, dense doctests) exceed the default distill prompt
 # budget of 256 (extract.max_length 320 - distill.max_new_tokens 64), and self-distill drops them
@@ -201,31 +205,36 @@ def _scan(module: str) -> tuple[tuple[CodeFunction, ...], tuple[tuple[str, int],
     return tuple(out), tuple(stats.items())
 
 
-def code_conversations(n: int, seed: int) -> tuple[list[dict], dict]:
-    """``n`` code conversations from :data:`PACKAGES`, in the order that selects them.
+def code_conversations(n: int, seed: int, packages: list[str]) -> tuple[list[dict], dict]:
+    """``n`` code conversations from ``packages``, in the order that selects them.
 
     Args:
         n: how many (``data.code_prompts``, >= 0; 0 reads nothing).
-        seed: ``seed`` of params.yaml; the order is ascending ``sha256(f"{seed}:{id}")``.
+        seed: ``seed`` of params.yaml; the order is ascending ``sha256(f"{seed}:{id}")`` over the
+            usable functions of all ``packages`` together.
+        packages: import names, keys of :data:`PACKAGES` (``data.code_packages``).
 
     Returns:
         ``(conversations, stats)``: each ``{"id", "messages": [user, assistant]}`` as in the module
-        docstring; ``stats`` has ``packages`` (pins), ``usable`` (candidates over all packages),
+        docstring; ``stats`` has ``packages`` (their pins), ``usable`` (candidates over ``packages``),
         per package (import name) the counts of :func:`usable_functions` plus its ``usable``,
         and ``taken`` (= n).
 
     Raises:
         DataError: naming ``data.code_prompts`` when n is negative or exceeds the usable functions,
-            or as :func:`usable_functions`.
+            ``data.code_packages`` for a name not in :data:`PACKAGES`, or as :func:`usable_functions`.
     """
     if n < 0:
         raise DataError(f"data.code_prompts must be >= 0, got {n}")
+    unknown = [m for m in packages if m not in PACKAGES]
+    if unknown:
+        raise DataError(f"data.code_packages: {unknown} are not among the pinned packages {list(PACKAGES)}")
     stats: dict = {"taken": 0}
     if n == 0:
         return [], stats
     funcs: list[CodeFunction] = []
-    stats["packages"] = {dist: pin for dist, pin in PACKAGES.values()}
-    for module in PACKAGES:
+    stats["packages"] = {PACKAGES[m][0]: PACKAGES[m][1] for m in packages}
+    for module in packages:
         got, s = usable_functions(module)
         funcs += got
         stats[module] = {**s, "usable": len(got)}

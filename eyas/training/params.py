@@ -62,6 +62,7 @@ class DataParams:
     publish: int
     on_bad_line: str
     code_prompts: int  # code conversations added to train + val (eyas.data.code); 0 = off
+    code_packages: list[str]  # the pinned packages they come from (import names of eyas.data.code.PACKAGES)
 
 
 @dataclass(kw_only=True)
@@ -353,6 +354,8 @@ _RANGES = [
     ("data.publish", lambda v: v >= 1, ">= 1 (the stand-in drafter trains on it)"),
     ("data.on_bad_line", lambda v: v in ("error", "skip"), "'error' or 'skip'"),
     ("data.code_prompts", lambda v: v >= 0, ">= 0 (0 = off)"),
+    ("data.code_packages", lambda v: len(v) > 0 and len(set(v)) == len(v),
+     "a non-empty list of distinct import names of eyas.data.code.PACKAGES"),
     ("distill.max_new_tokens", lambda v: v >= 1, ">= 1"),
     ("distill.batch_size", lambda v: v >= 1, ">= 1"),
     ("distill.turns", lambda v: v in ("last", "all"), "'last' or 'all'"),

@@ -1,0 +1,93 @@
+"""llama.cpp serves a drafter whose eyas eval already ran: the engine's figures beside eyas' own, on the CPU.
+
+    python3 benchmarks/engine_check.py scratch --out metrics/engine_scratch.json
+
+Run from a pipeline workspace (params.yaml, data/conversations/test.jsonl, models/NAME,
+models/NAME.gguf, models/target_gguf/target.gguf) whose ``metrics/eval_NAME.json`` was written by
+``eval-accept-len@NAME``, with ``serve.engine: none`` or not. It builds the eval's prompts as the stage
+does (stages.eval_accept_len.fit_benchmarks, params ``eval``), serves each benchmark with
+llama-server ``--spec-type draft-eagle3`` exactly as the stage's engine block does
+(stages.eval_accept_len.engine_part: the F32 target, and the target's own GGUF when
+``serve.quantized_target``; ``serve.threads`` CPU threads) and holds the engine's per-prompt counts to
+the ones the eval recorded (stages.eval_accept_len.report_engine, eyas.eval.llamacpp.agreement).
+
+So the GPU profile needs no llama.cpp time on the GPU machine: its eval runs with ``serve.engine: none``
+(benchmarks/levers/eval.yaml) and this script serves the drafter afterwards, on any machine with
+llama-server (scripts/build_llama_server.sh) or beside the next training on the GPU machine's idle cores.
+
+Writes ``--out`` (atomically): ``drafter``, ``eval`` (the metrics file read), ``k``, ``threads``,
+``eyas_eval`` (per benchmark eyas' acceptance, lossless, prompts, verify steps, new tokens) and per
+benchmark the stage's ``engine`` block (``same_precision``, ``quantized``, ``agreement``, ...), then
+exits 1 when the engine disagrees with eyas beyond the tolerance (the file is written first).
+
+Raises (SystemExit naming the file): no eval metrics, an eval without per-prompt walks (written before
+they existed) or of another prompt count than the prompts built here (other params or test split).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # eyas and stages from this checkout
+from eyas.data.conversations import chat_prompts, humaneval_prompts, read_jsonl  # noqa: E402
+from eyas.io import read_json, write_json  # noqa: E402
+from eyas.pipeline.tracking import Tracker  # noqa: E402
+from eyas.target.model import load_tokenizer_and_config  # noqa: E402
+from eyas.training.params import load_params  # noqa: E402
+from stages.common import CONVERSATIONS, METRICS  # noqa: E402
+from stages.eval_accept_len import engine_part, fit_benchmarks, report_engine  # noqa: E402
+
+EYAS_KEYS = ("accept_len", "lossless", "num_prompts", "num_verify_steps", "new_tokens", "oracle_matches_real")
+
+
+def check(name: str, out: Path) -> dict:
+    """Serve ``models/<name>.gguf`` on the eval's prompts and write ``out``; returns what was written.
+    Raises SystemExit as the module docstring says (a disagreement after writing ``out``)."""
+    p = load_params()
+    e = p.eval
+    path = METRICS / f"eval_{name}.json"
+    if not path.is_file():
+        raise SystemExit(f"{path}: no such file: run `dvc repro eval-accept-len@{name}` first")
+    ev = read_json(path)
+    tok, cfg = load_tokenizer_and_config(p.target.path, p.target.gguf_file, p.target.trust_remote_code,
+                                         revision=p.target.revision)
+    benchmarks = fit_benchmarks(tok, {
+        "chat": chat_prompts(read_jsonl(CONVERSATIONS / "test.jsonl"), e.chat_prompts),
+        "humaneval": humaneval_prompts(e.humaneval_prompts)}, e.max_prompt_tokens)
+    result: dict = {"drafter": name, "eval": str(path), "k": e.num_draft_tokens, "threads": p.serve.threads,
+                    "eyas_eval": {}}
+    failed = []
+    for bench, (prompts, _) in benchmarks.items():
+        r = ev.get(bench)
+        if not isinstance(r, dict) or not isinstance(r.get("per_prompt"), list):
+            raise SystemExit(f"{path}: {bench} has no per_prompt walks (an eval from before they were recorded): "
+                             f"rerun eval-accept-len@{name}")
+        if len(r["per_prompt"]) != len(prompts):
+            raise SystemExit(f"{path}: {bench} has {len(r['per_prompt'])} prompts, params.yaml's eval and "
+                             f"{CONVERSATIONS / 'test.jsonl'} give {len(prompts)}: not the eval of this workspace")
+        engine = engine_part(name, p, prompts, bench, cfg.num_hidden_layers)
+        result["eyas_eval"][bench] = {k: r.get(k) for k in EYAS_KEYS}
+        try:
+            report_engine(name, bench, engine, r, Tracker())
+        except SystemExit as err:  # the figures are kept; the exit comes after the file
+            failed.append(str(err))
+        result[bench] = r["engine"]
+    write_json(out, result)
+    print(f"engine_check: wrote {out}")
+    if failed:
+        raise SystemExit("\n".join(failed))
+    return result
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("drafter", help="the drafter's name: models/<drafter>, metrics/eval_<drafter>.json")
+    ap.add_argument("--out", type=Path, required=True, help="the result file (JSON)")
+    a = ap.parse_args(argv)
+    check(a.drafter, a.out)
+
+
+if __name__ == "__main__":
+    main()
