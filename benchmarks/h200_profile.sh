@@ -40,7 +40,8 @@
 # Levers and the scaling table: one data build (A, B = `setup self-distill extract build-vocab`), then variants
 # that share it, each trained in its own copy of the work dir (`variant`), evaluated alone or several at once
 # (`evals`), with benchmarks/levers/eval.yaml's eval (no served table, and llama.cpp apart: `engine`):
-#   B  bash benchmarks/device.sh profile setup --lever benchmarks/levers/contexts.yaml self-distill extract build-vocab
+#   B  bash benchmarks/device.sh profile setup --lever benchmarks/levers/contexts.yaml extract build-vocab
+#        (with .devcarry/b/distilled.tgz from `distilled`; without it, name self-distill first: ~520 s at 640/768)
 #   C  bash benchmarks/device.sh profile variant full 1 && bash benchmarks/device.sh profile evals full \
 #        && bash benchmarks/device.sh profile keep scratch full       (the drafter back, for benchmarks/engine_check.py)
 #   D  bash benchmarks/device.sh profile engine full && bash benchmarks/device.sh profile variant half 2 \
