@@ -29,7 +29,8 @@
 #                     PART extract: bench_extract_multi.py data-sharded at W = 1 and N -> scale_extract_w{1,N}.json,
 #                     and (N >= 4) a 70B-shaped target split over 4 GPUs -> scale_extract_split70b.json.
 #                     No PART: all three (over 10 min at N = 8: one call per part there)
-#   profile STEP ...  the GPU profile of presets/h200.yaml (benchmarks/h200_profile.sh: park, setup, run, keep, restore)
+#   profile STEP ...  the GPU profile of presets/h200.yaml (benchmarks/h200_profile.sh: park, setup, run, keep, restore;
+#                     the lever runs: setup --lever, variant, evals, engine, distilled)
 #
 # Carried files (the device `run` tool's `carry`; git-ignored, made on the workstation):
 #   .devcarry/w/  eyas' own dependencies the device lacks (ruamel.yaml: eyas/yaml12.py), installed with

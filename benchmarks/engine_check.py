@@ -3,8 +3,8 @@
     python3 benchmarks/engine_check.py scratch --out metrics/engine_scratch.json
 
 Run from a pipeline workspace (params.yaml, data/conversations/test.jsonl, models/NAME,
-models/NAME.gguf, models/target_gguf/target.gguf) whose ``metrics/eval_NAME.json`` was written by
-``eval-accept-len@NAME``, with ``serve.engine: none`` or not. It builds the eval's prompts as the stage
+models/NAME.gguf, models/target_gguf/target.gguf: target-gguf writes it with ``serve.engine: llamacpp``)
+whose ``metrics/eval_NAME.json`` was written by ``eval-accept-len@NAME``, with the engine or without it. It builds the eval's prompts as the stage
 does (stages.eval_accept_len.fit_benchmarks, params ``eval``), serves each benchmark with
 llama-server ``--spec-type draft-eagle3`` exactly as the stage's engine block does
 (stages.eval_accept_len.engine_part: the F32 target, and the target's own GGUF when
@@ -20,8 +20,9 @@ Writes ``--out`` (atomically): ``drafter``, ``eval`` (the metrics file read), ``
 benchmark the stage's ``engine`` block (``same_precision``, ``quantized``, ``agreement``, ...), then
 exits 1 when the engine disagrees with eyas beyond the tolerance (the file is written first).
 
-Raises (SystemExit naming the file): no eval metrics, an eval without per-prompt walks (written before
-they existed) or of another prompt count than the prompts built here (other params or test split).
+Raises (SystemExit naming the file): no eval metrics, no target or drafter GGUF, an eval without
+per-prompt walks (written before they existed), made with other eval settings (k, max_new_tokens,
+max_prompt_tokens) or of another prompt count than the prompts built here (other params or test split).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from eyas.io import read_json, write_json  # noqa: E402
 from eyas.pipeline.tracking import Tracker  # noqa: E402
 from eyas.target.model import load_tokenizer_and_config  # noqa: E402
 from eyas.training.params import load_params  # noqa: E402
-from stages.common import CONVERSATIONS, METRICS  # noqa: E402
+from stages.common import CONVERSATIONS, METRICS, TARGET_GGUF  # noqa: E402
 from stages.eval_accept_len import engine_part, fit_benchmarks, report_engine  # noqa: E402
 
 EYAS_KEYS = ("accept_len", "lossless", "num_prompts", "num_verify_steps", "new_tokens", "oracle_matches_real")
@@ -51,6 +52,10 @@ def check(name: str, out: Path) -> dict:
     if not path.is_file():
         raise SystemExit(f"{path}: no such file: run `dvc repro eval-accept-len@{name}` first")
     ev = read_json(path)
+    for f in (TARGET_GGUF / "target.gguf", Path("models", f"{name}.gguf")):
+        if not f.is_file():
+            raise SystemExit(f"{f}: no such file: run `dvc repro target-gguf export-gguf@{name}` with serve.engine "
+                             f"llamacpp (serve.engine none writes no target.gguf)")
     tok, cfg = load_tokenizer_and_config(p.target.path, p.target.gguf_file, p.target.trust_remote_code,
                                          revision=p.target.revision)
     benchmarks = fit_benchmarks(tok, {
@@ -64,6 +69,12 @@ def check(name: str, out: Path) -> dict:
         if not isinstance(r, dict) or not isinstance(r.get("per_prompt"), list):
             raise SystemExit(f"{path}: {bench} has no per_prompt walks (an eval from before they were recorded): "
                              f"rerun eval-accept-len@{name}")
+        want = {"num_draft_tokens": e.num_draft_tokens, "max_new_tokens": e.max_new_tokens,
+                "max_prompt_tokens": e.max_prompt_tokens}
+        got = {k: r.get("settings", {}).get(k) for k in want}
+        if got != want:  # other settings decode other outputs: nothing would be compared, silently
+            raise SystemExit(f"{path}: {bench} was evaluated with {got}, params.yaml's eval has {want}: "
+                             f"not the eval of this workspace")
         if len(r["per_prompt"]) != len(prompts):
             raise SystemExit(f"{path}: {bench} has {len(r['per_prompt'])} prompts, params.yaml's eval and "
                              f"{CONVERSATIONS / 'test.jsonl'} give {len(prompts)}: not the eval of this workspace")

@@ -8,19 +8,21 @@ with ``num_samples``, ``num_tokens`` and ``supervised_tokens`` summed over them 
 what it was taken from. Everything else in the manifest (the fingerprint the train stages check,
 aux layers, storage dtype) is the source's, so ``train-scratch`` trains on it as on the whole split.
 
-Extraction writes the split's samples in data order (eyas/features.py), and prepare-data appends the
-code conversations after the chat ones (eyas/data/code.py ``add_to_splits``): a strided subset keeps
-about 1/n of each, where a prefix would keep chat alone. The finer ``extract.shard_samples``, the
-closer each share is to 1/n.
+Extraction sorts a split's samples by length before it shards them (stages/extract.py), so the shards
+are length buckets: a strided subset keeps about 1/n of the samples of every length (and so of chat and
+of the shorter code prompts alike), where a prefix would keep the shortest alone. The finer
+``extract.shard_samples``, the closer each share is to 1/n. The manifest's other counts
+(``truncated_samples``, ``skipped_template``, ...) stay the whole split's.
 
 Raises (as SystemExit with the file named): no manifest (extraction incomplete), n < 1 or larger
-than the shard count, an output directory that already exists.
+than the shard count, an output directory that already exists, an output on another file system.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -49,7 +51,12 @@ def subset(src: Path, out: Path, every: int) -> dict:
     keep = shards[::every]
     supervised = 0
     for s in keep:
-        os.link(src / s["file"], tmp / s["file"])
+        try:
+            os.link(src / s["file"], tmp / s["file"])
+        except OSError as e:  # another file system, or no hard links there
+            shutil.rmtree(tmp)
+            raise SystemExit(f"{src / s['file']} -> {tmp}: cannot hard-link ({e.strerror}): the output must be on "
+                             f"the source's file system") from None
         with safe_open(str(src / s["file"]), framework="pt") as f:  # the manifest's shards do not count it
             supervised += int(f.get_tensor("loss_mask").sum())
     new = {**m, "shards": keep,

@@ -42,15 +42,15 @@
 # (`evals`), with benchmarks/levers/eval.yaml's eval (no served table, and llama.cpp apart: `engine`):
 #   B  bash benchmarks/device.sh profile setup --lever benchmarks/levers/contexts.yaml extract build-vocab
 #        (with .devcarry/b/distilled.tgz from `distilled`; without it, name self-distill first: ~520 s at 640/768)
-#   C  bash benchmarks/device.sh profile variant full 1 && bash benchmarks/device.sh profile evals full \
-#        && bash benchmarks/device.sh profile keep scratch full       (the drafter back, for benchmarks/engine_check.py)
-#   D  bash benchmarks/device.sh profile engine full && bash benchmarks/device.sh profile variant half 2 \
+#   C  bash benchmarks/device.sh profile variant full 1                (the whole split: ~4x the quarter's 103 s)
+#   D  bash benchmarks/device.sh profile evals full && bash benchmarks/device.sh profile keep scratch full
+#   E  bash benchmarks/device.sh profile engine full && bash benchmarks/device.sh profile variant half 2 \
 #        && bash benchmarks/device.sh profile evals half               (llama.cpp serves `full` on the idle CPU cores
 #        meanwhile; the scaling table's next data size; a later call's results.tgz brings engine_scratch.json back)
 # A training-only lever is `variant NAME 1 PRESET` with PRESET holding its keys (e.g. train.ttt_length).
 # scripts/run_dag.py runs every stage it is given, finished or not (no DVC here): after a call ends at its limit,
 # name only the stages it did not finish. At contexts 640/768 self-distill takes ~520 s of a call: bring its
-# output back with `profile distilled` and carry it in later sessions (`setup` then skips it).
+# output back with `profile distilled` and carry it in later sessions (then name no self-distill there).
 set -uo pipefail
 REPO=$(pwd)
 # Scratch space on the GPU machine (not this checkout): it survives between calls while the
@@ -64,7 +64,11 @@ case "$1" in
   setup)  # setup [--lever FILE] [gpu-tests] [STAGE ...]: FILE (benchmarks/levers/*.yaml, a lever that changes the data)
           # is merged into the work dir's copy of presets/h200.yaml, so every later stage and variant uses it
     shift; lever=""
-    if [ "${1:-}" = --lever ]; then lever=$2; shift 2; [ -f "$lever" ] || { echo "setup: no lever file $lever"; exit 2; }; fi
+    if [ "${1:-}" = --lever ]; then
+      lever=${2:-}; shift 2 2>/dev/null
+      case "$lever" in benchmarks/levers/*.yaml) ;; *) echo "setup: --lever takes benchmarks/levers/NAME.yaml, got '$lever'"; exit 2;; esac
+      [ -f "$lever" ] || { echo "setup: no lever file $lever"; exit 2; }
+    fi
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .devcarry/b/*.whl || exit 1
     tests=""
     if [ "${1:-}" = gpu-tests ]; then  # the GPU tests beside the stages (their own OUT and log)
@@ -90,7 +94,7 @@ case "$1" in
     mkdir -p data && tar xzf "$REPO"/.devcarry/b/conv.tgz -C data
     if [ -f "$REPO"/.devcarry/b/distilled.tgz ]; then  # an earlier session's self-distill (`distilled` below)
       tar xzf "$REPO"/.devcarry/b/distilled.tgz -C . || exit 1
-      echo "setup: data/distilled from the carried .devcarry/b/distilled.tgz: leave self-distill out of this call's stages"
+      echo "setup: data/distilled from the carried .devcarry/b/distilled.tgz (name no self-distill: run_dag would redo it)"
     fi
     rc=0
     if [ $# -gt 0 ]; then  # no stages: set up only (a session with only the evals left restores drafters next)
@@ -108,17 +112,23 @@ case "$1" in
     [ $# -eq 2 ] || [ $# -eq 3 ] || { echo "keep: one drafter per call (\$OUT returns 64 MiB), got: ${*:2}"; exit 2; }
     n=$2; m=$W/models; [ $# -eq 3 ] && m=$DEV/v/$3/models
     [ -d "$m/$n" ] || { echo "keep: no $m/$n"; exit 1; }
-    tar cf - -C "$m" "$n" | split -b 15000000 -d - "$OUT/keep_$n.tar.part" || exit 1
+    k=$n; [ $# -eq 3 ] && k=$3_$n  # a variant's parts are keep_VARIANT_NAME (they do not restore into the work dir)
+    tar cf - -C "$m" "$n" | split -b 15000000 -d - "$OUT/keep_$k.tar.part" || exit 1
     ls -la "$OUT" ;;
   variant)  # variant NAME EVERY [PRESET ...]: train-scratch in $DEV/v/NAME, a copy of the work dir whose train split
             # is every EVERY-th shard of the profile's (benchmarks/feature_subset.py; 1 = all of it), with params =
             # the profile's + benchmarks/levers/eval.yaml + each PRESET (a lever's keys, applied in order)
     [ $# -ge 3 ] || { echo "variant: NAME EVERY [PRESET ...], got: ${*:2}"; exit 2; }
+    [[ $2 =~ ^[A-Za-z0-9_-]+$ ]] || { echo "variant: NAME is letters, digits, _ and -, got '$2'"; exit 2; }
     n=$2; every=$3; V=$DEV/v/$2; shift 3
+    for f in "$@"; do [ -f "$f" ] || { echo "variant: no preset $f (a path under the repository)"; exit 2; }; done
     [ -f "$W/data/features/train/manifest.json" ] || { echo "variant: no features in $W (run setup ... extract first)"; exit 1; }
     rm -rf "$V" && mkdir -p "$V/data/features" || exit 1
     (cd "$W" && tar cf - --exclude=./data/features --exclude=./.eyas/work --exclude=./.eyas/checkpoints .) \
       | tar xf - -C "$V" || exit 1
+    # the work dir's own drafter, GGUFs and their metrics must not stand in for this variant's (a killed train)
+    rm -rf "$V"/models/scratch "$V"/models/scratch.gguf "$V"/models/target_gguf "$V"/.eyas/work \
+      "$V"/metrics/train_scratch.json "$V"/metrics/eval_scratch.json "$V"/metrics/engine_scratch.json
     for s in "$W"/data/features/*; do  # val, publish, the target's head: hard links
       [ "$(basename "$s")" = train ] || cp -al "$s" "$V/data/features/" || exit 1
     done
@@ -126,15 +136,18 @@ case "$1" in
       | tee -a "$DEV"/log.txt || exit 1
     cd "$V" || exit 1
     for f in "$REPO"/benchmarks/levers/eval.yaml "$@"; do
-      python3 -m eyas.pipeline.preset "$REPO/${f#"$REPO"/}" --write params.yaml || exit 1
+      python3 -m eyas.pipeline.preset "$REPO/${f#"$REPO/"}" --write params.yaml || exit 1
     done
     echo "=== variant $n" | tee -a "$DEV"/log.txt
     python3 scripts/run_dag.py build-vocab train-scratch 2>&1 | tee -a "$DEV"/log.txt | grep -v "it/s\]\|s/it\]" ;;
   evals)  # evals VARIANT ...: eval-accept-len@scratch in each variant, all at once (the decodes are launch-bound:
           # they share the GPU; the speed-ups of such a call are not figures, the acceptance is)
     shift; pids=()
-    for n in "$@"; do
+    [ $# -ge 1 ] || { echo "evals: name at least one variant"; exit 2; }
+    for n in "$@"; do  # every name checked before any eval starts
       [ -d "$DEV/v/$n/models/scratch" ] || { echo "evals: no drafter in $DEV/v/$n (variant $n ... first)"; exit 1; }
+    done
+    for n in "$@"; do
       (cd "$DEV/v/$n" && python3 scripts/run_dag.py eval-accept-len@scratch >eval_log.txt 2>&1) & pids+=($!)
     done
     rc=0; for p in "${pids[@]}"; do wait "$p" || rc=1; done
@@ -142,16 +155,21 @@ case "$1" in
     (exit "$rc") ;;
   engine)  # engine VARIANT: llama.cpp serves the variant's drafter on the CPU cores, in the background (setsid: it
            # outlives this call while the machine stays warm, beside the next variant's training on the GPU):
-           # target-gguf, export-gguf@scratch, then benchmarks/engine_check.py -> v/VARIANT/metrics/engine_scratch.json
-           # and v/VARIANT/engine_log.txt, in a later call's results.tgz
-    n=${2:?usage: engine VARIANT}
+           # serve.engine llamacpp in the variant's params (its eval ran without), target-gguf, export-gguf@scratch, then
+           # benchmarks/engine_check.py -> v/VARIANT/metrics/engine_scratch.json and v/VARIANT/engine_log.txt, in a later
+           # call's results.tgz. Its acceptance and agreement are figures; its tokens/s are not when the GPU work beside
+           # it takes cores (the evals' speed-ups neither)
+    [ $# -eq 2 ] || { echo "engine: usage: engine VARIANT"; exit 2; }
+    n=$2
     [ -f "$DEV/v/$n/metrics/eval_scratch.json" ] || { echo "engine: no eval in $DEV/v/$n (evals $n first)"; exit 1; }
+    printf 'serve:\n  engine: llamacpp\n' >"$DEV"/serve_llamacpp.yaml
+    (cd "$DEV/v/$n" && python3 -m eyas.pipeline.preset "$DEV"/serve_llamacpp.yaml --write params.yaml) || exit 1
     (cd "$DEV/v/$n" && setsid nohup bash -c 'python3 scripts/run_dag.py target-gguf export-gguf@scratch &&
       python3 benchmarks/engine_check.py scratch --out metrics/engine_scratch.json' >engine_log.txt 2>&1 </dev/null &)
     echo "engine: started in $DEV/v/$n (engine_log.txt)" ;;
   distilled)  # data/distilled (with metrics/self_distill.json, data/inputs) back through $OUT as distilled.tgz: carried
-              # as .devcarry/b/distilled.tgz, a later session's setup unpacks it and that session skips self-distill
-              # (its fingerprint still holds while conv.tgz and the preset's target/distill keys are the same)
+              # as .devcarry/b/distilled.tgz, a later session's setup unpacks it, and that session names no self-distill
+              # (the fingerprint holds while conv.tgz and the preset's target/distill keys are the same; extract checks it)
     (cd "$W" && tar czf "$OUT"/distilled.tgz data/distilled metrics/self_distill.json data/inputs) || exit 1
     ls -la "$OUT" ;;
   restore)  # restore NAME: models/NAME from the carried .devcarry/keep_NAME/keep_NAME.tar.part*
@@ -170,7 +188,7 @@ case "$1" in
 esac
 rc=$?
 # one archive: $OUT returns at most 8 files, and metrics/ alone holds 11 JSONs after the evals
-(cd "$DEV" && tar czf "$OUT"/results.tgz w/metrics w/plots $(ls -d v/*/metrics v/*/plots v/*/*_log.txt 2>/dev/null)) 2>/dev/null
+(cd "$DEV" && tar czf "$OUT"/results.tgz w/metrics w/plots $(ls -d v/*/metrics v/*/plots v/*/*_log.txt v/*/params.yaml 2>/dev/null)) 2>/dev/null
 cp "$DEV"/log.txt "$OUT"/log.txt 2>/dev/null
 du -sh $W/data/* $W/models/* 2>/dev/null
 exit $rc

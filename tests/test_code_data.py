@@ -173,7 +173,7 @@ def test_code_packages_choose_where_the_prompts_come_from():
     assert default == [i for i in by_hash if i.split("/")[0].removeprefix("code:") in USABLE][:50]
     with pytest.raises(DataError, match=r"data.code_packages: \['sympyy'\] are not among the pinned packages"):
         code_conversations(5, 0, ["sympyy"])
-    with pytest.raises(ParamsError, match=r"'data.code_packages' must be a non-empty list of distinct"):
+    with pytest.raises(ParamsError, match=r"'data.code_packages' must be a non-empty list of distinct import names"):
         parse_params({"data": {"code_packages": ["dvc", "dvc"]}})
     assert parse_params({}).data.code_packages == DEFAULT  # params.yaml's default
 

@@ -153,6 +153,7 @@ def test_dvc_repro_end_to_end(tmp_path):
             assert [[x[c] for c in counts] for x in served[bench][t]["per_prompt"]] == \
                    [[x[c] for c in counts] for x in stage[t]["per_prompt"]], (bench, t)
     # negative control: eyas' record moved by 5 verify steps a prompt is a disagreement: exit 1, file written
+    assert m["eval_scratch"]["chat"]["engine"]["agreement"]["compared"] > 0  # else there is nothing to move
     record = (repo / "metrics/eval_scratch.json").read_bytes()
     ev = json.loads(record)
     for x in ev["chat"]["per_prompt"]:

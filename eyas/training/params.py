@@ -355,7 +355,7 @@ _RANGES = [
     ("data.on_bad_line", lambda v: v in ("error", "skip"), "'error' or 'skip'"),
     ("data.code_prompts", lambda v: v >= 0, ">= 0 (0 = off)"),
     ("data.code_packages", lambda v: len(v) > 0 and len(set(v)) == len(v),
-     "a non-empty list of distinct import names of eyas.data.code.PACKAGES"),
+     "a non-empty list of distinct import names (prepare-data checks them against eyas/data/code.py PACKAGES)"),
     ("distill.max_new_tokens", lambda v: v >= 1, ">= 1"),
     ("distill.batch_size", lambda v: v >= 1, ">= 1"),
     ("distill.turns", lambda v: v in ("last", "all"), "'last' or 'all'"),
