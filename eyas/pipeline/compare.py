@@ -185,6 +185,8 @@ def _fmt(v: Any) -> str:
         return "–"
     if isinstance(v, float):
         return "nan" if math.isnan(v) else f"{v:.4g}"
+    if isinstance(v, list):  # data.code_packages
+        return ", ".join(_fmt(x) for x in v)
     return str(v)
 
 
@@ -408,8 +410,10 @@ DIR_ROWS: list[tuple[str, str, tuple]] = [
 ]
 # the metrics files compare_dirs reads (the served tables: eval_<drafter>.json)
 READ_FILES = frozenset(f for _, f, _ in DIR_ROWS)
-DIR_PARAMS = ("data.max_conversations", "data.code_prompts", "distill.turns", "distill.max_new_tokens",
-              "vocab.draft_vocab_size", "train.loss_tokens", "train.batch_tokens", "train.epochs",
+# the recipe keys a lever changes (benchmarks/levers/*.yaml): data, training contexts, TTT, eval
+DIR_PARAMS = ("data.max_conversations", "data.code_prompts", "data.code_packages", "distill.turns",
+              "distill.max_new_tokens", "distill.max_prompt_tokens", "extract.max_length", "vocab.draft_vocab_size",
+              "train.loss_tokens", "train.batch_tokens", "train.epochs", "train.ttt_length",
               "eval.num_draft_tokens", "eval.chat_prompts", "eval.humaneval_prompts")
 
 
