@@ -58,7 +58,7 @@ REPO=$(pwd)
 DEV=$HOME
 W=$DEV/w
 export PYTHONPATH=/tmp/site EYAS_TRACKING=off PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR=$DEV/inductor
-case "$1" in
+case "${1:-}" in
   park)
     mkdir -p "$DEV"/gg && cp .devcarry/a/part.aa .devcarry/a/llama-server.xz "$DEV"/gg/ && ls -la "$DEV"/gg ;;
   setup)  # setup [--lever FILE] [gpu-tests] [STAGE ...]: FILE (benchmarks/levers/*.yaml, a lever that changes the data)
@@ -121,8 +121,16 @@ case "$1" in
     [ $# -ge 3 ] || { echo "variant: NAME EVERY [PRESET ...], got: ${*:2}"; exit 2; }
     [[ $2 =~ ^[A-Za-z0-9_-]+$ ]] || { echo "variant: NAME is letters, digits, _ and -, got '$2'"; exit 2; }
     n=$2; every=$3; V=$DEV/v/$2; shift 3
-    for f in "$@"; do [ -f "$f" ] || { echo "variant: no preset $f (a path under the repository)"; exit 2; }; done
+    [[ $every =~ ^[1-9][0-9]*$ ]] || { echo "variant: EVERY is a whole number >= 1, got '$every'"; exit 2; }
     [ -f "$W/data/features/train/manifest.json" ] || { echo "variant: no features in $W (run setup ... extract first)"; exit 1; }
+    # every preset checked (its keys too, on a scratch copy of the params) before an earlier variant NAME is replaced
+    cp "$W"/params.yaml "$DEV"/variant_check.yaml || exit 1
+    for f in benchmarks/levers/eval.yaml "$@"; do
+      case "$f" in /*|*..*) echo "variant: PRESET is a path under the repository, got '$f'"; exit 2;; esac
+      [ -f "$f" ] || { echo "variant: no preset $f (a path under the repository)"; exit 2; }
+      python3 -m eyas.pipeline.preset "$f" --params "$DEV"/variant_check.yaml --write "$DEV"/variant_check.yaml \
+        >/dev/null || { echo "variant: preset $f refused (above); $V is as it was"; exit 2; }
+    done
     rm -rf "$V" && mkdir -p "$V/data/features" || exit 1
     (cd "$W" && tar cf - --exclude=./data/features --exclude=./.eyas/work --exclude=./.eyas/checkpoints .) \
       | tar xf - -C "$V" || exit 1
@@ -144,6 +152,7 @@ case "$1" in
           # they share the GPU; the speed-ups of such a call are not figures, the acceptance is)
     shift; pids=()
     [ $# -ge 1 ] || { echo "evals: name at least one variant"; exit 2; }
+    [ "$(printf '%s\n' "$@" | sort | uniq -d)" = "" ] || { echo "evals: a variant named twice: $*"; exit 2; }
     for n in "$@"; do  # every name checked before any eval starts
       [ -d "$DEV/v/$n/models/scratch" ] || { echo "evals: no drafter in $DEV/v/$n (variant $n ... first)"; exit 1; }
     done
@@ -185,6 +194,8 @@ case "$1" in
   run)
     shift
     cd $W && bash scripts/gpu_profile.sh "$@" 2>&1 | tee -a "$DEV"/log.txt | grep -v "it/s\]\|s/it\]" ;;
+  *)
+    echo "h200_profile.sh: unknown step '${1:-}' (park, setup, run, keep, restore, variant, evals, engine, distilled)"; exit 2 ;;
 esac
 rc=$?
 # one archive: $OUT returns at most 8 files, and metrics/ alone holds 11 JSONs after the evals
