@@ -65,3 +65,44 @@ def test_every_one_is_the_whole_split_and_bad_arguments_are_named(tmp_path):
     with pytest.raises(SystemExit, match="no manifest"):
         subset(tmp_path / "nothing", tmp_path / "y", every=1)
     assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
+
+
+def test_a_broken_source_is_named_and_leaves_nothing(tmp_path):
+    """A shard that is cut short, linked, missing or of another length than the manifest says, and a
+    manifest that is not one: each named, and no output (nor its .tmp) left behind."""
+    import json
+    import os
+    import shutil
+
+    def fresh(name):
+        root = tmp_path / name
+        _store(root, [3, 5, 2, 4], shard_samples=1)
+        return root
+
+    cut = fresh("cut")
+    (cut / "shard-00002.safetensors").write_bytes((cut / "shard-00002.safetensors").read_bytes()[:100])
+    linked = fresh("linked")
+    os.rename(linked / "shard-00002.safetensors", tmp_path / "elsewhere.safetensors")
+    os.symlink("../elsewhere.safetensors", linked / "shard-00002.safetensors")
+    missing = fresh("missing")
+    (missing / "shard-00002.safetensors").unlink()
+    miscounted = fresh("miscounted")
+    m = json.loads((miscounted / "manifest.json").read_text())
+    m["shards"][2]["tokens"] = 999
+    (miscounted / "manifest.json").write_text(json.dumps(m))
+    foreign = fresh("foreign")
+    m = json.loads((foreign / "manifest.json").read_text())
+    del m["shards"][1]["file"]
+    (foreign / "manifest.json").write_text(json.dumps(m))
+    for src, msg in [(cut, r"shard-00002.safetensors: cannot read its loss_mask"),
+                     (linked, r"shard-00002.safetensors: a symbolic link"),
+                     (missing, r"shard-00002.safetensors: listed in the manifest but missing"),
+                     (miscounted, r"shard-00002.safetensors: 2 tokens, the manifest .* says 999"),
+                     (foreign, r"manifest.json: not a feature manifest")]:
+        out = tmp_path / "o" / src.name
+        with pytest.raises(SystemExit, match=msg):
+            subset(src, out, every=2)
+        assert not out.exists() and not out.with_name(out.name + ".tmp").exists(), src.name
+    shutil.rmtree(tmp_path / "o")
+    # the negative control: the same source, unbroken, subsets fine
+    assert subset(fresh("whole"), tmp_path / "ok", every=2)["num_tokens"] == 3 + 2
