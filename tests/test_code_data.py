@@ -51,7 +51,7 @@ def is_identity(self):
     """Return ``True`` if this ``Lambda`` is an identity function. """
 '''
 USABLE = {"more_itertools": 79, "boltons": 227, "networkx": 241, "sympy": 4066}
-DEFAULT = list(USABLE)  # params.yaml's data.code_packages
+DEFAULT = list(USABLE)  # the four packages of the first code data (params.yaml's default adds mlflow and dvc)
 MORE = {"mlflow": 2165, "dvc": 137}  # the other pinned packages data.code_packages may add
 TOTAL = 4613
 
@@ -168,14 +168,14 @@ def test_code_packages_choose_where_the_prompts_come_from():
     by_hash = sorted(everything, key=lambda i: hashlib.sha256(f"0:{i}".encode()).hexdigest())
     assert six == by_hash[:50] and {i.split("/")[0] for i in six} >= {"code:mlflow", "code:sympy"}
     assert {c["id"].split("/")[0] for c in code_conversations(30, 0, ["dvc"])[0]} == {"code:dvc"}
-    # the default's selection is the four packages' alone: adding packages to the table moved none of it
+    # the four packages' selection is theirs alone: adding packages to the table moved none of it
     default = [c["id"] for c in code_conversations(50, 0, DEFAULT)[0]]
     assert default == [i for i in by_hash if i.split("/")[0].removeprefix("code:") in USABLE][:50]
     with pytest.raises(DataError, match=r"data.code_packages: \['sympyy'\] are not among the pinned packages"):
         code_conversations(5, 0, ["sympyy"])
     with pytest.raises(ParamsError, match=r"'data.code_packages' must be a non-empty list of distinct import names"):
         parse_params({"data": {"code_packages": ["dvc", "dvc"]}})
-    assert parse_params({}).data.code_packages == DEFAULT  # params.yaml's default
+    assert parse_params({}).data.code_packages == list(PACKAGES)  # params.yaml's default: all six
 
 
 def test_too_many_or_negative_names_the_key():
@@ -215,10 +215,11 @@ def test_prepare_data_stage_counts_code(tmp_path):
     assert m["conversations"] == {"train": 34, "val": 12, "test": 2, "publish": 2}
     # the printed sizes say where a split's code share comes from (val 12 = data.val 10 + 2 code)
     assert "prepare-data: train 34 (26 chat + 8 code), val 12 (10 chat + 2 code), test 2, publish 2 from" in r.stdout
-    assert m["code"]["packages"] == {"more-itertools": "11.2.1", "boltons": "26.2.0",
-                                     "networkx": "3.6.1", "sympy": "1.14.0"}
-    assert {k: m["code"][k]["usable"] for k in USABLE} == USABLE and m["code"]["usable"] == TOTAL
-    want = [c["id"] for c in code_conversations(10, 0, DEFAULT)[0]]
+    assert m["code"]["packages"] == {"more-itertools": "11.2.1", "boltons": "26.2.0",  # params.yaml's default: all six
+                                     "networkx": "3.6.1", "sympy": "1.14.0", "mlflow": "3.17.2", "dvc": "3.67.1"}
+    assert {k: m["code"][k]["usable"] for k in PACKAGES} == {**USABLE, **MORE}
+    assert m["code"]["usable"] == TOTAL + 2165 + 137 == 6915
+    want = [c["id"] for c in code_conversations(10, 0, list(PACKAGES))[0]]
     for split, lo, hi in (("val", 0, 2), ("train", 2, 10)):
         rows = [json.loads(x) for x in (tmp_path / f"data/conversations/{split}.jsonl").read_text().splitlines()]
         assert [c["id"] for c in rows if c["id"].startswith("code:")] == want[lo:hi]
