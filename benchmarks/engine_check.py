@@ -20,7 +20,8 @@ Writes ``--out`` (atomically): ``drafter``, ``eval`` (the metrics file read), ``
 benchmark the stage's ``engine`` block (``same_precision``, ``quantized``, ``agreement``, ...), then
 exits 1 when the engine disagrees with eyas beyond the tolerance (the file is written first).
 
-Raises (SystemExit naming the file): no eval metrics, no target or drafter GGUF, an eval without
+Raises (SystemExit naming the file), before anything is served: ``--out`` a directory or the eval record itself,
+no eval metrics, no target or drafter GGUF, a benchmark's record without ``settings`` or
 per-prompt walks (written before they existed), made with other eval settings (k, max_new_tokens,
 max_prompt_tokens) or of another prompt count than the prompts built here (other params or test split).
 """
@@ -49,6 +50,9 @@ def check(name: str, out: Path) -> dict:
     p = load_params()
     e = p.eval
     path = METRICS / f"eval_{name}.json"
+    if out.is_dir() or (out.exists() and out.resolve() == path.resolve()) or not out.parent.is_dir():
+        raise SystemExit(f"--out {out}: must be a new or result file in an existing directory, not a directory or "
+                         f"the eval record {path} it is compared with")
     if not path.is_file():
         raise SystemExit(f"{path}: no such file: run `dvc repro eval-accept-len@{name}` first")
     ev = read_json(path)
@@ -63,21 +67,25 @@ def check(name: str, out: Path) -> dict:
         "humaneval": humaneval_prompts(e.humaneval_prompts)}, e.max_prompt_tokens)
     result: dict = {"drafter": name, "eval": str(path), "k": e.num_draft_tokens, "threads": p.serve.threads,
                     "eyas_eval": {}}
-    failed = []
-    for bench, (prompts, _) in benchmarks.items():
+    for bench, (prompts, _) in benchmarks.items():  # every benchmark's record checked before any is served
         r = ev.get(bench)
         if not isinstance(r, dict) or not isinstance(r.get("per_prompt"), list):
             raise SystemExit(f"{path}: {bench} has no per_prompt walks (an eval from before they were recorded): "
                              f"rerun eval-accept-len@{name}")
+        if not isinstance(r.get("settings"), dict):
+            raise SystemExit(f"{path}: {bench}.settings is {r.get('settings')!r}, not a mapping: not an eval record")
         want = {"num_draft_tokens": e.num_draft_tokens, "max_new_tokens": e.max_new_tokens,
                 "max_prompt_tokens": e.max_prompt_tokens}
-        got = {k: r.get("settings", {}).get(k) for k in want}
+        got = {k: r["settings"].get(k) for k in want}
         if got != want:  # other settings decode other outputs: nothing would be compared, silently
             raise SystemExit(f"{path}: {bench} was evaluated with {got}, params.yaml's eval has {want}: "
                              f"not the eval of this workspace")
         if len(r["per_prompt"]) != len(prompts):
             raise SystemExit(f"{path}: {bench} has {len(r['per_prompt'])} prompts, params.yaml's eval and "
                              f"{CONVERSATIONS / 'test.jsonl'} give {len(prompts)}: not the eval of this workspace")
+    failed = []
+    for bench, (prompts, _) in benchmarks.items():
+        r = ev[bench]
         engine = engine_part(name, p, prompts, bench, cfg.num_hidden_layers)
         result["eyas_eval"][bench] = {k: r.get(k) for k in EYAS_KEYS}
         try:

@@ -164,8 +164,18 @@ def test_dvc_repro_end_to_end(tmp_path):
                        env=env, capture_output=True, text=True, timeout=1200)
     assert r.returncode == 1 and "disagree" in (r.stdout + r.stderr).lower(), r.stdout[-2000:] + r.stderr[-2000:]
     assert json.loads((repo / "engine.json").read_text())["chat"]["agreement"]["ok"] is False
-    (repo / "metrics/eval_scratch.json").write_bytes(record)  # as the stage wrote it
+    # a later benchmark's broken record is refused (with nothing written), and the eval record is no --out
+    ev = json.loads(record)
+    del ev["humaneval"]["per_prompt"]
+    (repo / "metrics/eval_scratch.json").write_text(json.dumps(ev))
     (repo / "engine.json").unlink()
+    for out, msg in (("engine.json", "humaneval has no per_prompt walks"),
+                     ("metrics/eval_scratch.json", "--out metrics/eval_scratch.json: must be a new or result file")):
+        r = subprocess.run([sys.executable, "benchmarks/engine_check.py", "scratch", "--out", out], cwd=repo,
+                           env=env, capture_output=True, text=True, timeout=600)
+        assert r.returncode == 1 and msg in r.stderr, r.stderr[-2000:]
+    assert not (repo / "engine.json").exists()
+    (repo / "metrics/eval_scratch.json").write_bytes(record)  # as the stage wrote it
 
     # a second repro runs only identify-inputs (always_changed, seconds): its outputs are unchanged,
     # so nothing downstream reruns
