@@ -51,7 +51,7 @@ def is_identity(self):
     """Return ``True`` if this ``Lambda`` is an identity function. """
 '''
 USABLE = {"more_itertools": 79, "boltons": 227, "networkx": 241, "sympy": 4066}
-DEFAULT = list(USABLE)  # the four packages of the first code data (params.yaml's default adds mlflow and dvc)
+FOUR = list(USABLE)  # the four packages of the first code data (params.yaml's default adds mlflow and dvc)
 MORE = {"mlflow": 2165, "dvc": 137}  # the other pinned packages data.code_packages may add
 TOTAL = 4613
 
@@ -64,7 +64,7 @@ def humaneval_prompts_raw() -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def all_code(seed: int = 0, packages: list[str] = DEFAULT) -> list[dict]:
+def all_code(seed: int = 0, packages: list[str] = FOUR) -> list[dict]:
     _, stats = code_conversations(1, seed, packages)
     return code_conversations(stats["usable"], seed, packages)[0]
 
@@ -89,7 +89,7 @@ def test_method_conversation_exact():
 
 
 def test_usable_counts_per_package():
-    _, stats = code_conversations(1, 0, DEFAULT)
+    _, stats = code_conversations(1, 0, FOUR)
     assert stats["packages"] == {"more-itertools": "11.2.1", "boltons": "26.2.0",
                                  "networkx": "3.6.1", "sympy": "1.14.0"}
     assert {m: stats[m]["usable"] for m in USABLE} == USABLE
@@ -132,7 +132,7 @@ def test_no_humaneval_overlap_and_limits_hold():
         assert not {tuple(w[i : i + 8]) for i in range(len(w) - 7)} & he_runs, c["id"]
     # what the two rules left out: names like HumanEval problems (more-itertools intersperse,
     # is_sorted, unique, is_prime; boltons unique, ...), docstrings sharing a run with one
-    _, stats = code_conversations(1, 0, DEFAULT)
+    _, stats = code_conversations(1, 0, FOUR)
     assert {m: (stats[m]["skipped_humaneval_name"], stats[m]["skipped_humaneval_docstring"])
             for m in USABLE} == {"more_itertools": (4, 6), "boltons": (8, 0), "networkx": (1, 0),
                                  "sympy": (50, 1)}
@@ -147,15 +147,15 @@ def test_no_humaneval_overlap_and_limits_hold():
 
 
 def test_selection_is_deterministic_and_prefix_stable():
-    a, _ = code_conversations(20, 0, DEFAULT)
-    b, _ = code_conversations(20, 0, DEFAULT)
+    a, _ = code_conversations(20, 0, FOUR)
+    b, _ = code_conversations(20, 0, FOUR)
     assert a == b
-    assert code_conversations(7, 0, DEFAULT)[0] == a[:7]  # more prompts never reorder the first ones
+    assert code_conversations(7, 0, FOUR)[0] == a[:7]  # more prompts never reorder the first ones
     ids = [c["id"] for c in all_code()]
     by_hash = sorted(ids, key=lambda i: hashlib.sha256(f"0:{i}".encode()).hexdigest())
     assert [c["id"] for c in a] == by_hash[:20]
-    assert [c["id"] for c in code_conversations(20, 1, DEFAULT)[0]] != [c["id"] for c in a]
-    assert code_conversations(0, 0, DEFAULT) == ([], {"taken": 0})
+    assert [c["id"] for c in code_conversations(20, 1, FOUR)[0]] != [c["id"] for c in a]
+    assert code_conversations(0, 0, FOUR) == ([], {"taken": 0})
 
 
 def test_code_packages_choose_where_the_prompts_come_from():
@@ -169,7 +169,7 @@ def test_code_packages_choose_where_the_prompts_come_from():
     assert six == by_hash[:50] and {i.split("/")[0] for i in six} >= {"code:mlflow", "code:sympy"}
     assert {c["id"].split("/")[0] for c in code_conversations(30, 0, ["dvc"])[0]} == {"code:dvc"}
     # the four packages' selection is theirs alone: adding packages to the table moved none of it
-    default = [c["id"] for c in code_conversations(50, 0, DEFAULT)[0]]
+    default = [c["id"] for c in code_conversations(50, 0, FOUR)[0]]
     assert default == [i for i in by_hash if i.split("/")[0].removeprefix("code:") in USABLE][:50]
     with pytest.raises(DataError, match=r"data.code_packages: \['sympyy'\] are not among the pinned packages"):
         code_conversations(5, 0, ["sympyy"])
@@ -180,9 +180,9 @@ def test_code_packages_choose_where_the_prompts_come_from():
 
 def test_too_many_or_negative_names_the_key():
     with pytest.raises(DataError, match=r"data.code_prompts: 4614 requested, only 4613 usable"):
-        code_conversations(4614, 0, DEFAULT)
+        code_conversations(4614, 0, FOUR)
     with pytest.raises(DataError, match="data.code_prompts must be >= 0"):
-        code_conversations(-1, 0, DEFAULT)
+        code_conversations(-1, 0, FOUR)
     with pytest.raises(ParamsError, match=r"'data.code_prompts' must be >= 0 \(0 = off\), got -3"):
         parse_params({"data": {"code_prompts": -3}})
     assert parse_params({"data": {"code_prompts": 0}}).data.code_prompts == 0  # 0 = off
@@ -218,7 +218,7 @@ def test_prepare_data_stage_counts_code(tmp_path):
     assert m["code"]["packages"] == {"more-itertools": "11.2.1", "boltons": "26.2.0",  # params.yaml's default: all six
                                      "networkx": "3.6.1", "sympy": "1.14.0", "mlflow": "3.17.2", "dvc": "3.67.1"}
     assert {k: m["code"][k]["usable"] for k in PACKAGES} == {**USABLE, **MORE}
-    assert m["code"]["usable"] == TOTAL + 2165 + 137 == 6915
+    assert m["code"]["usable"] == TOTAL + sum(MORE.values()) == 6915
     want = [c["id"] for c in code_conversations(10, 0, list(PACKAGES))[0]]
     for split, lo, hi in (("val", 0, 2), ("train", 2, 10)):
         rows = [json.loads(x) for x in (tmp_path / f"data/conversations/{split}.jsonl").read_text().splitlines()]
