@@ -54,6 +54,8 @@ def subset(src: Path, out: Path, every: int) -> dict:
         raise SystemExit(f"{src / MANIFEST}: the split holds no tokens")
     if not 1 <= every <= len(shards):
         raise SystemExit(f"--every {every}: must be 1..{len(shards)} (the shards of {src})")
+    if out.resolve().is_relative_to(src.resolve()) or src.resolve().is_relative_to(out.resolve()):
+        raise SystemExit(f"{out}: inside the split {src} or holding it; write the subset beside it")
     if out.exists():
         raise SystemExit(f"{out}: exists; remove it first (a subset is written whole or not at all)")
     tmp = out.with_name(out.name + ".tmp")

@@ -58,6 +58,9 @@ REPO=$(pwd)
 DEV=$HOME
 W=$DEV/w
 export PYTHONPATH=/tmp/site EYAS_TRACKING=off PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR=$DEV/inductor
+name_ok() {  # name_ok STEP VALUE: a drafter or variant name becomes a path under $DEV: letters, digits, _ and - only
+  [[ $2 =~ ^[A-Za-z0-9_-]+$ ]] || { echo "$1: a name is letters, digits, _ and -, got '$2'"; exit 2; }
+}
 case "${1:-}" in
   park)
     mkdir -p "$DEV"/gg && cp .devcarry/a/part.aa .devcarry/a/llama-server.xz "$DEV"/gg/ && ls -la "$DEV"/gg ;;
@@ -70,6 +73,10 @@ case "${1:-}" in
       [ -f "$lever" ] || { echo "setup: no lever file $lever"; exit 2; }
     fi
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .devcarry/b/*.whl || exit 1
+    if [ -n "$lever" ]; then  # its keys checked on a scratch copy before the work dir is rebuilt
+      python3 -m eyas.pipeline.preset "$lever" --params presets/h200.yaml --write "$DEV"/lever_check.yaml >/dev/null \
+        || { echo "setup: lever $lever refused (above); $W is as it was"; exit 2; }
+    fi
     tests=""
     if [ "${1:-}" = gpu-tests ]; then  # the GPU tests beside the stages (their own OUT and log)
       shift; mkdir -p "$OUT"/gpu_tests
@@ -110,6 +117,7 @@ case "${1:-}" in
   keep)  # keep NAME [VARIANT]: models/NAME (of $DEV/v/VARIANT if given) back through $OUT as keep_NAME.tar.partNN
          # (15 MB each; one drafter per call)
     [ $# -eq 2 ] || [ $# -eq 3 ] || { echo "keep: one drafter per call (\$OUT returns 64 MiB), got: ${*:2}"; exit 2; }
+    name_ok keep "$2"; [ $# -eq 3 ] && name_ok keep "$3"
     n=$2; m=$W/models; [ $# -eq 3 ] && m=$DEV/v/$3/models
     [ -d "$m/$n" ] || { echo "keep: no $m/$n"; exit 1; }
     k=$n; [ $# -eq 3 ] && k=$3_$n  # a variant's parts are keep_VARIANT_NAME (they do not restore into the work dir)
@@ -119,7 +127,7 @@ case "${1:-}" in
             # is every EVERY-th shard of the profile's (benchmarks/feature_subset.py; 1 = all of it), with params =
             # the profile's + benchmarks/levers/eval.yaml + each PRESET (a lever's keys, applied in order)
     [ $# -ge 3 ] || { echo "variant: NAME EVERY [PRESET ...], got: ${*:2}"; exit 2; }
-    [[ $2 =~ ^[A-Za-z0-9_-]+$ ]] || { echo "variant: NAME is letters, digits, _ and -, got '$2'"; exit 2; }
+    name_ok variant "$2"
     n=$2; every=$3; V=$DEV/v/$2; shift 3
     [[ $every =~ ^[1-9][0-9]*$ ]] || { echo "variant: EVERY is a whole number >= 1, got '$every'"; exit 2; }
     [ -f "$W/data/features/train/manifest.json" ] || { echo "variant: no features in $W (run setup ... extract first)"; exit 1; }
@@ -153,7 +161,8 @@ case "${1:-}" in
     shift; pids=()
     [ $# -ge 1 ] || { echo "evals: name at least one variant"; exit 2; }
     [ "$(printf '%s\n' "$@" | sort | uniq -d)" = "" ] || { echo "evals: a variant named twice: $*"; exit 2; }
-    for n in "$@"; do  # every name checked before any eval starts
+    for n in "$@"; do name_ok evals "$n"; done
+    for n in "$@"; do  # every drafter checked before any eval starts
       [ -d "$DEV/v/$n/models/scratch" ] || { echo "evals: no drafter in $DEV/v/$n (variant $n ... first)"; exit 1; }
     done
     for n in "$@"; do
@@ -169,6 +178,7 @@ case "${1:-}" in
            # call's results.tgz. Its acceptance and agreement are figures; its tokens/s are not when the GPU work beside
            # it takes cores (the evals' speed-ups neither)
     [ $# -eq 2 ] || { echo "engine: usage: engine VARIANT"; exit 2; }
+    name_ok engine "$2"
     n=$2
     [ -f "$DEV/v/$n/metrics/eval_scratch.json" ] || { echo "engine: no eval in $DEV/v/$n (evals $n first)"; exit 1; }
     printf 'serve:\n  engine: llamacpp\n' >"$DEV"/serve_llamacpp.yaml
@@ -183,6 +193,7 @@ case "${1:-}" in
     ls -la "$OUT" ;;
   restore)  # restore NAME: models/NAME from the carried .devcarry/keep_NAME/keep_NAME.tar.part*
     [ $# -eq 2 ] || { echo "restore: one drafter per call (a call carries 64 MiB), got: ${*:2}"; exit 2; }
+    name_ok restore "$2"
     n=$2; parts=(.devcarry/keep_"$n"/keep_"$n".tar.part*)
     [ -e "${parts[0]}" ] || { echo "restore: no .devcarry/keep_$n/keep_$n.tar.part* carried"; exit 1; }
     # unpacked beside, then swapped in: a broken or incomplete part set leaves models/NAME as it was

@@ -64,6 +64,12 @@ def test_every_one_is_the_whole_split_and_bad_arguments_are_named(tmp_path):
         subset(tmp_path / "train", tmp_path / "all", every=1)
     with pytest.raises(SystemExit, match="no manifest"):
         subset(tmp_path / "nothing", tmp_path / "y", every=1)
+    # an output inside the split (or holding it) would land among its shards or swallow it
+    for out in (tmp_path / "train" / "half", tmp_path / "train" / ".." / "train" / "q", tmp_path):
+        with pytest.raises(SystemExit, match="inside the split .* or holding it"):
+            subset(tmp_path / "train", out, every=1)
+    assert sorted(p.name for p in (tmp_path / "train").iterdir()) == ["manifest.json"] + [
+        f"shard-0000{i}.safetensors" for i in range(3)]
     assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
 
 

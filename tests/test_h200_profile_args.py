@@ -1,0 +1,62 @@
+"""benchmarks/h200_profile.sh refuses bad arguments before it touches anything: a drafter or variant
+name becomes a path under the GPU machine's scratch dir ($HOME), so a name with a slash, dots or a
+space is refused by every step that takes one, and an unknown step exits 2. Run here with a temporary
+$HOME and $OUT (the steps that reach the GPU are not run)."""
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "h200_profile.sh"
+
+
+def _run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    home, out = tmp_path / "home", tmp_path / "out"
+    home.mkdir(exist_ok=True)
+    out.mkdir(exist_ok=True)
+    env = {"HOME": str(home), "OUT": str(out), "PATH": str(Path(shutil.which("python3")).parent) + ":/usr/bin:/bin"}
+    return subprocess.run(["bash", str(SCRIPT), *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=120)
+
+
+@pytest.mark.parametrize("args", [("keep", "../w"), ("keep", "scratch", "a/b"), ("restore", "../.."),
+                                  ("engine", "a b"), ("evals", "ok", "../v"), ("variant", "../v", "1"),
+                                  ("variant", "v.1", "2")])
+def test_a_name_that_is_not_a_plain_word_is_refused(tmp_path, args):
+    r = _run(tmp_path, *args)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert f"{args[0]}: a name is letters, digits, _ and -, got" in r.stdout
+    assert sorted(p.name for p in (tmp_path / "home").iterdir()) == []  # nothing made or removed
+
+
+def test_a_plain_name_gets_past_the_check_and_unknown_steps_fail(tmp_path):
+    # negative control: the same steps with plain names reach their next check
+    r = _run(tmp_path, "keep", "scratch")
+    assert r.returncode == 1 and "keep: no " in r.stdout and "models/scratch" in r.stdout
+    r = _run(tmp_path, "evals", "ok", "v_2")
+    assert r.returncode == 1 and "evals: no drafter in" in r.stdout and "v/ok" in r.stdout
+    r = _run(tmp_path, "restore", "scratch")
+    assert r.returncode == 1 and "restore: no .devcarry/keep_scratch" in r.stdout
+    r = _run(tmp_path, "bogus")
+    assert r.returncode == 2 and "unknown step 'bogus'" in r.stdout
+    assert _run(tmp_path).returncode == 2
+
+
+def test_variant_checks_its_presets_before_replacing_an_earlier_variant(tmp_path):
+    w, earlier = tmp_path / "home" / "w", tmp_path / "home" / "v" / "v1"
+    (w / "data" / "features" / "train").mkdir(parents=True)
+    (w / "data" / "features" / "train" / "manifest.json").write_text("{}")
+    shutil.copy(ROOT / "params.yaml", w / "params.yaml")
+    earlier.mkdir(parents=True)
+    (earlier / "kept.txt").write_text("an earlier variant's drafter")
+    for preset, rc, msg in (("benchmarks/levers/nope.yaml", 2, "variant: no preset benchmarks/levers/nope.yaml"),
+                            ("../params.yaml", 2, "variant: PRESET is a path under the repository"),
+                            ("README.md", 2, "variant: preset README.md refused")):
+        r = _run(tmp_path, "variant", "v1", "1", preset)
+        assert r.returncode == rc and msg in r.stdout, r.stdout + r.stderr
+        assert (earlier / "kept.txt").read_text() == "an earlier variant's drafter"
+    r = _run(tmp_path, "variant", "v1", "0")
+    assert r.returncode == 2 and "EVERY is a whole number >= 1, got '0'" in r.stdout
