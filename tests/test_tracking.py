@@ -171,7 +171,7 @@ def test_params_flat_and_secrets_masked(repo, monkeypatch):
     for k, v in expected.items():
         assert logged[k] == v, k
     assert logged["lr"] == "0.001" and logged["train_finetune.lr"] == "0.0003"
-    assert logged["train.batch_tokens"] == "1024"  # a count of tokens is not a secret
+    assert logged["train.batch_tokens"] == "512"  # a count of tokens is not a secret
     assert logged["hub.hf_token"] == "***"
     assert logged["API_KEY"] == "***"
     assert logged["db_password"] == "***"

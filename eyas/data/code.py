@@ -14,11 +14,11 @@ splits (never to test or publish), built from real functions of the packages of
 
 giving 79, 227, 241, 4,066, 2,165 and 137 usable functions (``code.<package>.usable`` in
 ``metrics/prepare_data.json`` when ``data.code_prompts`` > 0). ``data.code_packages`` names the
-packages the prompts come from (the default, the first four: 4,613). All six are pinned in
-``pyproject.toml`` and installed by ``scripts/install.sh``, so the data is the same
+packages the prompts come from (the default: all six, 6,915; ``presets/h200.yaml`` names the first
+four: 4,613). All six are pinned in ``pyproject.toml`` and installed by ``scripts/install.sh``, so the data is the same
 on every machine (the running Python's stdlib is not used: it differs between versions). Every
 ``*.py`` file under a package's directory is read, except those under a ``tests`` directory (the
-package's own test suite); the files are parsed with :mod:`ast` (the same 4,613 prompts on
+package's own test suite); the files are parsed with :mod:`ast` (the same prompts on
 Python 3.11, 3.12 and 3.13), never imported.
 
 A *candidate* is a ``def`` at module level, or directly in the body of a module-level class (a
@@ -62,11 +62,11 @@ __all__ = ["PACKAGES", "MAX_PROMPT_CHARS", "MAX_SOURCE_CHARS", "OVERLAP_WORDS", 
            "humaneval_word_runs", "usable_functions", "code_conversations", "add_to_splits"]
 
 # import name -> (distribution name, pinned version); keep in step with pyproject.toml. data.code_packages
-# picks among them (the default: the first four); mlflow and dvc are eyas' own pinned requirements
+# picks among them (the default: all six); mlflow and dvc are eyas' own pinned requirements
 PACKAGES = {"more_itertools": ("more-itertools", "11.2.1"), "boltons": ("boltons", "26.2.0"),
             "networkx": ("networkx", "3.6.1"), "sympy": ("sympy", "1.14.0"),
             "mlflow": ("mlflow", "3.17.2"), "dvc": ("dvc", "3.67.1")}
-# rendered with SmolLM2's chat template, the 4,613 usable prompts of the pins are 122 tokens on
+# rendered with SmolLM2's chat template, the 4,613 usable prompts of the first four are 122 tokens on
 # average and 323 at most; 54 (52 of them sympy's, dense doctests) exceed the default distill prompt
 # budget of 256 (extract.max_length 320 - distill.max_new_tokens 64), and self-distill drops them
 # (counted)
