@@ -35,7 +35,8 @@ fi
 if ! server_ok; then
   cmake -S "$SRC" -B "$WORK/build" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF \
     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF \
-    -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF -DGGML_NATIVE=OFF > "$WORK/cmake.log"
+    -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF -DGGML_NATIVE=OFF > "$WORK/cmake.log" 2>&1 \
+    || { tail -40 "$WORK/cmake.log"; exit 1; }  # its warnings (no web UI: none is built) stay in the log
   cmake --build "$WORK/build" --target llama-server -j "$(nproc)" > "$WORK/build.log" \
     || { tail -40 "$WORK/build.log"; exit 1; }
   install -m 755 "$WORK/build/bin/llama-server" "$BIN_DIR/llama-server"
