@@ -47,7 +47,7 @@
 #   E  bash benchmarks/device.sh profile engine full && bash benchmarks/device.sh profile variant half 2 \
 #        && bash benchmarks/device.sh profile evals half               (llama.cpp serves `full` on the idle CPU cores
 #        meanwhile; the scaling table's next data size; a later call's results.tgz brings engine_scratch.json back)
-# A training-only lever is `variant NAME 1 PRESET` with PRESET holding its keys (e.g. train.ttt_length).
+# A training-only lever is `variant NAME EVERY PRESET` with PRESET holding its keys (benchmarks/levers/ttt7.yaml: train.ttt_length 7).
 # scripts/run_dag.py runs every stage it is given, finished or not (no DVC here): after a call ends at its limit,
 # name only the stages it did not finish. At contexts 640/768 self-distill takes ~520 s of a call: bring its
 # output back with `profile distilled` and carry it in later sessions (then name no self-distill there).
