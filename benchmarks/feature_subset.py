@@ -15,14 +15,17 @@ of the shorter code prompts alike), where a prefix would keep the shortest alone
 (``truncated_samples``, ``skipped_template``, ...) stay the whole split's.
 
 Raises (as SystemExit with the file named, nothing of the output left): no manifest (extraction
-incomplete) or one that is not a feature manifest, a listed shard missing, unreadable, a symbolic link
-or of another token count than the manifest says, n < 1 or larger than the shard count, an output
-directory that already exists, an output on another file system.
+incomplete), one that is not JSON or not a feature manifest (shards of {file, samples, tokens}, each
+file a name beside the manifest), a listed shard missing, unreadable, a symbolic link or of another
+token count than the manifest says, n < 1 or larger than the shard count, an output directory that
+already exists or is a symbolic link, an output on another file system.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import os
 import shutil
 import sys
@@ -32,49 +35,43 @@ from safetensors import safe_open
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # eyas from this checkout
 from eyas.features import MANIFEST, FeatureError, FeatureStore  # noqa: E402
-from eyas.io import write_json  # noqa: E402
+from eyas.io import read_json, write_json  # noqa: E402
 
 
 def subset(src: Path, out: Path, every: int) -> dict:
     """Write ``out`` as shards ``0, every, 2 * every, ...`` of the feature split ``src``; returns
     the new manifest. Raises SystemExit naming the file or argument at fault; nothing of ``out`` is
-    left behind then."""
-    try:  # the manifest as the train stages read it (eyas.features.FeatureStore.open): format, shards there
-        m = FeatureStore.open(src).manifest
-        shards = m["shards"]
-        for s in shards:
-            if not (isinstance(s["file"], str) and isinstance(s["samples"], int) and isinstance(s["tokens"], int)):
-                raise TypeError(f"shard entry {s!r}")
-    except FeatureError as e:
-        raise SystemExit(str(e)) from None
-    except (KeyError, TypeError) as e:  # a hand-edited or foreign manifest
-        raise SystemExit(f"{src / MANIFEST}: not a feature manifest ({type(e).__name__}: {e}): shards is a list of "
-                         f"{{file, samples, tokens}}") from None
+    left behind then (nor the directories made for it)."""
+    m = _manifest(src)
+    shards = m["shards"]
     if sum(s["tokens"] for s in shards) < 1:
         raise SystemExit(f"{src / MANIFEST}: the split holds no tokens")
     if not 1 <= every <= len(shards):
         raise SystemExit(f"--every {every}: must be 1..{len(shards)} (the shards of {src})")
     if out.resolve().is_relative_to(src.resolve()) or src.resolve().is_relative_to(out.resolve()):
         raise SystemExit(f"{out}: inside the split {src} or holding it; write the subset beside it")
-    if out.exists():
-        raise SystemExit(f"{out}: exists; remove it first (a subset is written whole or not at all)")
     tmp = out.with_name(out.name + ".tmp")
-    if tmp.exists():
-        raise SystemExit(f"{tmp}: a leftover of an interrupted run; remove it first")
+    for path, why in ((out, "remove it first (a subset is written whole or not at all)"),
+                      (tmp, "a leftover of an interrupted run; remove it first")):
+        if path.is_symlink():
+            raise SystemExit(f"{path}: a symbolic link (to {os.readlink(path)}); give a new directory")
+        if path.exists():
+            raise SystemExit(f"{path}: exists; {why}")
     keep = shards[::every]
     for s in keep:  # a link would be hard-linked as a link (a relative one then points nowhere from out)
         if (src / s["file"]).is_symlink():
             raise SystemExit(f"{src / s['file']}: a symbolic link; give the split that holds the shard files")
-    tmp.mkdir(parents=True)
-    supervised = 0
+    made = [d for d in (tmp, *tmp.parents) if not os.path.lexists(d)]  # removed again on failure
     try:
+        tmp.mkdir(parents=True)
+        supervised = 0
         for s in keep:
             f_src = src / s["file"]
             try:
                 os.link(f_src, tmp / s["file"])
-            except OSError as e:  # another file system, or no hard links there
-                raise SystemExit(f"{f_src} -> {tmp}: cannot hard-link ({e.strerror}): the output must be on "
-                                 f"the source's file system") from None
+            except OSError as e:
+                why = ": the output must be on the source's file system" if e.errno == errno.EXDEV else ""
+                raise SystemExit(f"{f_src} -> {tmp / s['file']}: cannot hard-link ({e.strerror}){why}") from None
             try:
                 with safe_open(str(f_src), framework="pt") as f:  # the manifest's shards do not count it
                     mask = f.get_tensor("loss_mask")
@@ -89,11 +86,52 @@ def subset(src: Path, out: Path, every: int) -> dict:
                "subset": {"of": str(src), "every": every, "shards": f"{len(keep)} of {len(shards)}",
                           "num_tokens_of_source": sum(s["tokens"] for s in shards)}}
         write_json(tmp / MANIFEST, new)
+        tmp.rename(out)
+    except OSError as e:  # making the directories, writing the manifest, the final rename
+        _remove(made)
+        raise SystemExit(f"{e.filename2 or e.filename or out}: cannot write the subset ({e.strerror or e})") from None
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        _remove(made)
         raise
-    tmp.rename(out)
     return new
+
+
+def _remove(made: list[Path]) -> None:
+    """Remove the directories ``subset`` made (``made[0]``, the temporary one, with its contents)."""
+    shutil.rmtree(made[0], ignore_errors=True)
+    for d in made[1:]:
+        with contextlib.suppress(OSError):
+            d.rmdir()
+
+
+def _manifest(src: Path) -> dict:
+    """The split's manifest as the train stages open it (:meth:`eyas.features.FeatureStore.open`), its
+    shard list checked. Raises SystemExit naming the manifest and what is wrong with it."""
+    path = src / MANIFEST
+    try:
+        if path.is_file():  # before FeatureStore.open, which would trip over a malformed one
+            m = read_json(path)
+            if not isinstance(m.get("shards"), list):
+                raise SystemExit(f"{path}: not a feature manifest: no shards list ({_SHAPE})")
+            for i, s in enumerate(m["shards"]):
+                if not (isinstance(s, dict) and isinstance(s.get("file"), str) and isinstance(s.get("samples"), int)
+                        and isinstance(s.get("tokens"), int)):
+                    raise SystemExit(f"{path}: not a feature manifest: shards[{i}] is {s!r} ({_SHAPE})")
+                if s["file"] in ("", ".", "..") or Path(s["file"]).name != s["file"]:
+                    raise SystemExit(f"{path}: shards[{i}] file {s['file']!r} is not a file name: a split holds "
+                                     f"its shards beside its manifest, and so does the subset")
+        return FeatureStore.open(src).manifest
+    except UnicodeDecodeError as e:
+        raise SystemExit(f"{path}: not UTF-8 text (byte {e.start})") from None
+    except (FeatureError, ValueError) as e:  # each names the file (read_json: not JSON, not a JSON object)
+        raise SystemExit(str(e)) from None
+    except OSError as e:
+        raise SystemExit(f"{path}: cannot read the manifest ({e.strerror})") from None
+    except TypeError as e:  # a key of another type than FeatureStore.open reads it as (aux_layers: 5)
+        raise SystemExit(f"{path}: not a feature manifest ({e})") from None
+
+
+_SHAPE = "a feature manifest lists its shards as {file, samples, tokens}"
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,6 +1,9 @@
 """benchmarks/feature_subset.py: every n-th shard of a feature split, read back as a store the
 train stages open (the scaling table's smaller training sets)."""
 
+import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -76,10 +79,6 @@ def test_every_one_is_the_whole_split_and_bad_arguments_are_named(tmp_path):
 def test_a_broken_source_is_named_and_leaves_nothing(tmp_path):
     """A shard that is cut short, linked, missing or of another length than the manifest says, and a
     manifest that is not one: each named, and no output (nor its .tmp) left behind."""
-    import json
-    import os
-    import shutil
-
     def fresh(name):
         root = tmp_path / name
         _store(root, [3, 5, 2, 4], shard_samples=1)
@@ -108,7 +107,110 @@ def test_a_broken_source_is_named_and_leaves_nothing(tmp_path):
         out = tmp_path / "o" / src.name
         with pytest.raises(SystemExit, match=msg):
             subset(src, out, every=2)
-        assert not out.exists() and not out.with_name(out.name + ".tmp").exists(), src.name
-    shutil.rmtree(tmp_path / "o")
+        assert not (tmp_path / "o").exists(), src.name  # nor the directory made for it
     # the negative control: the same source, unbroken, subsets fine
     assert subset(fresh("whole"), tmp_path / "ok", every=2)["num_tokens"] == 3 + 2
+
+
+def _leftovers(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if "split" not in p.relative_to(root).parts)
+
+
+def test_an_output_that_is_a_symbolic_link_is_refused_and_nothing_is_made(tmp_path):
+    """A link as the output (dangling or not), or as its .tmp: one line naming it, nothing written."""
+    _store(tmp_path / "split", [3, 5, 2, 4], shard_samples=1)
+    (tmp_path / "dir").mkdir()
+    os.symlink(tmp_path / "nowhere", tmp_path / "dangling")
+    os.symlink(tmp_path / "dir", tmp_path / "to_dir")
+    os.symlink(tmp_path / "nowhere", tmp_path / "sub.tmp")
+    for out, link in [("dangling", "dangling"), ("to_dir", "to_dir"), ("sub", "sub.tmp")]:
+        with pytest.raises(SystemExit) as e:
+            subset(tmp_path / "split", tmp_path / out, every=2)
+        assert str(e.value) == f"{tmp_path / link}: a symbolic link (to {os.readlink(tmp_path / link)}); give a new " \
+                               f"directory"
+        assert _leftovers(tmp_path) == ["dangling", "dir", "sub.tmp", "to_dir"]
+    # the negative control: a new directory, there or under the link's target, is written
+    assert subset(tmp_path / "split", tmp_path / "to_dir" / "half", every=2)["num_tokens"] == 3 + 2
+    assert sorted(p.name for p in (tmp_path / "dir" / "half").iterdir()) == [
+        "manifest.json", "shard-00000.safetensors", "shard-00002.safetensors"]
+
+
+def test_a_failure_after_the_directories_are_made_removes_them(tmp_path):
+    """A shard that fails its check, an output under a file: the temporary directory and every parent
+    made for it removed, the existing ones kept."""
+    src = tmp_path / "split"
+    _store(src, [3, 5, 2, 4], shard_samples=1)
+    (src / "shard-00002.safetensors").write_bytes(b"not a shard")
+    (tmp_path / "keep").mkdir()
+    with pytest.raises(SystemExit, match=r"shard-00002.safetensors: cannot read its loss_mask"):
+        subset(src, tmp_path / "keep" / "a" / "b" / "half", every=2)
+    assert _leftovers(tmp_path) == ["keep"]
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(SystemExit) as e:
+        subset(src, tmp_path / "file" / "half", every=1)
+    assert str(e.value) == f"{tmp_path / 'file' / 'half.tmp'}: cannot write the subset (Not a directory)"
+    assert _leftovers(tmp_path) == ["file", "keep"]
+
+
+@pytest.mark.parametrize("text, message", [
+    (b'{"format_version": 1, "shards": [}', r"{m}: not valid JSON \(line 1\): Expecting value"),
+    (b'[1, 2]', r"{m}: the top level is an array \(\[1, 2\]\), expected a JSON object"),
+    (b'{"caf\xe9": 1}', r"{m}: not UTF-8 text \(byte 5\)"),
+    (b'{"format_version": 1}', r"{m}: not a feature manifest: no shards list \(a feature manifest lists its shards "
+                               r"as \{{file, samples, tokens\}}\)"),
+    (b'{"shards": {"file": "x"}}', r"{m}: not a feature manifest: no shards list"),
+    (b'{"shards": [{"file": "x", "samples": 1}]}',
+     r"{m}: not a feature manifest: shards\[0\] is \{{'file': 'x', 'samples': 1\}} \(a feature manifest"),
+    (b'{"shards": ["x"]}', r"{m}: not a feature manifest: shards\[0\] is 'x'"),
+    (b'{"shards": []}', r"{m}: format_version None != \d+"),
+])
+def test_a_broken_manifest_is_one_line_naming_it(tmp_path, text, message):
+    src = tmp_path / "split"
+    _store(src, [3, 5], shard_samples=1)
+    (src / "manifest.json").write_bytes(text)
+    want = message.format(m=str(src / "manifest.json"))
+    with pytest.raises(SystemExit, match=rf"^{want}") as e:
+        subset(src, tmp_path / "out", every=1)
+    assert "\n" not in str(e.value)
+    assert _leftovers(tmp_path) == []
+    # and from the command line: that line, no traceback
+    r = subprocess.run([sys.executable, str(Path(__file__).resolve().parents[1] / "benchmarks" / "feature_subset.py"),
+                        str(src), str(tmp_path / "out"), "--every", "1"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and r.stdout == "" and r.stderr == str(e.value) + "\n"
+
+
+def test_a_manifest_aux_layers_of_another_type_is_named(tmp_path):
+    src = tmp_path / "split"
+    _store(src, [3, 5], shard_samples=1)
+    m = json.loads((src / "manifest.json").read_text())
+    (src / "manifest.json").write_text(json.dumps({**m, "aux_layers": 5}))
+    with pytest.raises(SystemExit, match=rf"^{src / 'manifest.json'}: not a feature manifest \(argument of type "
+                                         r"'int' is not iterable\)$"):
+        subset(src, tmp_path / "out", every=1)
+
+
+@pytest.mark.parametrize("name", ["sub/shard-00001.safetensors", "/abs/shard-00001.safetensors",
+                                  "../shard-00001.safetensors", ".."])
+def test_a_shard_outside_the_manifests_directory_is_named_as_such(tmp_path, name):
+    """A shard listed with a directory in its name (present there, so the store itself opens) is
+    refused for what it is, not blamed on the file system; the negative control, flat, subsets."""
+    src = tmp_path / "split"
+    _store(src, [3, 5, 2], shard_samples=1)
+    m = json.loads((src / "manifest.json").read_text())
+    if name.startswith("sub/"):
+        (src / "sub").mkdir()
+        os.rename(src / "shard-00001.safetensors", src / name)
+    m["shards"][1]["file"] = name
+    (src / "manifest.json").write_text(json.dumps(m))
+    if name.startswith("sub/"):
+        assert FeatureStore.open(src).manifest["shards"][1]["file"] == name  # a store the train stages open
+    with pytest.raises(SystemExit) as e:
+        subset(src, tmp_path / "out", every=1)
+    assert str(e.value) == (f"{src / 'manifest.json'}: shards[1] file {name!r} is not a file name: a split holds its "
+                            f"shards beside its manifest, and so does the subset")
+    assert "file system" not in str(e.value) and _leftovers(tmp_path) == []
+    m["shards"][1]["file"] = "shard-00001.safetensors"
+    if name.startswith("sub/"):
+        os.rename(src / name, src / "shard-00001.safetensors")
+    (src / "manifest.json").write_text(json.dumps(m))
+    assert subset(src, tmp_path / "out", every=1)["num_tokens"] == 10
