@@ -53,7 +53,15 @@ def is_identity(self):
 USABLE = {"more_itertools": 79, "boltons": 227, "networkx": 241, "sympy": 4066}
 FOUR = list(USABLE)  # the four packages of the first code data (params.yaml's default adds mlflow and dvc)
 MORE = {"mlflow": 2165, "dvc": 137}  # the other pinned packages data.code_packages may add
+SIX = FOUR + list(MORE)  # params.yaml's default
+# dependencies of mlflow and dvc, pinned too (benchmarks/levers/data2x.yaml names all fourteen)
+EXTRA = {"dulwich": 1249, "sqlalchemy": 1140, "pydantic": 324, "rich": 311, "jinja2": 230, "werkzeug": 216,
+         "git": 214, "fsspec": 199}
 TOTAL = 4613
+# Jinja2 3.1.6, jinja2/utils.py, class Cycler: copied by hand and dedented
+CYCLER_RESET = '''def reset(self) -> None:
+    """Resets the current item to the first item."""
+'''
 
 
 def humaneval_prompts_raw() -> list[dict]:
@@ -88,6 +96,15 @@ def test_method_conversation_exact():
          "```python\n" + LAMBDA_IS_IDENTITY + "    return self.signature == self.expr\n```"}]
 
 
+def test_extra_package_conversation_exact():
+    (conv,) = [c for c in code_conversations(EXTRA["jinja2"], 0, ["jinja2"])[0]
+               if c["id"] == "code:jinja2/utils.py:Cycler.reset"]
+    assert conv["messages"] == [
+        {"role": "user", "content": "Complete the following Python function. Reply with code only."
+                                    "\n\n```python\n" + CYCLER_RESET + "```"},
+        {"role": "assistant", "content": "```python\n" + CYCLER_RESET + "    self.pos = 0\n```"}]
+
+
 def test_usable_counts_per_package():
     _, stats = code_conversations(1, 0, FOUR)
     assert stats["packages"] == {"more-itertools": "11.2.1", "boltons": "26.2.0",
@@ -115,7 +132,7 @@ def test_no_humaneval_overlap_and_limits_hold():
     he_runs = {tuple(w[i : i + 8]) for p in problems for w in [words(p["prompt"])]
                for i in range(len(w) - 7)}
     convs = all_code(packages=list(PACKAGES))  # every pinned package data.code_packages may name
-    assert len(convs) == TOTAL + sum(MORE.values())
+    assert len(convs) == TOTAL + sum(MORE.values()) + sum(EXTRA.values()) == 10798
     names = [c["id"].rsplit(":", 1)[1].rsplit(".", 1)[-1] for c in convs]  # method: its own name
     assert not set(names) & entry_points
     for c in convs:
@@ -163,8 +180,8 @@ def test_code_packages_choose_where_the_prompts_come_from():
     assert stats["packages"] == {"mlflow": "3.17.2", "dvc": "3.67.1"}
     assert {m: stats[m]["usable"] for m in MORE} == MORE and stats["usable"] == 2165 + 137
     assert not set(USABLE) & set(stats)  # the default's packages are not read
-    six = [c["id"] for c in code_conversations(50, 0, list(PACKAGES))[0]]
-    everything = [c["id"] for c in all_code(packages=list(PACKAGES))]  # the same order over all six packages
+    six = [c["id"] for c in code_conversations(50, 0, SIX)[0]]
+    everything = [c["id"] for c in all_code(packages=SIX)]  # the same order over all six packages
     by_hash = sorted(everything, key=lambda i: hashlib.sha256(f"0:{i}".encode()).hexdigest())
     assert six == by_hash[:50] and {i.split("/")[0] for i in six} >= {"code:mlflow", "code:sympy"}
     assert {c["id"].split("/")[0] for c in code_conversations(30, 0, ["dvc"])[0]} == {"code:dvc"}
@@ -175,7 +192,9 @@ def test_code_packages_choose_where_the_prompts_come_from():
         code_conversations(5, 0, ["sympyy"])
     with pytest.raises(ParamsError, match=r"'data.code_packages' must be a non-empty list of distinct import names"):
         parse_params({"data": {"code_packages": ["dvc", "dvc"]}})
-    assert parse_params({}).data.code_packages == list(PACKAGES)  # params.yaml's default: all six
+    assert parse_params({}).data.code_packages == SIX  # params.yaml's default: the first six
+    _, stats = code_conversations(1, 0, list(EXTRA))
+    assert {m: stats[m]["usable"] for m in EXTRA} == EXTRA and list(PACKAGES) == SIX + list(EXTRA)
 
 
 def test_too_many_or_negative_names_the_key():
@@ -217,9 +236,9 @@ def test_prepare_data_stage_counts_code(tmp_path):
     assert "prepare-data: train 34 (26 chat + 8 code), val 12 (10 chat + 2 code), test 2, publish 2 from" in r.stdout
     assert m["code"]["packages"] == {"more-itertools": "11.2.1", "boltons": "26.2.0",  # params.yaml's default: all six
                                      "networkx": "3.6.1", "sympy": "1.14.0", "mlflow": "3.17.2", "dvc": "3.67.1"}
-    assert {k: m["code"][k]["usable"] for k in PACKAGES} == {**USABLE, **MORE}
+    assert {k: m["code"][k]["usable"] for k in SIX} == {**USABLE, **MORE}
     assert m["code"]["usable"] == TOTAL + sum(MORE.values()) == 6915
-    want = [c["id"] for c in code_conversations(10, 0, list(PACKAGES))[0]]
+    want = [c["id"] for c in code_conversations(10, 0, SIX)[0]]
     for split, lo, hi in (("val", 0, 2), ("train", 2, 10)):
         rows = [json.loads(x) for x in (tmp_path / f"data/conversations/{split}.jsonl").read_text().splitlines()]
         assert [c["id"] for c in rows if c["id"].startswith("code:")] == want[lo:hi]

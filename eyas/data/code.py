@@ -11,11 +11,15 @@ splits (never to test or publish), built from real functions of the packages of
   ``networkx>=2.5.1``, ``sympy>=1.13.3``), so they cost no extra download next to it
   (py3-none-any wheels of 2.1 and 6.3 MB; sympy needs mpmath),
 - ``mlflow==3.17.2``, ``dvc==3.67.1``: eyas' own pinned requirements,
+- ``dulwich==1.2.21``, ``SQLAlchemy==2.1.9``, ``pydantic==2.13.4``, ``rich==15.0.0``,
+  ``Jinja2==3.1.6``, ``Werkzeug==3.1.8``, ``GitPython==3.2.1`` (import name ``git``),
+  ``fsspec==2026.9.0``: dependencies of mlflow and dvc, pinned at the versions they resolve to,
 
-giving 79, 227, 241, 4,066, 2,165 and 137 usable functions (``code.<package>.usable`` in
-``metrics/prepare_data.json`` when ``data.code_prompts`` > 0). ``data.code_packages`` names the
-packages the prompts come from (the default: all six, 6,915; ``presets/h200.yaml`` names the first
-four: 4,613). All six are pinned in ``pyproject.toml`` and installed by ``scripts/install.sh``, so the data is the same
+giving 79, 227, 241, 4,066, 2,165, 137, 1,249, 1,140, 324, 311, 230, 216, 214 and 199 usable
+functions (``code.<package>.usable`` in ``metrics/prepare_data.json`` when ``data.code_prompts``
+> 0). ``data.code_packages`` names the packages the prompts come from (params.yaml's default: the
+first six, 6,915; ``presets/h200.yaml`` names the first four: 4,613; all fourteen: 10,798). All are
+pinned in ``pyproject.toml`` and installed by ``scripts/install.sh``, so the data is the same
 on every machine (the running Python's stdlib is not used: it differs between versions). Every
 ``*.py`` file under a package's directory is read, except those under a ``tests`` directory (the
 package's own test suite); the files are parsed with :mod:`ast` (the same prompts on
@@ -62,10 +66,14 @@ __all__ = ["PACKAGES", "MAX_PROMPT_CHARS", "MAX_SOURCE_CHARS", "OVERLAP_WORDS", 
            "humaneval_word_runs", "usable_functions", "code_conversations", "add_to_splits"]
 
 # import name -> (distribution name, pinned version); keep in step with pyproject.toml. data.code_packages
-# picks among them (the default: all six); mlflow and dvc are eyas' own pinned requirements
+# picks among them (params.yaml's default: the first six); mlflow and dvc are eyas' own pinned requirements,
+# the last eight are dependencies of mlflow and dvc, pinned at the versions they resolve to
 PACKAGES = {"more_itertools": ("more-itertools", "11.2.1"), "boltons": ("boltons", "26.2.0"),
             "networkx": ("networkx", "3.6.1"), "sympy": ("sympy", "1.14.0"),
-            "mlflow": ("mlflow", "3.17.2"), "dvc": ("dvc", "3.67.1")}
+            "mlflow": ("mlflow", "3.17.2"), "dvc": ("dvc", "3.67.1"),
+            "dulwich": ("dulwich", "1.2.21"), "sqlalchemy": ("SQLAlchemy", "2.1.9"),
+            "pydantic": ("pydantic", "2.13.4"), "rich": ("rich", "15.0.0"), "jinja2": ("Jinja2", "3.1.6"),
+            "werkzeug": ("Werkzeug", "3.1.8"), "git": ("GitPython", "3.2.1"), "fsspec": ("fsspec", "2026.9.0")}
 # rendered with SmolLM2's chat template, the 4,613 usable prompts of the first four are 122 tokens on
 # average and 323 at most; 54 (52 of them sympy's, dense doctests) exceed the default distill prompt
 # budget of 256 (extract.max_length 320 - distill.max_new_tokens 64), and self-distill drops them
