@@ -69,12 +69,21 @@ def load(text: str, source: str) -> object:
 
 def _describe(e: MarkedYAMLError) -> str:
     """ruamel.yaml's problem and context with 1-based lines, without its advice to turn checks off."""
-    out = e.problem or str(e)
+    out = re.sub(r' with value "([^"]*)" \(original value: "([^"]*)"\)', _twice, e.problem or str(e))
     if e.problem_mark is not None:
         out += f" at line {e.problem_mark.line + 1}, column {e.problem_mark.column + 1}"
     if e.context:
         out += f" ({e.context}" + ("" if e.context_mark is None else f" at line {e.context_mark.line + 1}") + ")"
     return out
+
+
+def _twice(m: re.Match) -> str:
+    """ruamel.yaml's account of a key given twice, where it shows a section or list as ``"{}"`` or
+    ``"[]"`` (its value is not built yet when the check runs): what the repeated key is instead."""
+    shown = {m.group(1), m.group(2)}
+    if "{}" in shown:
+        return " (a section given twice: put all its keys under one)"
+    return " (a list given twice: keep one)" if "[]" in shown else m.group(0)
 
 
 def _failing_node(text: str):

@@ -58,6 +58,19 @@ def test_a_duplicate_key_is_refused_with_its_line(tmp_path):
         load_params(f)
 
 
+def test_a_section_or_list_given_twice_is_named_as_such(tmp_path):
+    """ruamel.yaml shows a repeated section's value as "{}" (not built yet): every reader says what it is."""
+    f = tmp_path / "params.yaml"
+    f.write_text("train:\n  lr: 1\ntrain:\n  epochs: 2\n")
+    with pytest.raises(ParamsError) as e:
+        load_params(f)
+    assert str(e.value) == (f'{f}: not valid YAML: found duplicate key "train" (a section given twice: put all its '
+                            'keys under one) at line 3, column 1 (while constructing a mapping at line 1)')
+    f.write_text("eval:\n  seeds: [0]\n  seeds: [1]\n")
+    with pytest.raises(ParamsError, match=r'duplicate key "seeds" \(a list given twice: keep one\) at line 3'):
+        load_params(f)
+
+
 def test_a_preset_and_its_written_params_keep_dvcs_values(tmp_path):
     base = tmp_path / "params.yaml"
     base.write_text((ROOT / "params.yaml").read_text())

@@ -68,19 +68,10 @@ def _read_mapping(path: Path, what: str) -> dict:
     except OSError as e:  # unreadable (permissions), a broken mount: name the file, no traceback
         raise ParamsError(f"{path}: cannot read the {what}: {e.strerror or e}") from None
     except yaml12.YamlError as e:
-        raise ParamsError(re.sub(r' with value "([^"]*)" \(original value: "([^"]*)"\)', _twice, str(e))) from None
+        raise ParamsError(str(e)) from None
     if raw is not None and not isinstance(raw, dict):
         raise ParamsError(f"{path}: a {what} is a mapping of params sections, got {type(raw).__name__}")
     return raw or {}
-
-
-def _twice(m: re.Match) -> str:
-    """ruamel.yaml's account of a key given twice, where it shows a section or list as ``"{}"`` or
-    ``"[]"`` (its value is not built yet when the check runs): what the repeated key is instead."""
-    shown = {m.group(1), m.group(2)}
-    if "{}" in shown:
-        return " (a section given twice: put all its keys under one)"
-    return " (a list given twice: keep one)" if "[]" in shown else m.group(0)
 
 
 def _compose(text: str) -> Node | None:
