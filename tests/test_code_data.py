@@ -242,3 +242,29 @@ def test_prepare_data_stage_counts_code(tmp_path):
     for split, lo, hi in (("val", 0, 2), ("train", 2, 10)):
         rows = [json.loads(x) for x in (tmp_path / f"data/conversations/{split}.jsonl").read_text().splitlines()]
         assert [c["id"] for c in rows if c["id"].startswith("code:")] == want[lo:hi]
+
+
+def test_code_packages_must_be_pinned_import_names():
+    """A distribution name (SQLAlchemy, GitPython) or a typo fails when params are read, before any stage."""
+    for bad in (["SQLAlchemy"], ["GitPython"], ["sympy", "sympyy"], [""]):
+        with pytest.raises(ParamsError) as e:
+            parse_params({"data": {"code_packages": bad}})
+        assert str(e.value).startswith("params.yaml: 'data.code_packages' must be a non-empty list of distinct "
+                                       "import names among eyas/data/code.py PACKAGES ['more_itertools', ")
+        assert ("sqlalchemy for SQLAlchemy, jinja2 for Jinja2, werkzeug for Werkzeug, git for GitPython)"
+                f", got {bad!r}") in str(e.value)
+    assert parse_params({"data": {"code_packages": ["git", "sqlalchemy"]}}).data.code_packages == ["git", "sqlalchemy"]
+
+
+def test_an_installed_version_other_than_the_pin_names_the_key(tmp_path):
+    """Real distribution metadata of another version, first on sys.path: the pin check reads it."""
+    meta = tmp_path / "Jinja2-3.1.5.dist-info"
+    meta.mkdir()
+    (meta / "METADATA").write_text("Metadata-Version: 2.1\nName: Jinja2\nVersion: 3.1.5\n")
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}"}
+    code = "from eyas.data.code import code_conversations as c; c(1, 0, ['jinja2'])"
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1
+    assert r.stderr.strip().splitlines()[-1] == (
+        "eyas.data.conversations.DataError: data.code_packages: Jinja2 '3.1.5' is installed, the code data is pinned "
+        "to Jinja2==3.1.6 (pip install Jinja2==3.1.6, or drop 'jinja2' from data.code_packages)")

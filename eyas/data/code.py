@@ -119,11 +119,11 @@ def _package_dir(module: str) -> Path:
     try:
         version = importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:
-        raise DataError(f"data.code_prompts: the package {dist}=={pin} is not installed "
-                        "(bash scripts/install.sh)") from None
+        raise DataError(f"data.code_packages: the package {dist}=={pin} ('{module}') is not installed "
+                        f"(bash scripts/install.sh, or drop '{module}' from data.code_packages)") from None
     if version != pin:
-        raise DataError(f"data.code_prompts: {dist} {version} is installed, the code data is "
-                        f"pinned to {dist}=={pin} (pip install {dist}=={pin})")
+        raise DataError(f"data.code_packages: {dist} {version!r} is installed, the code data is pinned to "
+                        f"{dist}=={pin} (pip install {dist}=={pin}, or drop '{module}' from data.code_packages)")
     spec = importlib.util.find_spec(module)
     if spec is None or spec.origin is None:
         raise DataError(f"data.code_prompts: {dist} is installed but '{module}' is not importable")
