@@ -16,9 +16,11 @@ of the shorter code prompts alike), where a prefix would keep the shortest alone
 
 Raises (as SystemExit with the file named, nothing of the output left): no manifest (extraction
 incomplete), one that is not JSON or not a feature manifest (shards of {file, samples, tokens}, each
-file a name beside the manifest), a listed shard missing, unreadable, a symbolic link or of another
-token count than the manifest says, n < 1 or larger than the shard count, an output directory that
-already exists or is a symbolic link, an output on another file system.
+file a name beside the manifest listed once, samples and tokens counts: ints >= 0), a listed shard
+missing, unreadable, a symbolic link or of another token count than the manifest says, n < 1 or
+larger than the shard count, an output path that names no new directory ('', '.', '..'), an output
+directory that already exists or is a symbolic link, one the file system refuses (a name too long),
+an output on another file system.
 """
 
 from __future__ import annotations
@@ -38,31 +40,35 @@ from eyas.features import MANIFEST, FeatureError, FeatureStore  # noqa: E402
 from eyas.io import read_json, write_json  # noqa: E402
 
 
-def subset(src: Path, out: Path, every: int) -> dict:
+def subset(src: Path, out: str | Path, every: int) -> dict:
     """Write ``out`` as shards ``0, every, 2 * every, ...`` of the feature split ``src``; returns
     the new manifest. Raises SystemExit naming the file or argument at fault; nothing of ``out`` is
     left behind then (nor the directories made for it)."""
+    if not str(out) or Path(out).name in ("", ".."):  # '', '.', '/', 'a/..': no name to give the new directory
+        raise SystemExit(f"output {str(out)!r}: give the path of a new directory for the subset, e.g. half/{src.name}")
+    out = Path(out)
     m = _manifest(src)
     shards = m["shards"]
     if sum(s["tokens"] for s in shards) < 1:
         raise SystemExit(f"{src / MANIFEST}: the split holds no tokens")
     if not 1 <= every <= len(shards):
         raise SystemExit(f"--every {every}: must be 1..{len(shards)} (the shards of {src})")
-    if out.resolve().is_relative_to(src.resolve()) or src.resolve().is_relative_to(out.resolve()):
-        raise SystemExit(f"{out}: inside the split {src} or holding it; write the subset beside it")
-    tmp = out.with_name(out.name + ".tmp")
-    for path, why in ((out, "remove it first (a subset is written whole or not at all)"),
-                      (tmp, "a leftover of an interrupted run; remove it first")):
-        if path.is_symlink():
-            raise SystemExit(f"{path}: a symbolic link (to {os.readlink(path)}); give a new directory")
-        if path.exists():
-            raise SystemExit(f"{path}: exists; {why}")
     keep = shards[::every]
     for s in keep:  # a link would be hard-linked as a link (a relative one then points nowhere from out)
         if (src / s["file"]).is_symlink():
             raise SystemExit(f"{src / s['file']}: a symbolic link; give the split that holds the shard files")
-    made = [d for d in (tmp, *tmp.parents) if not os.path.lexists(d)]  # removed again on failure
-    try:
+    tmp = out.with_name(out.name + ".tmp")
+    made: list[Path] = []  # the directories made, removed again on failure
+    try:  # from here an OSError (a name too long, a file where a directory belongs) is one line naming the path
+        if out.resolve().is_relative_to(src.resolve()) or src.resolve().is_relative_to(out.resolve()):
+            raise SystemExit(f"{out}: inside the split {src} or holding it; write the subset beside it")
+        for path, why in ((out, "remove it first (a subset is written whole or not at all)"),
+                          (tmp, "a leftover of an interrupted run; remove it first")):
+            if path.is_symlink():
+                raise SystemExit(f"{path}: a symbolic link (to {os.readlink(path)}); give a new directory")
+            if path.exists():
+                raise SystemExit(f"{path}: exists; {why}")
+        made = [d for d in (tmp, *tmp.parents) if not os.path.lexists(d)]
         tmp.mkdir(parents=True)
         supervised = 0
         for s in keep:
@@ -87,7 +93,7 @@ def subset(src: Path, out: Path, every: int) -> dict:
                           "num_tokens_of_source": sum(s["tokens"] for s in shards)}}
         write_json(tmp / MANIFEST, new)
         tmp.rename(out)
-    except OSError as e:  # making the directories, writing the manifest, the final rename
+    except OSError as e:  # checking the output's path, making the directories, writing the manifest, the rename
         _remove(made)
         raise SystemExit(f"{e.filename2 or e.filename or out}: cannot write the subset ({e.strerror or e})") from None
     except BaseException:
@@ -97,8 +103,9 @@ def subset(src: Path, out: Path, every: int) -> dict:
 
 
 def _remove(made: list[Path]) -> None:
-    """Remove the directories ``subset`` made (``made[0]``, the temporary one, with its contents)."""
-    shutil.rmtree(made[0], ignore_errors=True)
+    """Remove the directories ``subset`` made (``made[0]``, the temporary one, with its contents), if any."""
+    if made:
+        shutil.rmtree(made[0], ignore_errors=True)
     for d in made[1:]:
         with contextlib.suppress(OSError):
             d.rmdir()
@@ -113,13 +120,19 @@ def _manifest(src: Path) -> dict:
             m = read_json(path)
             if not isinstance(m.get("shards"), list):
                 raise SystemExit(f"{path}: not a feature manifest: no shards list ({_SHAPE})")
+            first: dict[str, int] = {}  # each shard file's first index in the list
             for i, s in enumerate(m["shards"]):
                 if not (isinstance(s, dict) and isinstance(s.get("file"), str) and isinstance(s.get("samples"), int)
                         and isinstance(s.get("tokens"), int)):
                     raise SystemExit(f"{path}: not a feature manifest: shards[{i}] is {s!r} ({_SHAPE})")
+                for count in ("samples", "tokens"):  # bool is an int to isinstance
+                    if isinstance(s[count], bool) or s[count] < 0:
+                        raise SystemExit(f"{path}: shards[{i}] {count} is {s[count]!r}, not a count (an int >= 0)")
                 if s["file"] in ("", ".", "..") or Path(s["file"]).name != s["file"]:
                     raise SystemExit(f"{path}: shards[{i}] file {s['file']!r} is not a file name: a split holds "
                                      f"its shards beside its manifest, and so does the subset")
+                if (j := first.setdefault(s["file"], i)) != i:
+                    raise SystemExit(f"{path}: shards[{i}] file {s['file']!r} is listed twice (shards[{j}] too)")
         return FeatureStore.open(src).manifest
     except UnicodeDecodeError as e:
         raise SystemExit(f"{path}: not UTF-8 text (byte {e.start})") from None
@@ -137,7 +150,7 @@ _SHAPE = "a feature manifest lists its shards as {file, samples, tokens}"
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("src", type=Path, help="a feature split, e.g. data/features/train")
-    ap.add_argument("out", type=Path, help="the subset's directory (must not exist)")
+    ap.add_argument("out", help="the subset's directory (must not exist)")
     ap.add_argument("--every", type=int, required=True, help="keep shards 0, n, 2n, ...")
     a = ap.parse_args(argv)
     m = subset(a.src, a.out, a.every)

@@ -214,3 +214,70 @@ def test_a_shard_outside_the_manifests_directory_is_named_as_such(tmp_path, name
         os.rename(src / name, src / "shard-00001.safetensors")
     (src / "manifest.json").write_text(json.dumps(m))
     assert subset(src, tmp_path / "out", every=1)["num_tokens"] == 10
+
+
+@pytest.mark.parametrize("out", ["", ".", "..", "/", "x/.."])
+def test_an_output_path_that_names_no_new_directory_is_one_line(tmp_path, monkeypatch, out):
+    """'' (Path('') is '.'), '.', '..', '/': no name for the new directory (was a ValueError traceback
+    from Path.with_name); the negative control, a name, subsets."""
+    src = tmp_path / "split"
+    _store(src, [3, 5], shard_samples=1)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as e:
+        subset(src, out, every=1)
+    assert str(e.value) == f"output {out!r}: give the path of a new directory for the subset, e.g. half/split"
+    assert _leftovers(tmp_path) == []
+    assert subset(src, "half", every=1)["num_tokens"] == 8
+
+
+def test_an_output_path_the_file_system_refuses_is_one_line_and_leaves_nothing(tmp_path):
+    """A 300-character name (ENAMETOOLONG, was a traceback before any directory was made), there or
+    under a directory it would make; the negative control, 200 characters, subsets."""
+    src = tmp_path / "split"
+    _store(src, [3, 5], shard_samples=1)
+    name = "a" * 300
+    for out, named in ((tmp_path / name, tmp_path / name), (tmp_path / "new" / name, tmp_path / "new" / f"{name}.tmp")):
+        with pytest.raises(SystemExit) as e:
+            subset(src, out, every=1)
+        assert str(e.value) == f"{named}: cannot write the subset (File name too long)"
+        assert _leftovers(tmp_path) == []
+    assert subset(src, tmp_path / "new" / ("a" * 200), every=1)["num_tokens"] == 8
+    r = subprocess.run([sys.executable, str(Path(__file__).resolve().parents[1] / "benchmarks" / "feature_subset.py"),
+                        str(src), "", "--every", "1"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert (r.returncode, r.stdout, r.stderr) == (1, "", "output '': give the path of a new directory for the subset, "
+                                                          "e.g. half/split\n")
+
+
+@pytest.mark.parametrize("key, value", [("samples", -100), ("samples", True), ("tokens", False), ("tokens", -3)])
+def test_a_shard_count_that_is_negative_or_a_bool_is_named(tmp_path, key, value):
+    """JSON's true is an int to isinstance; a negative count would be summed into num_samples."""
+    src = tmp_path / "split"
+    _store(src, [3, 5], shard_samples=1)
+    m = json.loads((src / "manifest.json").read_text())
+    good = m["shards"][1][key]
+    m["shards"][1][key] = value
+    (src / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(SystemExit) as e:
+        subset(src, tmp_path / "out", every=1)
+    assert str(e.value) == f"{src / 'manifest.json'}: shards[1] {key} is {value!r}, not a count (an int >= 0)"
+    assert _leftovers(tmp_path) == []
+    m["shards"][1][key] = good  # the negative control: the count as extracted
+    (src / "manifest.json").write_text(json.dumps(m))
+    assert subset(src, tmp_path / "out", every=1)["num_samples"] == 2
+
+
+def test_a_shard_listed_twice_is_named(tmp_path):
+    """Was only "cannot hard-link (File exists)" on the second link."""
+    src = tmp_path / "split"
+    _store(src, [3, 5, 2], shard_samples=1)
+    m = json.loads((src / "manifest.json").read_text())
+    m["shards"][2] = dict(m["shards"][0])
+    (src / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(SystemExit) as e:
+        subset(src, tmp_path / "out", every=1)
+    assert str(e.value) == (f"{src / 'manifest.json'}: shards[2] file 'shard-00000.safetensors' is listed twice "
+                            f"(shards[0] too)")
+    assert _leftovers(tmp_path) == []
+    m["shards"] = m["shards"][:2]  # the negative control: each once
+    (src / "manifest.json").write_text(json.dumps(m))
+    assert subset(src, tmp_path / "out", every=1)["num_tokens"] == 8

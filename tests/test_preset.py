@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
+import stat
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -42,10 +45,10 @@ eval:
 PRESET = """\
 lr: 1.0e-3             # the same value: its line is kept as written
 target:
-  revision: abc123
+  revision: '5e-5'
 data:
   val: 30
-  code_packages: [boltons, '5e-5']
+  code_packages: [boltons, sympy]
 train:
   epochs: 3
   ttt_length: 7
@@ -61,17 +64,16 @@ MERGED = """\
 lr: 1.0e-3          # the lr, written with a dot and an exponent
 
 target:
-  revision: abc123  # pin a sha
+  revision: '5e-5'  # pin a sha
   trust_remote_code: True
   gguf_file:
 data:
-  code_packages: [boltons, '5e-5']          # flow, no spaces
+  code_packages: [boltons, sympy]           # flow, no spaces
   val: 30           # held out
   test: 40
 train: {epochs: 3, batch_tokens: 1024, ttt_length: 7}
 eval:
-  seeds:
-    [0, 1, 2] # the second seed
+  seeds: [0, 1, 2] # the second seed
   chat_prompts: 5
 vocab:
   draft_vocab_size: 4096
@@ -148,15 +150,18 @@ def test_write_refuses_what_is_not_a_regular_file(tmp_path, capsys):
     os.symlink("loop", tmp_path / "loop")
     os.symlink("fifo", tmp_path / "to_fifo")
     (tmp_path / "d").mkdir()
+    os.mknod(tmp_path / "null", stat.S_IFCHR | 0o666, os.makedev(1, 3))  # /dev/null's device, outside /dev (root)
     for target, what in [(tmp_path / "fifo", "a named pipe (FIFO), not a regular file"),
                          (tmp_path / "to_fifo", "a named pipe (FIFO), not a regular file"),
-                         ("/dev/null", "a character device, not a regular file"),
+                         (tmp_path / "null", "a character device, not a regular file"),
+                         ("/dev/null", "not a params file: under /dev or /proc"),
                          (tmp_path / "d", "a directory, not a regular file"),
                          (tmp_path / "loop", "a symbolic link that leads back to itself")]:
         assert preset.main([str(pre), "--params", str(params), "--write", str(target)]) == 2
         err = capsys.readouterr().err
         assert err.startswith(f"eyas.pipeline.preset: error: --write {target}: {what}") and err.count("\n") == 1
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["d", "fifo", "loop", "p.yaml", "params.yaml", "to_fifo"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d", "fifo", "loop", "null", "p.yaml", "params.yaml",
+                                                          "to_fifo"]
     assert params.read_text() == PARAMS and list((tmp_path / "d").iterdir()) == []
 
 
@@ -243,3 +248,262 @@ def test_s_words_reach_dvc_through_the_shell_unchanged_or_are_refused(tmp_path, 
     assert capsys.readouterr().err == (f"eyas.pipeline.preset: error: preset key 'data.code_packages': the shell "
                                        f"would replace -S {words[1]} with the file data.code_packages=b of this "
                                        f"directory; run it from another directory (line 2 of {pre})\n")
+
+
+def _dvc_rewritten(tmp_path: Path) -> Path:
+    """The repo's params.yaml after ``dvc exp run -S data.code_packages=[...]`` (the profile's four
+    packages, as presets/h200.yaml sets them): DVC writes every list back in block style, its items at
+    the key's own indent, the key's comment kept on the key's line."""
+    f = tmp_path / "params.yaml"
+    f.write_text((ROOT / "params.yaml").read_text())
+    apply_overrides(f, ["data.code_packages=[more_itertools,boltons,networkx,sympy]"])
+    return f
+
+
+@pytest.mark.parametrize("lever", ["code", "data2x"])
+def test_a_lever_sets_a_list_that_dvc_wrote_in_block_style(tmp_path, lever):
+    """The list is replaced whole, from after the key's colon to its last item, on the key's line and
+    before the key's comment (its column kept where the value leaves room); no item line is left."""
+    f = _dvc_rewritten(tmp_path)
+    before = f.read_text()
+    key_line = next(line for line in before.splitlines() if line.startswith("  code_packages:"))
+    assert f"{key_line}\n\n  - more_itertools\n  - boltons\n  - networkx\n  - sympy\n" in before  # DVC's layout
+    pre = ROOT / "benchmarks" / "levers" / f"{lever}.yaml"
+    assert preset.main([str(pre), "--params", str(f), "--write", str(f)]) == 0
+    after = f.read_text()
+    packages = preset.load_preset(pre)["data"]["code_packages"]
+    value = f"  code_packages: [{', '.join(packages)}]"
+    comment = key_line[key_line.index("#"):]
+    assert [line for line in after.splitlines() if line.startswith("  code_packages:")] == [
+        value + " " * max(1, key_line.index("#") - len(value)) + comment]
+    assert "  - more_itertools" not in after
+    assert len(after.splitlines()) == len(before.splitlines()) - 5  # the items' lines and the blank one before them
+    want = preset.merge(parse_yaml(before, "before"), preset.load_preset(pre), "t")
+    assert repr(parse_yaml(after, "params.yaml")) == repr(want)  # as DVC reads it, types and order too
+
+
+SEEDS = "eval:\n  seeds: [5, 6]\n  top_p: 0.5\n"
+
+
+@pytest.mark.parametrize("before, after", [
+    # DVC's style: items at the key's indent; the key's comment and a blank line before the items
+    ("eval:\n  seeds:     # the seeds\n\n  - 0\n  - 1\n  top_p: 0.9\nserve:\n  threads: 2\n",
+     "eval:\n  seeds: [5, 6] # the seeds\n  top_p: 0.5\nserve:\n  threads: 2\n"),
+    # indented items, comments on and between them, a comment line after the list
+    ("eval:\n  seeds:\n    - 0   # first\n    # between\n    - 1   # second\n  # after the list\n  top_p: 0.9\n",
+     "eval:\n  seeds: [5, 6] # second\n  # after the list\n  top_p: 0.5\n"),
+    # an aligned comment after the last item keeps its column
+    ("eval:\n  seeds:\n  - 0\n  - 1                      # seeds\n  top_p: 0.9\n",
+     "eval:\n  seeds: [5, 6]            # seeds\n  top_p: 0.5\n"),
+    # the list last in the file, no final line break; the key added after it
+    ("eval:\n  seeds:\n  - 0\n  - 1", "eval:\n  seeds: [5, 6]\n  top_p: 0.5\n"),
+])
+def test_a_block_list_is_replaced_whole_in_either_indent(tmp_path, before, after):
+    params, pre = _files(tmp_path, before, SEEDS)
+    assert preset.main([str(pre), "--params", str(params), "--write", str(params)]) == 0
+    assert params.read_text() == after
+    assert parse_yaml(after, "params.yaml")["eval"] == {"seeds": [5, 6], "top_p": 0.5}
+
+
+def test_a_value_an_alias_shares_is_refused_naming_the_key_and_the_anchor(tmp_path, capsys):
+    text = "eval:\n  temperatures: &t\n  - 0\n  - 1\n  top_p: 0.9\ntrain_finetune:\n  lr: 1.0e-4\n"
+    params, pre = _files(tmp_path, text.replace("  top_p", "  seeds: *t\n  top_p"), "eval:\n  temperatures: [0.5]\n")
+    assert preset.main([str(pre), "--params", str(params), "--write", str(params)]) == 2
+    assert capsys.readouterr().err == (f"eyas.pipeline.preset: error: {params}: line 2: cannot set 'eval.temperatures' "
+                                       f"in place: its value is the anchor &t, which an alias (*t) shares: setting "
+                                       f"it would change both; set it by hand (line 2 of {pre})\n")
+    assert params.read_text() == text.replace("  top_p", "  seeds: *t\n  top_p")
+    params.write_text(text)  # the negative control: the anchor alone (no alias) goes with the list
+    assert preset.main([str(pre), "--params", str(params), "--write", str(params)]) == 0
+    assert params.read_text() == text.replace(" &t\n  - 0\n  - 1\n", " [0.5]\n")
+
+
+def test_a_text_that_would_not_read_back_is_refused_naming_the_keys(tmp_path, capsys):
+    """The read-back check: a kept (|+) block scalar's blank lines are its value, and a key added after
+    it would take them; the refusal names the key written and the one it would change."""
+    text = "distill:\n  server:\n    model: |+\n      m\n\n\n"
+    params, pre = _files(tmp_path, text, "distill:\n  server:\n    timeout: 5.0\n")
+    assert preset.main([str(pre), "--params", str(params), "--write", str(params)]) == 2
+    assert capsys.readouterr().err == (f"eyas.pipeline.preset: error: {params}: cannot set 'distill.server.timeout' in "
+                                       f"place: 'distill.server.model' would read back as 'm\\n', not 'm\\n\\n\\n'; "
+                                       f"set them by hand (line 3 of {pre})\n")
+    assert params.read_text() == text
+
+
+@pytest.mark.parametrize("before, preset_text, after", [
+    ("eval:\n  temperatures: [0.0, 0.7, 1.0]\n", "eval:\n  temperatures: [0, 0.7, 1]\n",
+     "eval:\n  temperatures: [0, 0.7, 1]\n"),
+    ("eval:\n  temperatures: [0, 0.7, 1]\n", "eval:\n  temperatures: [0.0, 0.7, 1.0]\n",
+     "eval:\n  temperatures: [0.0, 0.7, 1.0]\n"),
+    ("train:\n  weight_decay: 0.0  # none\n", "train:\n  weight_decay: -0.0\n",
+     "train:\n  weight_decay: -0.0  # none\n"),
+])
+def test_a_value_equal_but_of_another_type_or_sign_is_written(tmp_path, before, preset_text, after):
+    """``[0, 0.7, 1] == [0.0, 0.7, 1.0]`` and ``-0.0 == 0.0`` in Python, but DVC reads (and hashes)
+    each as written: the preset's form is written, and read back as the preset's."""
+    params, pre = _files(tmp_path, before, preset_text)
+    assert preset.main([str(pre), "--params", str(params), "--write", str(params)]) == 0
+    assert params.read_text() == after
+    assert repr(parse_yaml(after, "params.yaml")) == repr(parse_yaml(preset_text, "preset"))
+
+
+def test_crlf_line_endings_are_kept(tmp_path):
+    params, pre = _files(tmp_path)
+    params.write_bytes(PARAMS.replace("\n", "\r\n").encode())
+    assert preset.main([str(pre), "--params", str(params), "--write", str(params)]) == 0
+    data = params.read_bytes()
+    assert data == MERGED.replace("\n", "\r\n").encode()  # added keys and sections too
+    assert parse_yaml(data.decode(), "params.yaml") == parse_yaml(MERGED, "params.yaml")
+
+
+def _write(tmp_path: Path, target: Path) -> int:
+    params, pre = _files(tmp_path)
+    return preset.main([str(pre), "--params", str(params), "--write", str(target)])
+
+
+@pytest.mark.parametrize("mode", [0o600, 0o640, 0o664, 0o755])
+def test_write_keeps_the_files_mode(tmp_path, mode):
+    out = tmp_path / "out.yaml"
+    out.write_text("x: 1\n")
+    out.chmod(mode)
+    assert _write(tmp_path, out) == 0
+    assert out.read_text() == MERGED and stat.S_IMODE(out.stat().st_mode) == mode
+
+
+def test_a_new_file_gets_the_umask_mode(tmp_path):
+    old = os.umask(0o027)
+    try:
+        assert _write(tmp_path, tmp_path / "new.yaml") == 0
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "new.yaml").stat().st_mode) == 0o640
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a file another owner takes root")
+def test_write_keeps_the_files_owner_and_group(tmp_path):
+    out = tmp_path / "out.yaml"
+    out.write_text("x: 1\n")
+    os.chown(out, 1234, 2345)
+    out.chmod(0o640)
+    assert _write(tmp_path, out) == 0
+    st = out.stat()
+    assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode), out.read_text()) == (1234, 2345, 0o640, MERGED)
+
+
+@pytest.mark.parametrize("mode", [0o400, 0o444, 0o555])
+def test_a_read_only_file_is_refused(tmp_path, capsys, mode):
+    """Refused even for root, whom the kernel lets write anything: the mode says the file is not to change."""
+    out = tmp_path / "out.yaml"
+    out.write_text("x: 1\n")
+    out.chmod(mode)
+    assert _write(tmp_path, out) == 2
+    assert capsys.readouterr().err == (f"eyas.pipeline.preset: error: --write {out}: not writable (mode {mode:04o}); "
+                                       f"make it writable first (chmod u+w) or write elsewhere\n")
+    assert out.read_text() == "x: 1\n" and stat.S_IMODE(out.stat().st_mode) == mode
+    out.chmod(mode | 0o200)  # the negative control: writable by its owner, written
+    assert _write(tmp_path, out) == 0 and out.read_text() == MERGED
+
+
+def test_a_file_with_other_hard_links_is_refused(tmp_path, capsys):
+    out, other = tmp_path / "out.yaml", tmp_path / "other.yaml"
+    out.write_text("x: 1\n")
+    os.link(out, other)
+    assert _write(tmp_path, out) == 2
+    assert capsys.readouterr().err == (f"eyas.pipeline.preset: error: --write {out}: one of 2 hard links to one file, "
+                                       f"and a new file takes its place: the other names would keep the old params; "
+                                       f"give it a file of its own first (cp {out} {out}.new && mv {out}.new {out})\n")
+    assert out.read_text() == other.read_text() == "x: 1\n" and out.stat().st_ino == other.stat().st_ino
+    other.unlink()  # the negative control: its only name, written
+    assert _write(tmp_path, out) == 0 and out.read_text() == MERGED
+
+
+def test_write_dev_stdout_appended_to_a_log_leaves_the_log_alone(tmp_path):
+    """``--write /dev/stdout >> run.log``: /dev/stdout resolves to run.log, which a write would replace."""
+    params, pre = _files(tmp_path)
+    (tmp_path / "run.log").write_text("the log so far\n")
+    cmd = '"$0" -m eyas.pipeline.preset p.yaml --write "$1" >> run.log 2>> run.log'
+    r = subprocess.run(["bash", "-c", cmd, sys.executable, "/dev/stdout"], cwd=tmp_path, timeout=120)
+    log = (tmp_path / "run.log").read_text()
+    assert r.returncode == 2 and log == ("the log so far\neyas.pipeline.preset: error: --write /dev/stdout: not a "
+                                         "params file: under /dev or /proc (a device, or a stream of this process "
+                                         "such as /dev/stdout); give a file path, e.g. --write params.yaml\n")
+    r = subprocess.run(["bash", "-c", cmd, sys.executable, "params.yaml"], cwd=tmp_path, timeout=120)
+    assert r.returncode == 0 and params.read_text() == MERGED  # the negative control: a params file
+    assert (tmp_path / "run.log").read_text() == log + "eyas.pipeline.preset: wrote params.yaml (9 keys from p.yaml)\n"
+
+
+@pytest.mark.parametrize("target, leads", [
+    ("/dev/stdout", ""), ("/dev/fd/1", ""), ("/proc/self/fd/1", ""), ("/dev/stderr", ""),
+    ("to_stdout.yaml", "it leads to /dev/stdout, "), ("to_log.yaml", "it leads to /proc/self/fd/1, "),
+    ("fds/1", "it leads to /proc/"),
+])
+def test_write_to_a_device_or_a_stream_of_the_process_is_refused_under_any_name(tmp_path, capsys, monkeypatch,
+                                                                               target, leads):
+    params, pre = _files(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    os.symlink("/dev/stdout", tmp_path / "to_stdout.yaml")
+    os.symlink("/proc/self/fd/1", tmp_path / "to_log.yaml")
+    os.symlink("/proc/self/fd", tmp_path / "fds")
+    assert preset.main([str(pre), "--params", str(params), "--write", target]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"eyas.pipeline.preset: error: --write {target}: not a params file: {leads}"), err
+    assert err.endswith("under /dev or /proc (a device, or a stream of this process such as /dev/stdout); give a "
+                        "file path, e.g. --write params.yaml\n") and err.count("\n") == 1, err
+    assert params.read_text() == PARAMS
+
+
+@pytest.mark.parametrize("value, why", [
+    ("'???'", "'???' is OmegaConf's missing value: DVC (Hydra) would refuse it"),
+    ('"a\\0b"', r"'a\x00b' has a NUL ('\x00'), which no command-line argument holds"),
+    ('"\\ud800x"', r"'\ud800x' has a lone surrogate ('\ud800'), which no command-line argument holds"),
+])
+def test_an_s_value_dvc_cannot_take_is_refused_in_one_encodable_line(tmp_path, capsys, value, why):
+    params, pre = _files(tmp_path, pre=f"target:\n  revision: {value}\n")
+    assert preset.main([str(pre), "--params", str(params)]) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and out.err.encode("utf-8").decode() == (
+        f"eyas.pipeline.preset: error: preset key 'target.revision': {why}"
+        + ("" if "OmegaConf" in why else ": it cannot travel as a -S argument") + f" (line 2 of {pre})\n")
+    # --write has no argument to pass: the value is written, and DVC reads it back
+    assert preset.main([str(pre), "--params", str(params), "--write", str(params)]) == 0
+    assert parse_yaml(params.read_text(), "p")["target"]["revision"] == yaml12.load(f"v: {value}", "v")["v"]
+
+
+@pytest.mark.parametrize("which", ["preset", "params"])
+def test_a_yaml_nested_too_deeply_is_one_line(tmp_path, capsys, which):
+    deep = "train:\n  epochs: " + "[" * 3000 + "]" * 3000 + "\n"
+    params, pre = _files(tmp_path, **{"pre" if which == "preset" else "params": deep})
+    for args in ([], ["--write", str(tmp_path / "out.yaml")]):
+        assert preset.main([str(pre), "--params", str(params), *args]) == 2
+        assert capsys.readouterr().err == (f"eyas.pipeline.preset: error: {pre if which == 'preset' else params}: "
+                                           f"nested too deeply to read (more levels than Python's recursion limit)\n")
+    assert not (tmp_path / "out.yaml").exists()
+
+
+def test_a_key_the_params_file_lacks_is_added_with_a_plus(tmp_path, capsys):
+    """Hydra refuses ``key=value`` for a key the file lacks ("To append to your config use +key=value");
+    PARAMS lacks train.ttt_length, eval.chat_prompts and the vocab section."""
+    params, pre = _files(tmp_path)
+    assert preset.main([str(pre), "--params", str(params)]) == 0
+    words = capsys.readouterr().out.split()
+    assert [w for w in words[1::2] if w.startswith("+")] == [
+        "+train.ttt_length=7", "+eval.chat_prompts=5", "+vocab.draft_vocab_size=4096"]
+    assert words[1::2][:4] == ["lr=0.001", "target.revision='5e-5'", "data.val=30",
+                               "data.code_packages=['boltons','sympy']"]
+    apply_overrides(params, words[1::2])
+    assert parse_yaml(params.read_text(), "p") == preset.merge(yaml12.load(PARAMS, "p"), yaml12.load(PRESET, "q"), "t")
+
+
+def test_a_preset_and_params_given_as_pipes_are_read_once(tmp_path, capsys):
+    """``<(cat f)`` is a pipe: a second read gets nothing. The pipes give what the files give."""
+    params, pre = _files(tmp_path)
+    run = ["bash", "-c", '"$0" -m eyas.pipeline.preset <(cat p.yaml) --params <(cat params.yaml) "$@"', sys.executable]
+    assert preset.main([str(pre), "--params", str(params)]) == 0
+    piped = subprocess.run(run, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert piped.returncode == 0 and piped.stdout == capsys.readouterr().out
+    piped = subprocess.run([*run, "--write", "out.yaml"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert piped.returncode == 0 and (tmp_path / "out.yaml").read_text() == MERGED
+    pre.write_text("train:\n  epochz: 3\n")  # an error names the line of the preset read from the pipe
+    piped = subprocess.run(run, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert piped.returncode == 2 and re.search(r"unknown key 'train\.epochz' .*\(line 2 of /dev/fd/\d+\)\n$",
+                                               piped.stderr), piped.stderr
