@@ -1,6 +1,6 @@
 """llama.cpp serves a drafter whose eyas eval already ran: the engine's figures beside eyas' own, on the CPU.
 
-    python3 benchmarks/engine_check.py scratch --out metrics/engine_scratch.json
+    python3 benchmarks/engine_check.py scratch --out metrics/engine_scratch.json [--benchmarks humaneval]
 
 Run from a pipeline workspace (params.yaml, data/conversations/test.jsonl, models/NAME,
 models/NAME.gguf, models/target_gguf/target.gguf: target-gguf writes it with ``serve.engine: llamacpp``)
@@ -44,8 +44,12 @@ from stages.eval_accept_len import engine_part, fit_benchmarks, report_engine  #
 EYAS_KEYS = ("accept_len", "lossless", "num_prompts", "num_verify_steps", "new_tokens", "oracle_matches_real")
 
 
-def check(name: str, out: Path) -> dict:
-    """Serve ``models/<name>.gguf`` on the eval's prompts and write ``out``; returns what was written.
+BENCHMARKS = ("chat", "humaneval")
+
+
+def check(name: str, out: Path, benchmarks: tuple[str, ...] = BENCHMARKS) -> dict:
+    """Serve ``models/<name>.gguf`` on the eval's prompts of ``benchmarks`` (names in :data:`BENCHMARKS`,
+    e.g. only the one a cut-off run did not reach) and write ``out``; returns what was written.
     Raises SystemExit as the module docstring says (a disagreement after writing ``out``)."""
     p = load_params()
     e = p.eval
@@ -62,9 +66,9 @@ def check(name: str, out: Path) -> dict:
                              f"llamacpp (serve.engine none writes no target.gguf)")
     tok, cfg = load_tokenizer_and_config(p.target.path, p.target.gguf_file, p.target.trust_remote_code,
                                          revision=p.target.revision)
-    benchmarks = fit_benchmarks(tok, {
-        "chat": chat_prompts(read_jsonl(CONVERSATIONS / "test.jsonl"), e.chat_prompts),
-        "humaneval": humaneval_prompts(e.humaneval_prompts)}, e.max_prompt_tokens)
+    build = {"chat": lambda: chat_prompts(read_jsonl(CONVERSATIONS / "test.jsonl"), e.chat_prompts),
+             "humaneval": lambda: humaneval_prompts(e.humaneval_prompts)}
+    benchmarks = fit_benchmarks(tok, {b: build[b]() for b in benchmarks}, e.max_prompt_tokens)
     result: dict = {"drafter": name, "eval": str(path), "k": e.num_draft_tokens, "threads": p.serve.threads,
                     "eyas_eval": {}}
     for bench, (prompts, _) in benchmarks.items():  # every benchmark's record checked before any is served
@@ -104,8 +108,10 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("drafter", help="the drafter's name: models/<drafter>, metrics/eval_<drafter>.json")
     ap.add_argument("--out", type=Path, required=True, help="the result file (JSON)")
+    ap.add_argument("--benchmarks", nargs="+", choices=BENCHMARKS, default=list(BENCHMARKS),
+                    help="the benchmarks to serve (default: both)")
     a = ap.parse_args(argv)
-    check(a.drafter, a.out)
+    check(a.drafter, a.out, tuple(dict.fromkeys(a.benchmarks)))
 
 
 if __name__ == "__main__":

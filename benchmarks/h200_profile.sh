@@ -47,6 +47,11 @@
 #   E  bash benchmarks/device.sh profile engine full && bash benchmarks/device.sh profile variant half 2 \
 #        && bash benchmarks/device.sh profile evals half               (llama.cpp serves `full` on the idle CPU cores
 #        meanwhile; the scaling table's next data size; a later call's results.tgz brings engine_scratch.json back)
+# A lever whose self-distill fills a call (benchmarks/levers/data2x.yaml: 510 s on an H100) splits B in two:
+#   B  bash benchmarks/device.sh profile setup --lever benchmarks/levers/data2x.yaml self-distill          (523 s)
+#   C  bash benchmarks/device.sh profile run extract build-vocab && bash benchmarks/device.sh profile variant data2x 1  (348 s)
+#   D  bash benchmarks/device.sh profile evals data2x && bash benchmarks/device.sh profile engine data2x \
+#        && bash benchmarks/device.sh profile keep scratch data2x   (the engine's chat half took ~4 min on the 16 cores)
 # A training-only lever is `variant NAME EVERY PRESET` with PRESET holding its keys (benchmarks/levers/ttt7.yaml: train.ttt_length 7).
 # scripts/run_dag.py runs every stage it is given, finished or not (no DVC here): after a call ends at its limit,
 # name only the stages it did not finish. At contexts 640/768 self-distill takes ~520 s of a call: bring its

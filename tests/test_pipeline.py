@@ -152,6 +152,13 @@ def test_dvc_repro_end_to_end(tmp_path):
         for t in ("same_precision", "quantized"):
             assert [[x[c] for c in counts] for x in served[bench][t]["per_prompt"]] == \
                    [[x[c] for c in counts] for x in stage[t]["per_prompt"]], (bench, t)
+    # one benchmark alone (a cut-off run's missing half): the same counts, the other benchmark not served
+    run([sys.executable, "benchmarks/engine_check.py", "scratch", "--benchmarks", "humaneval", "--out", "he.json"],
+        repo, env)
+    alone = json.loads((repo / "he.json").read_text())
+    assert set(alone["eyas_eval"]) == {"humaneval"} and "chat" not in alone
+    assert [[x[c] for c in counts] for x in alone["humaneval"]["same_precision"]["per_prompt"]] == \
+           [[x[c] for c in counts] for x in served["humaneval"]["same_precision"]["per_prompt"]]
     # negative control: eyas' record moved by 5 verify steps a prompt is a disagreement: exit 1, file written
     assert m["eval_scratch"]["chat"]["engine"]["agreement"]["compared"] > 0  # else there is nothing to move
     record = (repo / "metrics/eval_scratch.json").read_bytes()
