@@ -245,15 +245,15 @@ def test_prepare_data_stage_counts_code(tmp_path):
 
 
 def test_code_packages_must_be_pinned_import_names():
-    """A distribution name (SQLAlchemy, GitPython) or a typo fails when params are read, before any stage."""
+    """A distribution name (SQLAlchemy, GitPython) or a typo is refused naming the key, with the import names."""
     for bad in (["SQLAlchemy"], ["GitPython"], ["sympy", "sympyy"], [""]):
-        with pytest.raises(ParamsError) as e:
-            parse_params({"data": {"code_packages": bad}})
-        assert str(e.value).startswith("params.yaml: 'data.code_packages' must be a non-empty list of distinct "
-                                       "import names among eyas/data/code.py PACKAGES ['more_itertools', ")
-        assert ("sqlalchemy for SQLAlchemy, jinja2 for Jinja2, werkzeug for Werkzeug, git for GitPython)"
-                f", got {bad!r}") in str(e.value)
-    assert parse_params({"data": {"code_packages": ["git", "sqlalchemy"]}}).data.code_packages == ["git", "sqlalchemy"]
+        with pytest.raises(DataError) as e:
+            code_conversations(1, 0, bad)
+        unknown = [m for m in bad if m not in PACKAGES]
+        assert str(e.value) == (f"data.code_packages: {unknown} are not among the pinned packages {list(PACKAGES)} "
+                                "(import names, not the distributions': sqlalchemy for SQLAlchemy, jinja2 for Jinja2, "
+                                "werkzeug for Werkzeug, git for GitPython)")
+    assert code_conversations(1, 0, ["git", "sqlalchemy"])[1]["usable"] == EXTRA["git"] + EXTRA["sqlalchemy"]
 
 
 def test_an_installed_version_other_than_the_pin_names_the_key(tmp_path):

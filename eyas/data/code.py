@@ -236,7 +236,9 @@ def code_conversations(n: int, seed: int, packages: list[str]) -> tuple[list[dic
         raise DataError(f"data.code_prompts must be >= 0, got {n}")
     unknown = [m for m in packages if m not in PACKAGES]
     if unknown:
-        raise DataError(f"data.code_packages: {unknown} are not among the pinned packages {list(PACKAGES)}")
+        named = ", ".join(f"{m} for {d}" for m, (d, _) in PACKAGES.items() if m != d.replace("-", "_"))
+        raise DataError(f"data.code_packages: {unknown} are not among the pinned packages {list(PACKAGES)} "
+                        f"(import names, not the distributions': {named})")
     stats: dict = {"taken": 0}
     if n == 0:
         return [], stats

@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 from eyas import yaml12
-from eyas.data.code import PACKAGES
 from eyas.drafter.backend import Backend
 
 
@@ -355,10 +354,8 @@ _RANGES = [
     ("data.publish", lambda v: v >= 1, ">= 1 (the stand-in drafter trains on it)"),
     ("data.on_bad_line", lambda v: v in ("error", "skip"), "'error' or 'skip'"),
     ("data.code_prompts", lambda v: v >= 0, ">= 0 (0 = off)"),
-    ("data.code_packages", lambda v: len(v) > 0 and len(set(v)) == len(v) and set(v) <= set(PACKAGES),
-     f"a non-empty list of distinct import names among eyas/data/code.py PACKAGES {list(PACKAGES)} (the import "
-     f"name, not the distribution's: " + ", ".join(f"{m} for {d}" for m, (d, _) in PACKAGES.items()
-                                                  if m != d.replace("-", "_")) + ")"),
+    ("data.code_packages", lambda v: len(v) > 0 and len(set(v)) == len(v),
+     "a non-empty list of distinct import names (prepare-data checks them against eyas/data/code.py PACKAGES)"),
     ("distill.max_new_tokens", lambda v: v >= 1, ">= 1"),
     ("distill.batch_size", lambda v: v >= 1, ">= 1"),
     ("distill.turns", lambda v: v in ("last", "all"), "'last' or 'all'"),
