@@ -7,7 +7,7 @@ PIP="python3 -m pip install -q --disable-pip-version-check"
 # torch first: any torch already importable is kept (pyproject asks >= 2.6); else torch==2.13.0 from the
 # index pip uses (on PyPI a CUDA build: install a CPU torch first to skip that download)
 python3 -c "import torch" 2>/dev/null || $PIP "torch==2.13.0"
-$PIP -e ".[test,team]"
+$PIP -e ".[test,team,code]"
 # a team's setup (docs/team.md; tests/test_team_*.py): a real sshd for the SSH DVC remote and a real
 # PostgreSQL for the MLflow server, from Debian's packages; skipped where they are there or apt is not
 if ! { command -v sshd >/dev/null || [ -x /usr/sbin/sshd ]; } || ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then

@@ -205,6 +205,53 @@ def test_fit_prompt_drops_earliest_turns():
     assert fit_prompt(tok, msgs, 5) is None  # even the last user turn is too long
 
 
+class CountingTokenizer(StubTokenizer):
+    """Records the length of every text it renders."""
+
+    def __init__(self):
+        super().__init__(eos_token_id=-1)
+        self.rendered: list[int] = []
+
+    def __call__(self, text, add_special_tokens=False):
+        self.rendered.append(len(text))
+        return super().__call__(text, add_special_tokens)
+
+
+def _leftmost_fitting(tok, msgs, budget):
+    """The reference: render every candidate start (whole prompt, then each later user turn) in
+    order and take the first that fits."""
+    n_sys = next((i for i, m in enumerate(msgs) if m["role"] != "system"), len(msgs))
+    for s in [n_sys] + [i for i in range(n_sys + 1, len(msgs)) if msgs[i]["role"] == "user"]:
+        kept = msgs if s == n_sys else msgs[:n_sys] + msgs[s:]
+        text = tok.apply_chat_template(kept, add_generation_prompt=True)
+        if len(text) <= budget:
+            return kept, tok(text)["input_ids"]
+    return None
+
+
+def test_fit_prompt_is_the_leftmost_fitting_start_without_rendering_long_histories():
+    import random
+
+    rng = random.Random(0)
+    tok = StubTokenizer(eos_token_id=-1)
+    for case in range(300):  # histories of 1-40 turns, a system turn or not, turns of 1-30 characters
+        msgs = [{"role": "system", "content": "S" * rng.randint(1, 5)}] if case % 3 == 0 else []
+        for t in range(rng.randint(1, 40)):
+            msgs.append({"role": ("user", "assistant")[t % 2], "content": "x" * rng.randint(1, 30)})
+        if msgs[-1]["role"] == "assistant":
+            msgs.append({"role": "user", "content": "q"})
+        for budget in (1, 5, 20, 60, 200, 2000):
+            assert fit_prompt(tok, msgs, budget) == _leftmost_fitting(tok, msgs, budget), (case, budget)
+    # a 400-turn history against a 40-token budget: no render is more than a few times the budget
+    # (the whole history is 4,800 characters; rendering it for each of its prompts is what made
+    # distill.turns: all slow)
+    msgs = [{"role": ("user", "assistant")[t % 2], "content": "y" * 11} for t in range(401)]
+    counting = CountingTokenizer()
+    kept, ids = fit_prompt(counting, msgs, 40)
+    assert kept == msgs[-3:] and len(ids) == 36  # three turns of 11 and three '|'
+    assert max(counting.rendered) < 4 * 40 and len(counting.rendered) <= 6
+
+
 def test_plan_applies_the_prompt_budget():
     convs = _conversations()
     tok = StubTokenizer(eos_token_id=-1)

@@ -11,15 +11,17 @@ splits (never to test or publish), built from real functions of the packages of
   ``networkx>=2.5.1``, ``sympy>=1.13.3``), so they cost no extra download next to it
   (py3-none-any wheels of 2.1 and 6.3 MB; sympy needs mpmath),
 - ``mlflow==3.17.2``, ``dvc==3.67.1``: eyas' own pinned requirements,
-- ``dulwich==1.2.21``, ``SQLAlchemy==2.1.9``, ``pydantic==2.13.4``, ``rich==15.0.0``,
-  ``Jinja2==3.1.6``, ``Werkzeug==3.1.8``, ``GitPython==3.2.1`` (import name ``git``),
-  ``fsspec==2026.9.0``: dependencies of mlflow and dvc, pinned at the versions they resolve to,
+- twenty-two more dependencies of eyas' requirements, pinned at the versions they resolve to in
+  pyproject.toml's extra ``code``: dulwich, SQLAlchemy, pydantic, rich, Jinja2, Werkzeug, GitPython
+  (import name ``git``) and fsspec (of mlflow and dvc); matplotlib, pandas, scipy, fonttools
+  (``fontTools``), celery, scikit-learn (``sklearn``), numpy, kombu, gunicorn, pillow (``PIL``),
+  graphql-core (``graphql``), platformdirs, docker, aiohttp, mpmath, psutil, funcy, alembic, Flask,
+  Pygments, requests and click.
 
-giving 79, 227, 241, 4,066, 2,165, 137, 1,249, 1,140, 324, 311, 230, 216, 214 and 199 usable
-functions (``code.<package>.usable`` in ``metrics/prepare_data.json`` when ``data.code_prompts``
-> 0). ``data.code_packages`` names the packages the prompts come from (params.yaml's default: the
-first six, 6,915; ``presets/h200.yaml`` names the first four: 4,613; all fourteen: 10,798). All are
-pinned in ``pyproject.toml`` and installed by ``scripts/install.sh``, so the data is the same
+``code.<package>.usable`` in ``metrics/prepare_data.json`` (when ``data.code_prompts`` > 0) counts each
+package's usable functions. ``data.code_packages`` names the packages the prompts come from
+(params.yaml's default: the first six; ``presets/h200.yaml`` the first four). All are pinned in
+``pyproject.toml`` and installed by ``scripts/install.sh``, so the data is the same
 on every machine (the running Python's stdlib is not used: it differs between versions). Every
 ``*.py`` file under a package's directory is read, except those under a ``tests`` directory (the
 package's own test suite); the files are parsed with :mod:`ast` (the same prompts on
@@ -35,7 +37,7 @@ docstring) is at most :data:`MAX_PROMPT_CHARS` and its whole source at most
 not a HumanEval ``entry_point``, and its docstring shares no run of :data:`OVERLAP_WORDS` words
 with a HumanEval prompt, words being the lowercased runs of letters ``a-z`` (so punctuation,
 digits, spacing and case are ignored; :func:`humaneval_word_runs`). A method is dedented by its
-``def``'s column (none of the pinned files has a line of a method indented less). The
+``def``'s column; a method with a line indented less (a multi-line string at column 0) is skipped. The
 limits are in characters, so this stage needs no tokenizer; self-distill drops (and counts) the
 few prompts that still exceed its token budget. Each becomes::
 
@@ -67,13 +69,22 @@ __all__ = ["PACKAGES", "MAX_PROMPT_CHARS", "MAX_SOURCE_CHARS", "OVERLAP_WORDS", 
 
 # import name -> (distribution name, pinned version); keep in step with pyproject.toml. data.code_packages
 # picks among them (params.yaml's default: the first six); mlflow and dvc are eyas' own pinned requirements,
-# the last eight are dependencies of mlflow and dvc, pinned at the versions they resolve to
+# the rest are dependencies of eyas' requirements, pinned at the versions they resolve to in the extra
+# `code` (pyproject.toml; scripts/install.sh installs it)
 PACKAGES = {"more_itertools": ("more-itertools", "11.2.1"), "boltons": ("boltons", "26.2.0"),
             "networkx": ("networkx", "3.6.1"), "sympy": ("sympy", "1.14.0"),
             "mlflow": ("mlflow", "3.17.2"), "dvc": ("dvc", "3.67.1"),
             "dulwich": ("dulwich", "1.2.21"), "sqlalchemy": ("SQLAlchemy", "2.1.9"),
             "pydantic": ("pydantic", "2.13.4"), "rich": ("rich", "15.0.0"), "jinja2": ("Jinja2", "3.1.6"),
-            "werkzeug": ("Werkzeug", "3.1.8"), "git": ("GitPython", "3.2.1"), "fsspec": ("fsspec", "2026.9.0")}
+            "werkzeug": ("Werkzeug", "3.1.8"), "git": ("GitPython", "3.2.1"), "fsspec": ("fsspec", "2026.9.0"),
+            "matplotlib": ("matplotlib", "3.11.2"), "pandas": ("pandas", "3.1.1"), "scipy": ("scipy", "1.17.1"),
+            "fontTools": ("fonttools", "4.69.1"), "celery": ("celery", "5.7.0"),
+            "sklearn": ("scikit-learn", "1.9.1"), "numpy": ("numpy", "2.4.6"), "kombu": ("kombu", "5.7.0"),
+            "gunicorn": ("gunicorn", "26.2.0"), "PIL": ("pillow", "13.0.0"), "graphql": ("graphql-core", "3.2.8"),
+            "platformdirs": ("platformdirs", "4.14.9"), "docker": ("docker", "7.1.0"),
+            "aiohttp": ("aiohttp", "3.14.5"), "mpmath": ("mpmath", "1.3.0"), "psutil": ("psutil", "7.2.2"),
+            "funcy": ("funcy", "2.1"), "alembic": ("alembic", "1.20.1"), "flask": ("Flask", "3.1.3"),
+            "pygments": ("Pygments", "2.20.0"), "requests": ("requests", "2.34.2"), "click": ("click", "8.5.1")}
 # rendered with SmolLM2's chat template, the 4,613 usable prompts of the first four are 122 tokens on
 # average and 323 at most; 54 (52 of them sympy's, dense doctests) exceed the default distill prompt
 # budget of 256 (extract.max_length 320 - distill.max_new_tokens 64), and self-distill drops them
@@ -120,7 +131,7 @@ def _package_dir(module: str) -> Path:
         version = importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:
         raise DataError(f"data.code_packages: the package {dist}=={pin} ('{module}') is not installed "
-                        f"(bash scripts/install.sh, or drop '{module}' from data.code_packages)") from None
+                        f"(bash scripts/install.sh, or pip install -e '.[code]', or drop '{module}' from data.code_packages)") from None
     if version != pin:
         raise DataError(f"data.code_packages: {dist} {version!r} is installed, the code data is pinned to "
                         f"{dist}=={pin} (pip install {dist}=={pin}, or drop '{module}' from data.code_packages)")
@@ -143,8 +154,7 @@ def usable_functions(module: str) -> tuple[list[CodeFunction], dict]:
         Computed once per process (the sympy scan takes seconds); the lists are new each call.
 
     Raises:
-        DataError: the package is missing, not at its pinned version, a file does not parse, or
-            a usable method has a non-blank line indented less than its ``def``.
+        DataError: the package is missing, not at its pinned version, or a file does not parse.
     """
     funcs, stats = _scan(module)
     return list(funcs), dict(stats)
@@ -158,7 +168,8 @@ def _scan(module: str) -> tuple[tuple[CodeFunction, ...], tuple[tuple[str, int],
     stats = dict.fromkeys(["files", "skipped_test_files", "defs", "skipped_private",
                            "skipped_no_docstring", "skipped_docstring_only",
                            "skipped_duplicate_name", "skipped_too_long",
-                           "skipped_humaneval_name", "skipped_humaneval_docstring"], 0)
+                           "skipped_humaneval_name", "skipped_humaneval_docstring",
+                           "skipped_undedentable"], 0)
     for path in sorted(root.rglob("*.py")):
         rel = path.relative_to(root)
         if "tests" in rel.parts[:-1]:
@@ -201,8 +212,8 @@ def _scan(module: str) -> tuple[tuple[CodeFunction, ...], tuple[tuple[str, int],
                 indent = " " * node.col_offset
                 block = lines[start - 1 : node.end_lineno]
                 if any(line.strip() and not line.startswith(indent) for line in block):
-                    raise DataError(f"{path}:{node.lineno}: {qualname} has a line indented less "
-                                    "than its def: cannot dedent it")
+                    stats["skipped_undedentable"] += 1  # a multi-line string at column 0 in a method
+                    continue
                 block = [line[len(indent):] for line in block]
                 source = "\n".join(block)
                 prompt = "\n".join(block[: node.body[0].end_lineno - start + 1]) + "\n"

@@ -108,22 +108,39 @@ def fit_prompt(tokenizer, messages: list[dict], max_tokens: int | None) -> tuple
     """Drop the earliest turns of a prompt until it renders to <= ``max_tokens`` ids.
 
     Leading system messages are kept and the kept turns start at a user turn: the earliest such
-    start that fits (bisection; the rendered length falls as the start moves right). Returns
+    start that fits, or the whole prompt when it fits. The rendered length falls as the start moves
+    right, so the search runs from the LAST user turn leftwards in doubling steps, then bisects
+    between the last start that fits and the first that does not: a long history (hundreds of
+    turns, ``distill.turns: all``) is never rendered whole unless its whole fits. Returns
     ``(messages, ids)``, or None when even the last user turn alone does not fit.
     ``max_tokens`` None: no budget.
     """
-    ids = render_prompt(tokenizer, messages)
-    if max_tokens is None or len(ids) <= max_tokens:
-        return messages, ids
+    if max_tokens is None:
+        return messages, render_prompt(tokenizer, messages)
     n_sys = next((i for i, m in enumerate(messages) if m["role"] != "system"), len(messages))
-    starts = [i for i in range(n_sys + 1, len(messages)) if messages[i]["role"] == "user"]
-    lo, hi, best = 0, len(starts) - 1, None
-    while lo <= hi:
+    # candidate starts, left to right: the whole prompt, then each later user turn
+    starts = [n_sys] + [i for i in range(n_sys + 1, len(messages)) if messages[i]["role"] == "user"]
+
+    def render(k: int) -> tuple[list[dict], list[int]]:
+        msgs = messages if k == 0 else messages[:n_sys] + messages[starts[k]:]
+        return msgs, render_prompt(tokenizer, msgs)
+
+    best, step, hi = None, 1, len(starts)  # starts[hi:] fit (best: the leftmost of them)
+    while True:
+        k = max(hi - step, 0)
+        cand = render(k)
+        if len(cand[1]) > max_tokens:
+            lo = k + 1  # starts[:lo] do not fit
+            break
+        best, hi = cand, k
+        if k == 0:
+            return best
+        step *= 2
+    while lo < hi:  # the leftmost fitting start lies in starts[lo:hi + 1]
         mid = (lo + hi) // 2
-        msgs = messages[:n_sys] + messages[starts[mid]:]
-        mid_ids = render_prompt(tokenizer, msgs)
-        if len(mid_ids) <= max_tokens:
-            best, hi = (msgs, mid_ids), mid - 1
+        cand = render(mid)
+        if len(cand[1]) <= max_tokens:
+            best, hi = cand, mid
         else:
             lo = mid + 1
     return best
