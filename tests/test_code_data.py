@@ -267,8 +267,9 @@ def test_code_packages_must_be_pinned_import_names():
         unknown = [m for m in bad if m not in PACKAGES]
         assert str(e.value) == (f"data.code_packages: {unknown} are not among the pinned packages {list(PACKAGES)} "
                                 "(import names, not the distributions': sqlalchemy for SQLAlchemy, jinja2 for Jinja2, "
-                                "werkzeug for Werkzeug, git for GitPython, fontTools for fonttools, sklearn for scikit-learn, "
-                                "PIL for pillow, graphql for graphql-core, flask for Flask, pygments for Pygments)")
+                                "werkzeug for Werkzeug, git for GitPython, fontTools for fonttools, "
+                                "sklearn for scikit-learn, PIL for pillow, graphql for graphql-core, flask for Flask, "
+                                "pygments for Pygments)")
     assert code_conversations(1, 0, ["git", "sqlalchemy"])[1]["usable"] == EXTRA["git"] + EXTRA["sqlalchemy"]
 
 

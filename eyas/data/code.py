@@ -131,7 +131,8 @@ def _package_dir(module: str) -> Path:
         version = importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:
         raise DataError(f"data.code_packages: the package {dist}=={pin} ('{module}') is not installed "
-                        f"(bash scripts/install.sh, or pip install -e '.[code]', or drop '{module}' from data.code_packages)") from None
+                        f"(bash scripts/install.sh, or pip install -e '.[code]', or drop '{module}' from "
+                        "data.code_packages)") from None
     if version != pin:
         raise DataError(f"data.code_packages: {dist} {version!r} is installed, the code data is pinned to "
                         f"{dist}=={pin} (pip install {dist}=={pin}, or drop '{module}' from data.code_packages)")
