@@ -47,7 +47,7 @@
 #   E  bash benchmarks/device.sh profile engine full && bash benchmarks/device.sh profile variant half 2 \
 #        && bash benchmarks/device.sh profile evals half               (llama.cpp serves `full` on the idle CPU cores
 #        meanwhile; the scaling table's next data size; a later call's results.tgz brings engine_scratch.json back)
-# A lever whose self-distill fills a call (benchmarks/levers/data2x.yaml: 510 s on an H100) splits B in two:
+# A lever whose self-distill fills a call (benchmarks/levers/data2x.yaml: 510 s on an H100; allcode.yaml 526 s) splits B in two:
 #   B  bash benchmarks/device.sh profile setup --lever benchmarks/levers/data2x.yaml self-distill          (523 s)
 #   C  bash benchmarks/device.sh profile run extract build-vocab && bash benchmarks/device.sh profile variant data2x 1  (348 s)
 #   D  bash benchmarks/device.sh profile evals data2x && bash benchmarks/device.sh profile engine data2x \

@@ -191,6 +191,30 @@ def test_a_template_refusal_names_the_conversation_or_is_skipped_and_counted():
     assert len(items) == 8 and not any(it["id"].startswith("sys-1") for it in items)
 
 
+class AlternationTokenizer(StubTokenizer):
+    """A template that refuses two turns of one role in a row (as Llama-2's and Gemma's do)."""
+
+    def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=False):
+        if any(a["role"] == b["role"] for a, b in zip(messages, messages[1:])):
+            raise ValueError("Conversation roles must alternate user/assistant/user/assistant/...")
+        return super().apply_chat_template(messages, tokenize, add_generation_prompt)
+
+
+def test_a_refusal_early_in_a_conversation_counts_whatever_the_budget_keeps():
+    """Two user turns in a row at the start: the conversation is refused (or skipped and counted) even
+    when the prompt budget keeps only its last turn, which the template alone would accept."""
+    turns = [("user", "hi"), ("user", "hello?"), ("assistant", "a" * 30), ("user", "b" * 30),
+             ("assistant", "c" * 30), ("user", "why"), ("assistant", "d")]
+    convs = [{"id": "bad-start", "messages": [{"role": r, "content": c} for r, c in turns]}]
+    tok = AlternationTokenizer(eos_token_id=-1)
+    assert fit_prompt(tok, convs[0]["messages"][:6], 5)[0] == [convs[0]["messages"][5]]  # 'why|' alone fits
+    for turns_mode in ("last", "all"):
+        with pytest.raises(DataError, match=r"conversation 'bad-start'.*roles must alternate"):
+            plan_prompts(tok, convs, turns=turns_mode, max_prompt_tokens=5)
+        items, plan = plan_prompts(tok, convs, turns=turns_mode, max_prompt_tokens=5, on_bad_line="skip")
+        assert items == [] and plan["skipped_template_ids"] == ["bad-start"]
+
+
 def test_fit_prompt_drops_earliest_turns():
     tok = StubTokenizer(eos_token_id=-1)  # one character = one token
     msgs = [{"role": "system", "content": "S"}, {"role": "user", "content": "u" * 50},

@@ -11,7 +11,7 @@ splits (never to test or publish), built from real functions of the packages of
   ``networkx>=2.5.1``, ``sympy>=1.13.3``), so they cost no extra download next to it
   (py3-none-any wheels of 2.1 and 6.3 MB; sympy needs mpmath),
 - ``mlflow==3.17.2``, ``dvc==3.67.1``: eyas' own pinned requirements,
-- twenty-two more dependencies of eyas' requirements, pinned at the versions they resolve to in
+- thirty more, dependencies of eyas' requirements pinned at the versions they resolve to in
   pyproject.toml's extra ``code``: dulwich, SQLAlchemy, pydantic, rich, Jinja2, Werkzeug, GitPython
   (import name ``git``) and fsspec (of mlflow and dvc); matplotlib, pandas, scipy, fonttools
   (``fontTools``), celery, scikit-learn (``sklearn``), numpy, kombu, gunicorn, pillow (``PIL``),

@@ -259,6 +259,9 @@ def plan_prompts(tokenizer, conversations: list[dict], *, turns: str, max_prompt
             stats["dropped_no_prompt"] += 1
             continue
         try:
+            # the longest prompt whole, once: a template that refuses any turn of the conversation refuses
+            # it, whatever part of each prompt the budget keeps (fit_prompt renders only what it needs)
+            render_prompt(tokenizer, prompts[-1][1])
             fits = [(j, msgs, fit_prompt(tokenizer, msgs, max_prompt_tokens)) for j, msgs in prompts]
         except Exception as e:  # noqa: BLE001  jinja2's TemplateError, a template's raise_exception
             if on_bad_line == "error":
