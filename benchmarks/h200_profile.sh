@@ -52,7 +52,8 @@
 #   C  bash benchmarks/device.sh profile run extract build-vocab && bash benchmarks/device.sh profile variant data2x 1  (348 s)
 #   D  bash benchmarks/device.sh profile evals data2x && bash benchmarks/device.sh profile engine data2x \
 #        && bash benchmarks/device.sh profile keep scratch data2x   (the engine's chat half took ~4 min on the 16 cores)
-# A training-only lever is `variant NAME EVERY PRESET` with PRESET holding its keys (benchmarks/levers/ttt7.yaml: train.ttt_length 7).
+# A training-only lever is `variant NAME EVERY PRESET` with PRESET holding its keys (benchmarks/levers/ttt7.yaml: train.ttt_length 7;
+# vocab16k.yaml: vocab.draft_vocab_size 16384, 279 s of training on the allcode data).
 # scripts/run_dag.py runs every stage it is given, finished or not (no DVC here): after a call ends at its limit,
 # name only the stages it did not finish. At contexts 640/768 self-distill takes ~520 s of a call: bring its
 # output back with `profile distilled` and carry it in later sessions (then name no self-distill there).
