@@ -60,7 +60,7 @@ def _trim(ids: list[int], stop_ids) -> list[int]:
 
 @torch.no_grad()
 def generate_batch(model, prompts_ids: list[list[int]], max_new_tokens: int, pad_id: int,
-                   stop_ids) -> list[list[int]]:
+                   stop_ids, cache_implementation: str | None = None) -> list[list[int]]:
     """Greedy continuations of several prompts in ONE batch (left padding + attention mask).
 
     Args:
@@ -71,6 +71,10 @@ def generate_batch(model, prompts_ids: list[list[int]], max_new_tokens: int, pad
             pad or EOS by convention).
         stop_ids: the ids that end a reply (:func:`eyas.target.model.stop_token_ids`; HF ``generate``
             takes a list as ``eos_token_id``); empty: every row runs ``max_new_tokens``.
+        cache_implementation: transformers' ``GenerationConfig.cache_implementation``: None, its
+            default dynamic KV cache (what self-distill runs); ``"static"``, a cache preallocated to
+            prompt + ``max_new_tokens`` whose decode step transformers compiles on CUDA
+            (benchmarks/bench_generate.py compares the two).
     Returns:
         per prompt, in input order, the generated ids (prompt excluded), up to and including the
         first stop id when one was generated:
@@ -97,7 +101,8 @@ def generate_batch(model, prompts_ids: list[list[int]], max_new_tokens: int, pad
     # a fresh config, not the model's generation_config: no sampling, no repetition penalty, no
     # min_length, ... exactly argmax decoding (what eval's greedy reference does)
     gc = GenerationConfig(do_sample=False, num_beams=1, max_new_tokens=max_new_tokens,
-                          pad_token_id=pad_id, eos_token_id=list(stop_ids) or None)
+                          pad_token_id=pad_id, eos_token_id=list(stop_ids) or None,
+                          cache_implementation=cache_implementation)
     out = model.generate(input_ids=ids.to(dev), attention_mask=att.to(dev), generation_config=gc)
     gen = out[:, T:].tolist()
     stop = set(stop_ids)
