@@ -9,7 +9,9 @@ The prompts are the stage's: every assistant turn of the file's conversations pl
 :func:`eyas.data.distill.plan_prompts` at the given prompt budget and sorted by length as
 :func:`eyas.data.distill.regenerate` sorts them; ``--batches`` runs of ``--batch-size`` of them, evenly
 spaced over that order, are the batches.
-Each cache runs one untimed warm-up batch (the compile, for static), then the timed batches.
+Each cache runs one untimed warm-up batch, then the timed batches. The static cache is compiled
+for each prompt length it meets, and every batch has its own: its timed batches include their
+compiles, as the stage's batches would.
 Figures: generated tokens per second of the timed batches, peak GPU memory, and how many replies are
 identical token for token to the dynamic cache's (padding and kernel choice can flip a near-tie). The
 result is written after each cache, so a run cut off in the static cache's compile keeps the
@@ -40,7 +42,7 @@ def run(cache, model, batches, max_new_tokens, pad_id, stop_ids) -> tuple[dict, 
     torch.cuda.reset_peak_memory_stats() if cuda else None
     sync()
     t0 = time.perf_counter()
-    generate_batch(model, batches[0], max_new_tokens, pad_id, stop_ids, cache)  # warm-up (static: the compile)
+    generate_batch(model, batches[0], max_new_tokens, pad_id, stop_ids, cache)  # warm-up
     sync()
     warm = time.perf_counter() - t0
     replies, t0 = [], time.perf_counter()
@@ -65,6 +67,8 @@ def main() -> None:
     ap.add_argument("--device", default="cuda", help="cpu: a quick look at the script, not a figure")
     ap.add_argument("--out", default="generate_gpu.json")
     a = ap.parse_args()
+    if a.batches < 2 or a.batch_size < 1:
+        ap.error(f"--batches >= 2 (one untimed, the rest timed) and --batch-size >= 1, got {a.batches} and {a.batch_size}")
     tok, _ = load_tokenizer_and_config()
     n = a.batches * a.batch_size
     items, plan = plan_prompts(tok, read_jsonl(Path(a.conversations)), turns="all",

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from eyas.data import code
 from eyas.data.code import (
     MAX_PROMPT_CHARS,
     MAX_SOURCE_CHARS,
@@ -24,6 +25,7 @@ from eyas.data.code import (
     add_to_splits,
     code_conversations,
     humaneval_word_runs,
+    usable_functions,
 )
 from eyas.data.conversations import DataError
 from eyas.training.params import ParamsError, parse_params
@@ -99,6 +101,26 @@ def test_method_conversation_exact():
                                     "\n\n```python\n" + LAMBDA_IS_IDENTITY + "```"},
         {"role": "assistant", "content":
          "```python\n" + LAMBDA_IS_IDENTITY + "    return self.signature == self.expr\n```"}]
+
+
+def test_line_separators_a_bom_and_crlf_keep_each_function_whole(tmp_path, monkeypatch):
+    """ast numbers lines at newlines alone: a form feed, a Unicode line separator in a comment and a
+    \x85 in a string (all of which str.splitlines splits at), a BOM and CRLF endings leave every
+    function's prompt and source exactly its own lines; a column-0 comment in a method is skipped
+    and counted."""
+    src = ('\ufeff"""Module."""\r\n\x0c\r\ndef alpha(x):\r\n    """Add one."""\r\n    return x + 1\r\n'
+           '# a comment \u2028 with a line separator\r\nNEL = "\x85"\r\n\r\nclass Box:\r\n'
+           '    def beta(self):\r\n        """Give two."""\r\n        return 2\r\n\r\n'
+           '    def gamma(self):\r\n        """Give three."""\r\n# column 0\r\n        return 3\r\n')
+    (tmp_path / "mod.py").write_bytes(src.encode("utf-8"))
+    monkeypatch.setattr(code, "_package_dir", lambda module: tmp_path)
+    funcs, stats = usable_functions("fake_separators")
+    assert [(f.id, f.prompt, f.source) for f in funcs] == [
+        ("code:fake_separators/mod.py:alpha", 'def alpha(x):\n    """Add one."""\n',
+         'def alpha(x):\n    """Add one."""\n    return x + 1'),
+        ("code:fake_separators/mod.py:Box.beta", 'def beta(self):\n    """Give two."""\n',
+         'def beta(self):\n    """Give two."""\n    return 2')]
+    assert stats["skipped_undedentable"] == 1 and stats["defs"] == 3
 
 
 def test_extra_package_conversation_exact():

@@ -37,7 +37,8 @@ docstring) is at most :data:`MAX_PROMPT_CHARS` and its whole source at most
 not a HumanEval ``entry_point``, and its docstring shares no run of :data:`OVERLAP_WORDS` words
 with a HumanEval prompt, words being the lowercased runs of letters ``a-z`` (so punctuation,
 digits, spacing and case are ignored; :func:`humaneval_word_runs`). A method is dedented by its
-``def``'s column; a method with a line indented less (a multi-line string at column 0) is skipped. The
+``def``'s column; a method with a non-blank line indented less (a multi-line string or a comment at
+column 0, tab indentation) is skipped and counted (``skipped_undedentable``). The
 limits are in characters, so this stage needs no tokenizer; self-distill drops (and counts) the
 few prompts that still exceed its token budget. Each becomes::
 
@@ -177,7 +178,7 @@ def _scan(module: str) -> tuple[tuple[CodeFunction, ...], tuple[tuple[str, int],
             stats["skipped_test_files"] += 1
             continue
         stats["files"] += 1
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")  # a BOM is not source (Python's own reader drops it)
         try:
             with warnings.catch_warnings():  # invalid escapes in old strings: not our concern
                 warnings.simplefilter("ignore", SyntaxWarning)
@@ -185,7 +186,9 @@ def _scan(module: str) -> tuple[tuple[CodeFunction, ...], tuple[tuple[str, int],
                 tree = ast.parse(text, filename=str(path))
         except SyntaxError as e:
             raise DataError(f"{path}: does not parse: {e}") from None
-        lines = text.splitlines()
+        # ast numbers lines at \n alone (read_text made \r\n and \r into \n); str.splitlines also splits at
+        # \f, \v, \x1c-\x1e, \x85, \u2028 and \u2029, which would shift every later function's lines
+        lines = text.split("\n")
         defs = [(n, n.name, False) for n in tree.body if isinstance(n, ast.FunctionDef)]
         defs += [(n, f"{c.name}.{n.name}", c.name.startswith("_"))
                  for c in tree.body if isinstance(c, ast.ClassDef)
@@ -213,7 +216,7 @@ def _scan(module: str) -> tuple[tuple[CodeFunction, ...], tuple[tuple[str, int],
                 indent = " " * node.col_offset
                 block = lines[start - 1 : node.end_lineno]
                 if any(line.strip() and not line.startswith(indent) for line in block):
-                    stats["skipped_undedentable"] += 1  # a multi-line string at column 0 in a method
+                    stats["skipped_undedentable"] += 1  # a method with a line left of its def (a column-0 string)
                     continue
                 block = [line[len(indent):] for line in block]
                 source = "\n".join(block)
