@@ -154,7 +154,8 @@ case "${1:-}" in
     for s in "$W"/data/features/*; do  # val, publish, the target's head: hard links
       [ "$(basename "$s")" = train ] || cp -al "$s" "$V/data/features/" || exit 1
     done
-    python3 "$REPO"/benchmarks/feature_subset.py "$W/data/features/train" "$V/data/features/train" --every "$every" \
+    # paths under $DEV, given relative: the log it prints is kept in benchmarks/results/
+    (cd "$DEV" && python3 "$REPO"/benchmarks/feature_subset.py w/data/features/train "v/$n/data/features/train" --every "$every") \
       | tee -a "$DEV"/log.txt || exit 1
     cd "$V" || exit 1
     for f in "$REPO"/benchmarks/levers/eval.yaml "$@"; do
