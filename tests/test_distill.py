@@ -221,6 +221,28 @@ def test_a_refusal_early_in_a_conversation_counts_whatever_the_budget_keeps():
         assert items == [] and plan["skipped_template_ids"] == ["bad-start"]
 
 
+class BrokenTokenizer(StubTokenizer):
+    """A template that fails for a reason other than refusing the conversation (a bug, not a refusal)."""
+
+    def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=False):
+        if any(m["content"].startswith("b") for m in messages):
+            raise TypeError("can only concatenate str (not \"NoneType\") to str")
+        return super().apply_chat_template(messages, tokenize, add_generation_prompt)
+
+
+def test_an_error_that_is_not_a_refusal_is_not_counted_as_one():
+    """Only a refusal (jinja2's TemplateError, or ValueError) is skipped and counted under
+    ``on_bad_line: skip``; any other error from the tokenizer propagates as itself."""
+    convs = [{"id": "ok", "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]},
+             {"id": "bug", "messages": [{"role": "user", "content": "bad"}, {"role": "assistant", "content": "x"}]}]
+    tok = BrokenTokenizer(eos_token_id=-1)
+    with pytest.raises(TypeError, match="concatenate"):
+        plan_prompts(tok, convs, turns="all", max_prompt_tokens=None, on_bad_line="skip")
+    # negative control: the conversation without the failing content plans as usual
+    items, plan = plan_prompts(tok, convs[:1], turns="all", max_prompt_tokens=None, on_bad_line="skip")
+    assert [it["id"] for it in items] == ["ok#1"] and plan["skipped_template"] == 0
+
+
 def test_fit_prompt_drops_earliest_turns():
     tok = StubTokenizer(eos_token_id=-1)  # one character = one token
     msgs = [{"role": "system", "content": "S"}, {"role": "user", "content": "u" * 50},

@@ -40,6 +40,7 @@ import time
 from pathlib import Path
 
 import torch
+from jinja2.exceptions import TemplateError
 
 from eyas.data.conversations import DataError, prompt_messages, render_prompt
 from eyas.io import write_text
@@ -268,7 +269,8 @@ def plan_prompts(tokenizer, conversations: list[dict], *, turns: str, max_prompt
             # it, whatever part of each prompt the budget keeps (fit_prompt renders only what it needs)
             render_prompt(tokenizer, prompts[-1][1])
             fits = [(j, msgs, fit_prompt(tokenizer, msgs, max_prompt_tokens)) for j, msgs in prompts]
-        except Exception as e:  # noqa: BLE001  jinja2's TemplateError, a template's raise_exception
+        except (TemplateError, ValueError) as e:  # a template's raise_exception (transformers raises jinja2's
+            # TemplateError); ValueError: a template written in Python (mistral-common) or none at all
             if on_bad_line == "error":
                 raise DataError(f"conversation {c['id']!r}: the chat template refused it "
                                 f"({type(e).__name__}: {e}); set data.on_bad_line: skip to skip "
