@@ -37,7 +37,7 @@ if ! server_ok; then
     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF \
     -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF -DGGML_NATIVE=OFF > "$WORK/cmake.log" 2>&1 \
     || { tail -40 "$WORK/cmake.log"; exit 1; }  # its warnings (no web UI: none is built) stay in the log
-  cmake --build "$WORK/build" --target llama-server -j "$(nproc)" > "$WORK/build.log" \
+  cmake --build "$WORK/build" --target llama-server -j "$(nproc)" > "$WORK/build.log" 2>&1 \
     || { tail -40 "$WORK/build.log"; exit 1; }
   install -m 755 "$WORK/build/bin/llama-server" "$BIN_DIR/llama-server"
   echo "$STAMP" > "$BIN_DIR/llama-server.eyas-version"

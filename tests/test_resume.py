@@ -225,6 +225,20 @@ def test_checkpoint_of_other_code_is_not_resumed(stores, tmp_path, caplog):
             assert "starts afresh" in lines[0] and "\n" not in lines[0]
 
 
+def test_each_val_point_logs_one_progress_line(stores, caplog):
+    """Every ``eval_every`` steps one line names the step, the total and that point's val acc_0 (the
+    value the curve holds); the last step's val is the final one, not a progress line. Negative
+    control: with ``eval_every`` past the last step no line is logged."""
+    import logging
+    for every, want_steps in ((3, [3, 6]), (50, [])):
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="eyas.training.loop"):
+            res, _ = _train(stores, None, max_steps=7, eval_every=every, tracker=_StepsLogged(None))
+        lines = [r.getMessage() for r in caplog.records if ": val acc_0 " in r.getMessage()]
+        vals = {row["step"]: row["acc_0"] for row in res.curve if row["split"] == "val"}
+        assert lines == [f"step {s} of 7: val acc_0 {vals[s]:.4f}" for s in want_steps]
+
+
 def _drafter(stores, seed=0):
     train = stores[0]
     ids, mask = train.token_stats()

@@ -475,7 +475,10 @@ def train_drafter(drafter: Eagle3Drafter, *, train_store: FeatureStore, val_stor
     for epoch, b_i, batch in t.batches(train_loader):
         t.train_step(batch, epoch)
         if t.step % tp.eval_every == 0 and t.step < t.total:
-            t.log_val()
+            val = t.log_val()
+            if t.rank == 0:  # a line per val point: long CPU runs otherwise print nothing for minutes
+                acc = val.get("acc_0")
+                log.info("step %d of %d: val acc_0 %s", t.step, t.total, "n/a" if acc is None else f"{acc:.4f}")
         if checkpoint_dir is not None and every > 0 and t.step % every == 0 and t.step < t.total:
             t.checkpoint(checkpoint_dir, fp, epoch, b_i + 1, code)
     return t.finish()
