@@ -270,7 +270,7 @@ def plan_prompts(tokenizer, conversations: list[dict], *, turns: str, max_prompt
             render_prompt(tokenizer, prompts[-1][1])
             fits = [(j, msgs, fit_prompt(tokenizer, msgs, max_prompt_tokens)) for j, msgs in prompts]
         except (TemplateError, ValueError) as e:  # a template's raise_exception (transformers raises jinja2's
-            # TemplateError); ValueError: a template written in Python (mistral-common) or none at all
+            # TemplateError); ValueError: refusals raised outside jinja (transformers without a chat template)
             if on_bad_line == "error":
                 raise DataError(f"conversation {c['id']!r}: the chat template refused it "
                                 f"({type(e).__name__}: {e}); set data.on_bad_line: skip to skip "
