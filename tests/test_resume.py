@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import shutil
 import signal
@@ -229,7 +230,6 @@ def test_each_val_point_logs_one_progress_line(stores, caplog):
     """Every ``eval_every`` steps one line names the step, the total and that point's val acc_0 (the
     value the curve holds); the last step's val is the final one, not a progress line. Negative
     control: with ``eval_every`` past the last step no line is logged."""
-    import logging
     for every, want_steps in ((3, [3, 6]), (50, [])):
         caplog.clear()
         with caplog.at_level(logging.INFO, logger="eyas.training.loop"):
