@@ -238,6 +238,15 @@ def test_an_error_that_is_not_a_refusal_is_not_counted_as_one():
     tok = BrokenTokenizer(eos_token_id=-1)
     with pytest.raises(TypeError, match="concatenate"):
         plan_prompts(tok, convs, turns="all", max_prompt_tokens=None, on_bad_line="skip")
+    # jinja's own errors for a broken template (not its raise_exception) propagate too
+    from jinja2.exceptions import TemplateSyntaxError, UndefinedError
+    for err in (TemplateSyntaxError("unexpected '}'", 1), UndefinedError("'dict object' has no attribute 'nope'")):
+        def broken(*_a, err=err, **_k):
+            raise err
+        tok.apply_chat_template = broken
+        with pytest.raises(type(err)):
+            plan_prompts(tok, convs, turns="all", max_prompt_tokens=None, on_bad_line="skip")
+    tok = BrokenTokenizer(eos_token_id=-1)
     # negative control: the conversation without the failing content plans as usual
     items, plan = plan_prompts(tok, convs[:1], turns="all", max_prompt_tokens=None, on_bad_line="skip")
     assert [it["id"] for it in items] == ["ok#1"] and plan["skipped_template"] == 0

@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 
 import torch
-from jinja2.exceptions import TemplateError
+from jinja2.exceptions import TemplateError, TemplateSyntaxError, UndefinedError
 
 from eyas.data.conversations import DataError, prompt_messages, render_prompt
 from eyas.io import write_text
@@ -269,6 +269,8 @@ def plan_prompts(tokenizer, conversations: list[dict], *, turns: str, max_prompt
             # it, whatever part of each prompt the budget keeps (fit_prompt renders only what it needs)
             render_prompt(tokenizer, prompts[-1][1])
             fits = [(j, msgs, fit_prompt(tokenizer, msgs, max_prompt_tokens)) for j, msgs in prompts]
+        except (TemplateSyntaxError, UndefinedError):  # a broken template, not a refusal: every conversation
+            raise  # would be skipped by it
         except (TemplateError, ValueError) as e:  # a template's raise_exception (transformers raises jinja2's
             # TemplateError); ValueError: refusals raised outside jinja (transformers without a chat template)
             if on_bad_line == "error":
