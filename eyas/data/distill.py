@@ -252,6 +252,8 @@ def plan_prompts(tokenizer, conversations: list[dict], *, turns: str, max_prompt
     Raises:
         eyas.data.conversations.DataError: the template refused a conversation and ``on_bad_line`` is
             ``"error"``; the message names the conversation id and the template's error.
+        jinja2.exceptions.TemplateSyntaxError, jinja2.exceptions.UndefinedError: the template itself is
+            broken (not a refusal of one conversation); raised as is, whatever ``on_bad_line``.
     """
     if on_bad_line not in ("error", "skip"):
         raise DataError(f"on_bad_line must be 'error' or 'skip', got {on_bad_line!r}")
