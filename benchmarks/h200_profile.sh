@@ -41,7 +41,7 @@
 # that share it, each trained in its own copy of the work dir (`variant`), evaluated alone or several at once
 # (`evals`), with benchmarks/levers/eval.yaml's eval (no served table, and llama.cpp apart: `engine`):
 #   B  bash benchmarks/device.sh profile setup --lever benchmarks/levers/contexts.yaml extract build-vocab
-#        (with .devcarry/b/distilled.tgz from `distilled`; without it, name self-distill first: ~520 s at 640/768)
+#        (with .devcarry/b/distilled.tar.xz from `distilled`; without it, name self-distill first: ~520 s at 640/768)
 #   C  bash benchmarks/device.sh profile variant full 1                (the whole split: ~4x the quarter's 103 s)
 #   D  bash benchmarks/device.sh profile evals full && bash benchmarks/device.sh profile keep scratch full
 #   E  bash benchmarks/device.sh profile engine full && bash benchmarks/device.sh profile variant half 2 \
@@ -105,9 +105,9 @@ case "${1:-}" in
       python3 -m eyas.pipeline.preset "$REPO/$lever" --params presets/h200.yaml --write presets/h200.yaml || exit 1
     fi
     mkdir -p data && tar xzf "$REPO"/.devcarry/b/conv.tgz -C data
-    if [ -f "$REPO"/.devcarry/b/distilled.tgz ]; then  # an earlier session's self-distill (`distilled` below)
-      tar xzf "$REPO"/.devcarry/b/distilled.tgz -C . || exit 1
-      echo "setup: data/distilled from the carried .devcarry/b/distilled.tgz (name no self-distill: run_dag would redo it)"
+    if [ -f "$REPO"/.devcarry/b/distilled.tar.xz ]; then  # an earlier session's self-distill (`distilled` below)
+      tar xJf "$REPO"/.devcarry/b/distilled.tar.xz -C . || exit 1
+      echo "setup: data/distilled from the carried .devcarry/b/distilled.tar.xz (name no self-distill: run_dag would redo it)"
     fi
     rc=0
     if [ $# -gt 0 ]; then  # no stages: set up only (a session with only the evals left restores drafters next)
@@ -193,10 +193,11 @@ case "${1:-}" in
     (cd "$DEV/v/$n" && setsid nohup bash -c 'python3 scripts/run_dag.py target-gguf export-gguf@scratch &&
       python3 benchmarks/engine_check.py scratch --out metrics/engine_scratch.json' >engine_log.txt 2>&1 </dev/null &)
     echo "engine: started in $DEV/v/$n (engine_log.txt)" ;;
-  distilled)  # data/distilled (with metrics/self_distill.json, data/inputs) back through $OUT as distilled.tgz: carried
-              # as .devcarry/b/distilled.tgz, a later session's setup unpacks it, and that session names no self-distill
+  distilled)  # data/distilled (with metrics/self_distill.json, data/inputs) back through $OUT as distilled.tar.xz (xz:
+              # a fifth of the JSONL, small enough to travel beside part.ab): carried as .devcarry/b/distilled.tar.xz,
+              # a later session's setup unpacks it, and that session names no self-distill
               # (the fingerprint holds while conv.tgz and the preset's target/distill keys are the same; extract checks it)
-    (cd "$W" && tar czf "$OUT"/distilled.tgz data/distilled metrics/self_distill.json data/inputs) || exit 1
+    (cd "$W" && tar cf - data/distilled metrics/self_distill.json data/inputs | xz -6 -T0 >"$OUT"/distilled.tar.xz) || exit 1
     ls -la "$OUT" ;;
   restore)  # restore NAME: models/NAME from the carried .devcarry/keep_NAME/keep_NAME.tar.part*
     [ $# -eq 2 ] || { echo "restore: one drafter per call (a call carries 64 MiB), got: ${*:2}"; exit 2; }
