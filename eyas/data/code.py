@@ -20,7 +20,7 @@ splits (never to test or publish), built from real functions of the packages of
 
 ``code.<package>.usable`` in ``metrics/prepare_data.json`` (when ``data.code_prompts`` > 0) counts each
 package's usable functions. ``data.code_packages`` names the packages the prompts come from
-(params.yaml's default: the first six; ``presets/h200.yaml`` the first four). All are pinned in
+(params.yaml's default: the first six; ``presets/h200.yaml`` all thirty-six). All are pinned in
 ``pyproject.toml`` and installed by ``scripts/install.sh``, so the data is the same
 on every machine (the running Python's stdlib is not used: it differs between versions). Every
 ``*.py`` file under a package's directory is read, except those under a ``tests`` directory (the
