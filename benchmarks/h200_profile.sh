@@ -26,14 +26,14 @@
 # and remap's from the 8c39ff4 run on one H200; each call costs ~10 s more than its wall time, a start 30-94 s):
 #   A  carry .devcarry/a, then .devcarry/c: bash benchmarks/device.sh profile park (two calls, ~1 s each)
 #   B  carry .devcarry/b   bash benchmarks/device.sh profile setup --lever benchmarks/levers/engine_apart.yaml \
-#                            gpu-tests extract build-vocab train-scratch                           (~470 s)
+#                            gpu-tests extract build-vocab train-scratch                           (511 s)
 #                          (`gpu-tests`: `device.sh gpu-tests` beside the stages, its log in $OUT/gpu_tests;
 #                          engine_apart.yaml: llama.cpp serves the drafters afterwards, on a workstation)
 #   C                      bash benchmarks/device.sh profile run stand-in-drafter remap train-finetune (~440 s)
 #   D1                     bash benchmarks/device.sh profile keep scratch; bash benchmarks/device.sh profile run eval-accept-len@scratch
 #   D2                     bash benchmarks/device.sh profile keep finetune; bash benchmarks/device.sh profile run eval-accept-len@finetune
 #                          (~390 s each eval with the served table)
-# A-D2 need ~1,850 device seconds, more than a session's 1,800: the last eval goes to a later session with the
+# A-D2 need ~1,880 device seconds, more than a session's 1,800: the last eval goes to a later session with the
 # kept drafter. llama.cpp: per kept drafter, in a workspace of this checkout with metrics/h200's params.yaml
 # (serve.engine llamacpp), data/conversations, models/NAME (cat the keep parts | tar x -C models) and
 # metrics/eval_NAME.json: `python3 scripts/run_dag.py target-gguf export-gguf@NAME &&
@@ -102,7 +102,12 @@ case "${1:-}" in
       case "$lever" in benchmarks/levers/*.yaml) ;; *) echo "setup: --lever takes benchmarks/levers/NAME.yaml, got '$lever'"; exit 2;; esac
       [ -f "$lever" ] || { echo "setup: no lever file $lever"; exit 2; }
     fi
-    [ -f "$DEV"/gg/conv.tgz ] || { echo "setup: no parked conv.tgz (park with .devcarry/c first); $W is as it was"; exit 1; }
+    # every input checked before anything is installed or rebuilt: parked (park with .devcarry/a, then .devcarry/c)
+    # and carried (.devcarry/b)
+    for f in "$DEV"/gg/part.aa "$DEV"/gg/llama-server.xz "$DEV"/gg/conv.tgz .devcarry/b/part.ab \
+             .devcarry/b/converter.tgz .devcarry/b/libgomp.so.1; do
+      [ -f "$f" ] || { echo "setup: no $f (park .devcarry/a and .devcarry/c, carry .devcarry/b); $W is as it was"; exit 1; }
+    done
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .devcarry/b/*.whl || exit 1
     if [ -n "$lever" ]; then  # its keys checked on a scratch copy before the work dir is rebuilt
       python3 -m eyas.pipeline.preset "$lever" --params presets/h200.yaml --write "$DEV"/lever_check.yaml >/dev/null \
@@ -117,7 +122,8 @@ case "${1:-}" in
     # llama-server beside python3's console scripts, its converter under <data>/share/eyas (eyas/export/gguf.py)
     scripts=$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')
     data=$(python3 -c 'import sysconfig; print(sysconfig.get_path("data"))')
-    xz -dc "$DEV"/gg/llama-server.xz > "$scripts"/llama-server && chmod 755 "$scripts"/llama-server || exit 1
+    xz -dc "$DEV"/gg/llama-server.xz > "$scripts"/llama-server.tmp && chmod 755 "$scripts"/llama-server.tmp \
+      && mv "$scripts"/llama-server.tmp "$scripts"/llama-server || exit 1  # whole, or the one before left in place
     mkdir -p "$data"/share/eyas && tar xzf .devcarry/b/converter.tgz -C "$data"/share/eyas || exit 1
     ldconfig -p | grep -q libgomp.so.1 || { cp .devcarry/b/libgomp.so.1 /usr/local/lib/ && ldconfig; }
     "$scripts"/llama-server --version 2>&1 | tail -2

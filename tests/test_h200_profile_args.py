@@ -13,12 +13,12 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "h200_profile.sh"
 
 
-def _run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+def _run(tmp_path: Path, *args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     home, out = tmp_path / "home", tmp_path / "out"
     home.mkdir(exist_ok=True)
     out.mkdir(exist_ok=True)
     env = {"HOME": str(home), "OUT": str(out), "PATH": str(Path(shutil.which("python3")).parent) + ":/usr/bin:/bin"}
-    return subprocess.run(["bash", str(SCRIPT), *args], cwd=ROOT, env=env, capture_output=True, text=True,
+    return subprocess.run(["bash", str(SCRIPT), *args], cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=120)
 
 
@@ -62,15 +62,20 @@ def test_variant_checks_its_presets_before_replacing_an_earlier_variant(tmp_path
     assert r.returncode == 2 and "EVERY is a whole number >= 1, got '0'" in r.stdout
 
 
-def test_setup_without_parked_data_fails_before_the_work_dir_is_rebuilt(tmp_path):
-    w = tmp_path / "home" / "w"
+def test_setup_without_parked_inputs_fails_before_anything_is_installed_or_rebuilt(tmp_path):
+    """Each input missing in turn: setup names it and exits 1 with the work dir as it was, before its pip
+    install and its llama-server unpack touch the machine. Run from an empty checkout dir, so that no
+    carried .devcarry/b of this machine lets it past the last check."""
+    w, gg, repo = tmp_path / "home" / "w", tmp_path / "home" / "gg", tmp_path / "repo"
     w.mkdir(parents=True)
     (w / "kept.txt").write_text("an earlier setup's work dir")
-    r = _run(tmp_path, "setup", "extract")
-    assert r.returncode == 1 and "setup: no parked conv.tgz (park with .devcarry/c first)" in r.stdout, r.stdout
+    gg.mkdir()
+    repo.mkdir()
+    for name in ("part.aa", "llama-server.xz", "conv.tgz"):
+        r = _run(tmp_path, "setup", "extract", cwd=repo)
+        assert r.returncode == 1 and f"setup: no {gg / name} (park" in r.stdout, r.stdout + r.stderr
+        assert (w / "kept.txt").read_text() == "an earlier setup's work dir"
+        (gg / name).write_bytes(b"")  # parked: the next run reaches the next check (negative control)
+    r = _run(tmp_path, "setup", "extract", cwd=repo)
+    assert r.returncode == 1 and "setup: no .devcarry/b/part.ab (park" in r.stdout, r.stdout + r.stderr
     assert (w / "kept.txt").read_text() == "an earlier setup's work dir"
-    # negative control: with conv.tgz parked, setup gets past this check (to its next step, which fails here)
-    (tmp_path / "home" / "gg").mkdir()
-    (tmp_path / "home" / "gg" / "conv.tgz").write_bytes(b"")
-    r = _run(tmp_path, "setup", "extract")
-    assert "no parked conv.tgz" not in r.stdout
