@@ -44,8 +44,8 @@
 # `keep NAME` returns models/NAME in parts (a drafter is ~58 MB at 16,384 draft ids; $OUT returns 8 files of
 # 16 MiB, 64 MiB in all: one drafter per call): save them here under .devcarry/keep_NAME/ (git-ignored: they
 # last as long as this machine), and a later session with only the evals left runs A, then B without stages
-# (`profile setup --lever benchmarks/levers/engine_apart.yaml`), then per drafter, carrying that drafter's .devcarry/keep_NAME (a call carries 64 MiB:
-# one drafter per call):
+# (`profile setup --lever benchmarks/levers/engine_apart.yaml`), then per drafter, carrying that drafter's
+# .devcarry/keep_NAME (a call carries 64 MiB: one drafter per call):
 #                          bash benchmarks/device.sh profile restore NAME && bash benchmarks/device.sh profile run eval-accept-len@NAME
 # That path ran on 2026-12-02 (next session, code 9a3caff): A 13 s, B without stages 2 s, restore +
 # eval-accept-len@finetune 294 s (the eval 289 s), ~410 s of device time with the machine's start.
