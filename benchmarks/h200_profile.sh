@@ -22,18 +22,18 @@
 #   S  carry .devcarry/a   bash benchmarks/device.sh profile park
 #      carry .devcarry/c   bash benchmarks/device.sh profile park
 #      carry .devcarry/b   bash benchmarks/device.sh profile setup self-distill && bash benchmarks/device.sh profile distilled
-# Then, with distilled.tar.xz in .devcarry/c (stage times from the chat2000 lever on one H100, and the stand-in's
-# and remap's from the 8c39ff4 run on one H200; each call costs ~10 s more than its wall time, a start 30-94 s):
+# Then, with distilled.tar.xz in .devcarry/c (stage times from the chat2000 and epochs7 levers on one H100, and the
+# stand-in's and remap's from the 8c39ff4 run on one H200; each call costs ~10 s more than its wall time, a start 30-94 s):
 #   A  carry .devcarry/a, then .devcarry/c: bash benchmarks/device.sh profile park (two calls, ~1 s each)
 #   B  carry .devcarry/b   bash benchmarks/device.sh profile setup --lever benchmarks/levers/engine_apart.yaml \
-#                            gpu-tests extract build-vocab train-scratch                           (511 s)
+#                            gpu-tests extract build-vocab train-scratch     (~575 s: train-scratch 338 s at 7 epochs)
 #                          (`gpu-tests`: `device.sh gpu-tests` beside the stages, its log in $OUT/gpu_tests;
 #                          engine_apart.yaml: llama.cpp serves the drafters afterwards, on a workstation)
-#   C                      bash benchmarks/device.sh profile run stand-in-drafter remap train-finetune (~440 s)
+#   C                      bash benchmarks/device.sh profile run stand-in-drafter remap train-finetune (~510 s)
 #   D1                     bash benchmarks/device.sh profile keep scratch; bash benchmarks/device.sh profile run eval-accept-len@scratch
 #   D2                     bash benchmarks/device.sh profile keep finetune; bash benchmarks/device.sh profile run eval-accept-len@finetune
 #                          (~390 s each eval with the served table)
-# A-D2 need ~1,880 device seconds, more than a session's 1,800: the last eval goes to a later session with the
+# A-D2 need ~2,010 device seconds, more than a session's 1,800: the last eval goes to a later session with the
 # kept drafter. llama.cpp: per kept drafter, in a workspace of this checkout with metrics/h200's params.yaml
 # (serve.engine llamacpp), data/conversations, models/NAME (cat the keep parts | tar x -C models) and
 # metrics/eval_NAME.json: `python3 scripts/run_dag.py target-gguf export-gguf@NAME &&
