@@ -29,7 +29,8 @@
 #                            gpu-tests extract build-vocab train-scratch     (~575 s: train-scratch 338 s at 7 epochs)
 #                          (`gpu-tests`: `device.sh gpu-tests` beside the stages, its log in $OUT/gpu_tests;
 #                          engine_apart.yaml: llama.cpp serves the drafters afterwards, on a workstation)
-#   C                      bash benchmarks/device.sh profile run stand-in-drafter remap train-finetune (~510 s)
+#   C                      bash benchmarks/device.sh profile run stand-in-drafter remap train-finetune (~510 s: estimated,
+#                          train-finetune scaled by train-scratch's 338/277 from 5 to 7 epochs)
 #   D1                     bash benchmarks/device.sh profile keep scratch; bash benchmarks/device.sh profile run eval-accept-len@scratch
 #   D2                     bash benchmarks/device.sh profile keep finetune; bash benchmarks/device.sh profile run eval-accept-len@finetune
 #                          (~390 s each eval with the served table)
