@@ -48,6 +48,10 @@ def test_dvc_written_float_string_is_read_as_float(tmp_path):
     # ranges: caught before any compute (each of these used to fail late or train silently wrong)
     ({"train": {"ttt_length": 0}}, "'train.ttt_length' must be >= 1"),
     ({"train": {"eval_every": 0}}, "'train.eval_every' must be >= 1"),
+    # every epoch's batches are planned before the first step: 10**25 epochs stalled at start-up
+    ({"train": {"epochs": 10 ** 25}}, r"^params\.yaml: 'train.epochs' must be in \[1, 1000\] .*, got 10000000000000000000000000$"),
+    ({"train": {"epochs": 0}}, r"'train.epochs' must be in \[1, 1000\]"),
+    ({"stand_in": {"epochs": 1001}}, r"'stand_in.epochs' must be in \[1, 1000\]"),
     ({"train": {"grad_clip": -1.0}}, "'train.grad_clip' must be > 0"),
     ({"train": {"strategy": "zero3"}}, "'train.strategy' must be 'ddp' or 'fsdp'"),
     ({"extract": {"dtype": "int8"}}, "'extract.dtype' must be one of"),

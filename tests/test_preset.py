@@ -357,17 +357,40 @@ def test_crlf_line_endings_are_kept(tmp_path):
 
 
 def _write(tmp_path: Path, target: Path) -> int:
+    """The preset merged into ``target`` (``--params target --write target``) where it is an existing file, else
+    into a new file from tmp_path's params.yaml."""
     params, pre = _files(tmp_path)
+    if target.is_file():
+        params = target
     return preset.main([str(pre), "--params", str(params), "--write", str(target)])
 
 
 @pytest.mark.parametrize("mode", [0o600, 0o640, 0o664, 0o755])
 def test_write_keeps_the_files_mode(tmp_path, mode):
     out = tmp_path / "out.yaml"
-    out.write_text("x: 1\n")
+    out.write_text(PARAMS)
     out.chmod(mode)
     assert _write(tmp_path, out) == 0
     assert out.read_text() == MERGED and stat.S_IMODE(out.stat().st_mode) == mode
+
+
+def test_write_refuses_an_existing_file_other_than_params(tmp_path, capsys):
+    """Written from --params, the file would lose what it held: refused, untouched; merged into itself it is written."""
+    params, pre = _files(tmp_path)
+    out = tmp_path / "mine.yaml"
+    out.write_text("lr: 0.5  # mine\n")
+    assert preset.main([str(pre), "--params", str(params), "--write", str(out)]) == 2
+    assert capsys.readouterr().err == (
+        f"eyas.pipeline.preset: error: --write {out}: an existing file other than --params {params}: writing would "
+        f"replace what it holds with {params} + the preset. Merge into it with --params {out} --write {out}, or "
+        f"write a new file\n")
+    assert out.read_text() == "lr: 0.5  # mine\n"
+    link = tmp_path / "link.yaml"  # the params file under another name is the params file
+    link.symlink_to(params)
+    assert preset.main([str(pre), "--params", str(params), "--write", str(link)]) == 0
+    assert params.read_text() == MERGED
+    out.write_text(PARAMS)  # the negative control: merged into itself, written
+    assert preset.main([str(pre), "--params", str(out), "--write", str(out)]) == 0 and out.read_text() == MERGED
 
 
 def test_a_new_file_gets_the_umask_mode(tmp_path):
@@ -382,7 +405,7 @@ def test_a_new_file_gets_the_umask_mode(tmp_path):
 @pytest.mark.skipif(os.geteuid() != 0, reason="giving a file another owner takes root")
 def test_write_keeps_the_files_owner_and_group(tmp_path):
     out = tmp_path / "out.yaml"
-    out.write_text("x: 1\n")
+    out.write_text(PARAMS)
     os.chown(out, 1234, 2345)
     out.chmod(0o640)
     assert _write(tmp_path, out) == 0
@@ -394,25 +417,25 @@ def test_write_keeps_the_files_owner_and_group(tmp_path):
 def test_a_read_only_file_is_refused(tmp_path, capsys, mode):
     """Refused even for root, whom the kernel lets write anything: the mode says the file is not to change."""
     out = tmp_path / "out.yaml"
-    out.write_text("x: 1\n")
+    out.write_text(PARAMS)
     out.chmod(mode)
     assert _write(tmp_path, out) == 2
     assert capsys.readouterr().err == (f"eyas.pipeline.preset: error: --write {out}: not writable (mode {mode:04o}); "
                                        f"make it writable first (chmod u+w) or write elsewhere\n")
-    assert out.read_text() == "x: 1\n" and stat.S_IMODE(out.stat().st_mode) == mode
+    assert out.read_text() == PARAMS and stat.S_IMODE(out.stat().st_mode) == mode
     out.chmod(mode | 0o200)  # the negative control: writable by its owner, written
     assert _write(tmp_path, out) == 0 and out.read_text() == MERGED
 
 
 def test_a_file_with_other_hard_links_is_refused(tmp_path, capsys):
     out, other = tmp_path / "out.yaml", tmp_path / "other.yaml"
-    out.write_text("x: 1\n")
+    out.write_text(PARAMS)
     os.link(out, other)
     assert _write(tmp_path, out) == 2
     assert capsys.readouterr().err == (f"eyas.pipeline.preset: error: --write {out}: one of 2 hard links to one file, "
                                        f"and a new file takes its place: the other names would keep the old params; "
                                        f"give it a file of its own first (cp {out} {out}.new && mv {out}.new {out})\n")
-    assert out.read_text() == other.read_text() == "x: 1\n" and out.stat().st_ino == other.stat().st_ino
+    assert out.read_text() == other.read_text() == PARAMS and out.stat().st_ino == other.stat().st_ino
     other.unlink()  # the negative control: its only name, written
     assert _write(tmp_path, out) == 0 and out.read_text() == MERGED
 

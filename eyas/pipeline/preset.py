@@ -12,8 +12,9 @@ merges the preset into the file instead and the stages run in DAG order by hand
 (``scripts/gpu_profile.sh``): only the values the preset changes are rewritten (keys it adds go at
 the end of their section), every other line keeps its comments, spelling and line ending; a symbolic
 link is written through to its file, whose mode, owner and group the new file keeps. A file that is
-read-only, has other hard links (they would keep the old params) or lies under /dev or /proc (a
-device, or a stream of this process such as /dev/stdout) is refused. Either way the merged params
+read-only, has other hard links (they would keep the old params), lies under /dev or /proc (a
+device, or a stream of this process such as /dev/stdout) or exists and is not the ``--params``
+file (its contents would be lost) is refused. Either way the merged params
 pass the schema (eyas/training/params.py) first, so a misspelt preset key fails before any compute.
 DVC parses each ``-S`` value with Hydra's override grammar, not YAML, so values are written in it
 (strings quoted: ``'12345e7'`` stays a string), and ``dvc exp run`` gets the preset's own values; a
@@ -371,10 +372,11 @@ _NOT_A_FILE = {stat.S_IFDIR: "a directory", stat.S_IFIFO: "a named pipe (FIFO)",
                stat.S_IFBLK: "a block device", stat.S_IFSOCK: "a socket"}
 
 
-def _write_target(write: str, preset_file: str) -> Path:
+def _write_target(write: str, preset_file: str, params_file: str) -> Path:
     """The file ``--write`` names, through symbolic links. Raises ParamsError naming it when it is
-    empty, under /dev or /proc or leads there, the preset itself, not a regular file, not writable,
-    one of several hard links, or in a directory that does not exist."""
+    empty, under /dev or /proc or leads there, the preset itself, an existing file other than
+    ``params_file`` (the merge would replace what it holds with ``params_file`` + the preset), not a
+    regular file, not writable, one of several hard links, or in a directory that does not exist."""
     if not write:
         raise ParamsError("--write '': give a file path, e.g. --write params.yaml")
     if special := _special(write):
@@ -399,6 +401,10 @@ def _write_target(write: str, preset_file: str) -> Path:
             raise ParamsError(f"--write {write}: one of {st.st_nlink} hard links to one file, and a new file takes "
                               f"its place: the other names would keep the old params; give it a file of its own "
                               f"first (cp {write} {write}.new && mv {write}.new {write})")
+        if not (os.path.exists(params_file) and os.path.samefile(real, params_file)):
+            raise ParamsError(f"--write {write}: an existing file other than --params {params_file}: writing would "
+                              f"replace what it holds with {params_file} + the preset. Merge into it with "
+                              f"--params {write} --write {write}, or write a new file")
     elif not real.parent.is_dir():
         raise ParamsError(f"--write {write}: no directory {real.parent} to write it in (create it first)")
     return real
@@ -477,7 +483,7 @@ def main(argv: list[str] | None = None) -> int:
                     raise ParamsError(f"preset key '{key}': the shell would replace -S {word} with the file "
                                       f"{hits[0]} of this directory; run it from another directory")
         else:
-            target = _write_target(a.write, a.preset)
+            target = _write_target(a.write, a.preset, a.params)
             text = _merged_text(params_text, preset, merged, a.params)
     except ParamsError as e:
         where = key_lines(str(e), preset_text)

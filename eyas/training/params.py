@@ -326,6 +326,10 @@ FEATURE_SPLITS = ("train", "val", "publish")
 """The splits self-distill may regenerate (``distill.splits``) and extract turns into features, in
 stage order; ``test`` only supplies eval prompts."""
 _SEED_MAX = 2 ** 63  # torch.Generator.manual_seed takes a signed 64-bit integer
+MAX_EPOCHS = 1000
+"""Upper bound of ``train.epochs`` and ``stand_in.epochs``: the loop plans every epoch's batches before
+its first step (eyas.training.loop: the cosine schedule's length), so a huge count stalled at start-up."""
+EPOCHS_RANGE = f"in [1, {MAX_EPOCHS}] (every epoch's batches are planned before the first step)"
 STAND_IN = "models/stand_in"
 """What published/dvc.yaml's stand-in-drafter writes: the one ``remap.source`` that need not exist yet
 (DVC runs the stand-in before remap). Any other ``remap.source`` must be a directory already, relative
@@ -376,12 +380,12 @@ _RANGES = [
     ("stand_in.draft_vocab_size", lambda v: v >= 1, ">= 1"),
     ("stand_in.order", lambda v: v in ("target_id", "frequency"), "'target_id' or 'frequency'"),
     ("stand_in.lr", lambda v: 0 < v < 1, "in (0, 1)"),
-    ("stand_in.epochs", lambda v: v >= 1, ">= 1"),
+    ("stand_in.epochs", lambda v: 1 <= v <= MAX_EPOCHS, EPOCHS_RANGE),
     ("remap.min_shared_fraction", lambda v: 0 <= v <= 1, "in [0, 1]"),
     ("train.ttt_length", lambda v: v >= 1, ">= 1"),
     ("train.step_decay", lambda v: 0 < v <= 1, "in (0, 1]"),
     ("train.batch_tokens", lambda v: v >= 1, ">= 1"),
-    ("train.epochs", lambda v: v >= 1, ">= 1"),
+    ("train.epochs", lambda v: 1 <= v <= MAX_EPOCHS, EPOCHS_RANGE),
     ("train.warmup_ratio", lambda v: 0 <= v < 1, "in [0, 1)"),
     ("train.weight_decay", lambda v: v >= 0, ">= 0"),
     ("train.grad_clip", lambda v: v > 0,
