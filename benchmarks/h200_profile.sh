@@ -116,6 +116,7 @@ case "${1:-}" in
     done
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .devcarry/b/*.whl || exit 1
     if [ -n "$lever" ]; then  # its keys checked on a scratch copy before the work dir is rebuilt
+      rm -f "$DEV"/lever_check.yaml  # an earlier setup's: --write refuses an existing file other than --params
       python3 -m eyas.pipeline.preset "$lever" --params presets/h200.yaml --write "$DEV"/lever_check.yaml >/dev/null \
         || { echo "setup: lever $lever refused (above); $W is as it was"; exit 2; }
     fi
@@ -177,8 +178,9 @@ case "${1:-}" in
     # every preset checked (its keys too, on a scratch copy of the params) before an earlier variant NAME is replaced
     cp "$W"/params.yaml "$DEV"/variant_check.yaml || exit 1
     for f in benchmarks/levers/eval.yaml "$@"; do
-      case "$f" in /*|*..*) echo "variant: PRESET is a path under the repository, got '$f'"; exit 2;; esac
       [ -f "$f" ] || { echo "variant: no preset $f (a path under the repository)"; exit 2; }
+      case "$(realpath -e -- "$f")" in "$REPO"/*) ;;  # resolved: a symbolic link out of the repository is refused
+        *) echo "variant: PRESET is a path under the repository, got '$f'"; exit 2;; esac
       python3 -m eyas.pipeline.preset "$f" --params "$DEV"/variant_check.yaml --write "$DEV"/variant_check.yaml \
         >/dev/null || { echo "variant: preset $f refused (above); $V is as it was"; exit 2; }
     done

@@ -52,8 +52,18 @@ def test_variant_checks_its_presets_before_replacing_an_earlier_variant(tmp_path
     shutil.copy(ROOT / "params.yaml", w / "params.yaml")
     earlier.mkdir(parents=True)
     (earlier / "kept.txt").write_text("an earlier variant's drafter")
+    outside = tmp_path / "outside.yaml"  # a valid preset, outside the repository
+    outside.write_text("train:\n  epochs: 2\n")
+    link = ROOT / "benchmarks" / "levers" / "_test_link_out.yaml"
+    link.symlink_to(outside)
+    try:
+        r = _run(tmp_path, "variant", "v1", "1", "benchmarks/levers/_test_link_out.yaml")
+    finally:
+        link.unlink()
+    assert r.returncode == 2 and "variant: PRESET is a path under the repository" in r.stdout, r.stdout + r.stderr
     for preset, rc, msg in (("benchmarks/levers/nope.yaml", 2, "variant: no preset benchmarks/levers/nope.yaml"),
-                            ("../params.yaml", 2, "variant: PRESET is a path under the repository"),
+                            (str(outside), 2, "variant: PRESET is a path under the repository"),
+                            ("benchmarks/../README.md", 2, "variant: preset benchmarks/../README.md refused"),
                             ("README.md", 2, "variant: preset README.md refused")):
         r = _run(tmp_path, "variant", "v1", "1", preset)
         assert r.returncode == rc and msg in r.stdout, r.stdout + r.stderr
