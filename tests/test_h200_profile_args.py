@@ -38,7 +38,8 @@ def test_a_plain_name_gets_past_the_check_and_unknown_steps_fail(tmp_path):
     assert r.returncode == 1 and "keep: no " in r.stdout and "models/scratch" in r.stdout
     r = _run(tmp_path, "evals", "ok", "v_2")
     assert r.returncode == 1 and "evals: no drafter in" in r.stdout and "v/ok" in r.stdout
-    r = _run(tmp_path, "restore", "scratch")
+    (tmp_path / "repo").mkdir()  # a checkout without carried parts (this one may hold some)
+    r = _run(tmp_path, "restore", "scratch", cwd=tmp_path / "repo")
     assert r.returncode == 1 and "restore: no .devcarry/keep_scratch" in r.stdout
     r = _run(tmp_path, "bogus")
     assert r.returncode == 2 and "unknown step 'bogus'" in r.stdout
