@@ -3,7 +3,7 @@
 A drafter is trained on the embedded SmolLM2 target's own greedy replies to the six shortest
 HumanEval prompts (it learns them well, so its acceptance is far from 1), converted by llama.cpp's
 converter (eyas.export.gguf), and served with the target at the precision eyas evaluates it (an F32
-GGUF of the same de-quantised weights). The engine's counters (``timings.draft_n_accepted``) are
+GGUF of the same de-quantised weights). The engine's counters (``llamacpp:n_decode_total``, ``timings``) are
 held to eyas' own figures on the same prompts (eyas.eval.llamacpp.agreement): eyas' exact chain
 oracle (eyas.eval.oracle, what the eval stage's ``per_prompt`` holds) on eyas' own greedy outputs
 (batched, as the eval stage's reference); and the engine's output with the drafter to its own

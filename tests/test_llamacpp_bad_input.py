@@ -14,7 +14,8 @@ import pytest
 from test_gguf import _tiny_drafter, _write_gguf
 
 from eyas.cli import main
-from eyas.eval.llamacpp import EngineError, LlamaServer, agreement, serve_benchmark, server_binary
+from eyas.eval.llamacpp import (EngineError, LlamaServer, agreement, prompt_decodes, request_metrics, serve_benchmark,
+                                server_binary)
 from eyas.target.model import embedded_target
 from eyas.training.params import default_params
 from stages.eval_accept_len import engine_part
@@ -37,6 +38,39 @@ def test_agreement_with_no_prompt_compared_is_unchecked_not_passed():
     assert a["ok"] is None and a["unchecked"] == "no prompts to compare"
     with pytest.raises(ValueError, match="1 engine prompts vs 2 of eyas'"):
         agreement([_row(1, 2, "a")], [_row(1, 2, "a")] * 2)
+
+
+def _reply(n: int, n_decode: int, accepted: int = 0, drafted: int = 0) -> dict:
+    return {"tokens": list(range(n)), "n_decode": n_decode, "draft_n_accepted": accepted, "draft_n": drafted,
+            "predicted_ms": 1.0}
+
+
+def test_verify_steps_are_the_targets_decodes_after_the_prompts():
+    """Counters llama-server gave for one chat prompt of the GPU profile's eval (2,159 prompt tokens, k = 8,
+    25 tokens ending in end-of-sequence): without the drafter 26 decodes, with it 9, 18 drafts accepted.
+    Its debug log (-lv 99) shows 7 verify steps, the last accepting 8 drafts, the 8th the end token, and its
+    bonus token dropped; eyas' walk with the same drafts (its one near-tie decided llama.cpp's way) takes 7 too.
+    tokens_after_first - accepted gives 6."""
+    plain, spec = _reply(25, 26), _reply(25, 9, accepted=18, drafted=56)
+    assert prompt_decodes(plain) == 2  # 2,159 prompt tokens: two batches of at most 2,048
+    assert request_metrics(spec, prompt_decodes(plain))["verify_steps"] == 7
+    assert 25 - 1 - 18 == 6  # the control: the count from the accepted drafts is one short here
+    # stopped at max_new_tokens (64), 49 accepted: both counts give 14 (the log shows 14 steps)
+    plain, spec = _reply(64, 65), _reply(64, 16, accepted=49, drafted=106)
+    assert request_metrics(spec, prompt_decodes(plain))["verify_steps"] == 14 == 64 - 1 - 49
+    assert request_metrics(plain, prompt_decodes(plain))["verify_steps"] == 63  # without a drafter: one a token
+    assert request_metrics(_reply(1, 2), 2)["verify_steps"] == 0  # the prompt's own token only
+
+
+@pytest.mark.parametrize("reply, decodes, msg", [
+    (_reply(25, 9), 9, "0 verify steps .* for 25 generated tokens"),
+    (_reply(25, 40), 2, "38 verify steps .* for 25 generated tokens"),
+])
+def test_counters_that_do_not_count_decodes_are_an_engine_error(reply, decodes, msg):
+    with pytest.raises(EngineError, match=msg):
+        request_metrics(reply, decodes)
+    with pytest.raises(EngineError, match="counted 10 decodes for 25 tokens without a drafter"):
+        prompt_decodes(_reply(25, 10))
 
 
 def test_serve_benchmark_refuses_no_prompts_by_name(tmp_path):

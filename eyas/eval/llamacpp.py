@@ -5,12 +5,17 @@ slot, so requests run one at a time and their timings are their own), with the t
 optionally, an eyas drafter converted by ``eyas.export.gguf`` (``-md``); :func:`serve_benchmark`
 sends a benchmark's prompts as token ids, greedy, once to the target alone and once with the
 drafter, and reads the engine's own counters: ``timings.draft_n`` / ``timings.draft_n_accepted``
-(``tools/server/server-common.cpp`` of ggml-org/llama.cpp) and the generated ``tokens``.
+(``tools/server/server-common.cpp`` of ggml-org/llama.cpp), the generated ``tokens`` and the
+server's Prometheus counter ``llamacpp:n_decode_total`` (``--metrics``, ``GET /metrics``:
+``tools/server/README.md``), read before and after each request.
 
-Counted the engine's way: each verify step commits the drafts it accepts plus one token of the
-target, and the first token comes from the prefill, so a request's verify steps are
-``tokens_after_first - draft_n_accepted`` and its acceptance length ``tokens_after_first /
-verify_steps`` (the bonus token counted, as eyas' own figure: eyas.eval.speculative.acceptance_length).
+Counted the engine's way: a verify step is one decode of the target after the prompt's, so a
+request's verify steps are its decodes with the drafter less the prompt's decodes, which the same
+prompt served without the drafter gives (its decodes less one per token after the first: each token
+then takes one decode). Its acceptance length is ``tokens_after_first / verify_steps`` (the bonus
+token counted, as eyas' own figure: eyas.eval.speculative.acceptance_length). ``tokens_after_first -
+draft_n_accepted`` is one step short when the last step accepts the end-of-sequence token as a
+draft: the server samples the bonus token after it and drops it.
 
 :func:`agreement` holds the engine to eyas' own decoding loop on the prompts whose greedy outputs
 are equal (see its docstring for the tolerance and why).
@@ -82,7 +87,7 @@ class LlamaServer:
     def __init__(self, model: Path, draft: Path | None, *, k: int, threads: int, ctx: int, log: Path,
                  startup_s: float = 300.0):
         self.cmd = [str(server_binary()), "-m", str(model), "--host", "127.0.0.1", "--port", str(_free_port()),
-                    "-c", str(ctx), "-np", "1", "-t", str(threads), "--no-webui"]
+                    "-c", str(ctx), "-np", "1", "-t", str(threads), "--no-webui", "--metrics"]
         if draft is not None:
             self.cmd += ["-md", str(draft), "--spec-type", "draft-eagle3", "--spec-draft-n-max", str(k),
                          "--spec-draft-n-min", "0", "--spec-draft-p-min", "0"]
@@ -141,33 +146,78 @@ class LlamaServer:
 
         Returns:
             ``tokens`` (the generated ids, a stop token included as the engine returns it),
-            ``draft_n``, ``draft_n_accepted`` (0 without a drafter), ``predicted_ms`` (decode wall
-            time, ms) and ``stop_type``.
+            ``draft_n``, ``draft_n_accepted`` (0 without a drafter), ``n_decode`` (the target's
+            decodes the request took: ``llamacpp:n_decode_total`` after less before),
+            ``predicted_ms`` (decode wall time, ms) and ``stop_type``.
         Raises:
-            EngineError: the request failed or the reply lacks a field (names the URL and the log).
+            EngineError: the request failed, the reply lacks a field or ``/metrics`` lacks the
+                counter (names the URL and the log).
         """
         body = {"prompt": prompt_ids, "n_predict": max_new_tokens, "return_tokens": True, "cache_prompt": False,
                 "stream": False, "top_k": 1, "temperature": 0.0, "repeat_penalty": 1.0,
                 "frequency_penalty": 0.0, "presence_penalty": 0.0}
+        before = self._decodes(timeout)
         try:
             r = http_json(self.url + "/completion", body, timeout)
         except ServerError as e:
             raise EngineError(f"{e}\n{self._tail()}") from None
+        n_decode = self._decodes(timeout) - before  # one slot: no other request decodes meanwhile
         t = r.get("timings") or {}
         try:
             return {"tokens": [int(x) for x in r["tokens"]], "draft_n": int(t.get("draft_n", 0)),
-                    "draft_n_accepted": int(t.get("draft_n_accepted", 0)),
+                    "draft_n_accepted": int(t.get("draft_n_accepted", 0)), "n_decode": n_decode,
                     "predicted_ms": float(t["predicted_ms"]), "stop_type": r.get("stop_type")}
         except (KeyError, TypeError, ValueError) as e:
             raise EngineError(f"{self.url}/completion: reply without {e}: {str(r)[:300]}") from None
 
+    def _decodes(self, timeout: float) -> int:
+        """The server's ``llamacpp:n_decode_total`` (``GET /metrics``, Prometheus text): the target's
+        decodes so far. Raises EngineError naming the URL when it is unreachable or lacks the counter."""
+        url = self.url + "/metrics"
+        try:
+            with urllib.request.urlopen(url, timeout=timeout) as resp:
+                text = resp.read().decode("utf-8", "replace")
+        except (OSError, urllib.error.URLError) as e:
+            raise EngineError(f"{url}: cannot read the server's counters ({e})\n{self._tail()}") from None
+        for line in text.splitlines():
+            name, _, value = line.partition(" ")
+            if name == "llamacpp:n_decode_total":
+                try:
+                    return round(float(value))
+                except ValueError:
+                    break
+        raise EngineError(f"{url}: no llamacpp:n_decode_total counter in {text[:300]!r}")
 
-def request_metrics(reply: dict) -> dict:
+
+def prompt_decodes(plain: dict) -> int:
+    """The decodes of the prompt alone in a request served without a drafter (:meth:`LlamaServer.complete`):
+    its ``n_decode`` less one per token after the first (the first comes from the prompt's decodes;
+    ``n_batch`` prompt tokens per decode). Raises EngineError when that is below 1 (counters that do not
+    count decodes)."""
+    n = plain["n_decode"] - max(len(plain["tokens"]) - 1, 0)
+    if n < 1:
+        raise EngineError(f"llama-server counted {plain['n_decode']} decodes for {len(plain['tokens'])} tokens "
+                          f"without a drafter: llamacpp:n_decode_total does not count the target's decodes")
+    return n
+
+
+def request_metrics(reply: dict, prompt_decode_count: int) -> dict:
     """One request's counts the engine's way (module docstring): ``new_tokens``, ``verify_steps``
-    (``new_tokens - 1 - draft_n_accepted``), ``accepted``, ``drafted``, ``predicted_ms`` and
-    ``output_sha256`` (of the output ids as a JSON list, as eyas.eval.oracle.per_prompt_walks)."""
+    (its decodes less ``prompt_decode_count``, :func:`prompt_decodes` of the same prompt), ``accepted``,
+    ``drafted``, ``predicted_ms`` and ``output_sha256`` (of the output ids as a JSON list, as
+    eyas.eval.oracle.per_prompt_walks).
+
+    Raises:
+        EngineError: the steps are fewer than one (with tokens after the first) or more than the tokens
+            after the first (each step commits at least one): the counters do not count verify steps.
+    """
     n = len(reply["tokens"])
-    return {"new_tokens": n, "verify_steps": max(n - 1 - reply["draft_n_accepted"], 0),
+    steps = reply["n_decode"] - prompt_decode_count
+    if not (1 if n > 1 else 0) <= steps <= max(n - 1, 0):
+        raise EngineError(f"llama-server counted {steps} verify steps ({reply['n_decode']} decodes less the prompt's "
+                          f"{prompt_decode_count}) for {n} generated tokens: llamacpp:n_decode_total does not count "
+                          f"the target's decodes")
+    return {"new_tokens": n, "verify_steps": steps,
             "accepted": reply["draft_n_accepted"], "drafted": reply["draft_n"], "predicted_ms": reply["predicted_ms"],
             "output_sha256": hashlib.sha256(json.dumps(reply["tokens"]).encode()).hexdigest()}
 
@@ -209,9 +259,10 @@ def serve_benchmark(target_gguf: Path, drafter_gguf: Path, prompts: list[list[in
         plain = [s.complete(p, max_new_tokens) for p in prompts]
     with LlamaServer(target_gguf, drafter_gguf, k=k, threads=threads, ctx=ctx, log=log_dir / "eagle3.log") as s:
         spec = [s.complete(p, max_new_tokens) for p in prompts]
-    per_prompt = [request_metrics(r) for r in spec]
+    prefill = [prompt_decodes(r) for r in plain]
+    per_prompt = [request_metrics(r, d) for r, d in zip(spec, prefill)]
     out = {"target_gguf": Path(target_gguf).name, **pooled(per_prompt)}
-    tps_plain = pooled([request_metrics(r) for r in plain])["tokens_per_second"]
+    tps_plain = pooled([request_metrics(r, d) for r, d in zip(plain, prefill)])["tokens_per_second"]
     out["tokens_per_second_plain"] = tps_plain
     out["speedup"] = out["tokens_per_second"] / tps_plain if out["tokens_per_second"] and tps_plain else None
     bad = [i for i, (a, b) in enumerate(zip(plain, spec)) if a["tokens"] != b["tokens"]]
