@@ -10,7 +10,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
-DOCS = [REPO / "README.md", REPO / "benchmarks" / "README.md", REPO / "metrics" / "h200" / "README.md",
+DOCS = [REPO / "README.md", REPO / "benchmarks" / "README.md", *sorted((REPO / "metrics").glob("h200*/README.md")),
         *sorted((REPO / "docs").glob("*.md"))]
 
 
