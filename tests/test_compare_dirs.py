@@ -196,6 +196,30 @@ def test_a_well_formed_metrics_file_without_the_number_shows_a_dash(tmp_path, do
     assert f"| train-scratch val acc_0 | {shown} |" in lines
 
 
+def test_llama_cpp_served_apart_is_read_from_the_engine_check_file(tmp_path):
+    """An eval run with ``serve.engine: none`` has no engine block; benchmarks/engine_check.py writes it to
+    engine_<drafter>.json (each benchmark's block at the top). The eval's own block, where there is one, wins."""
+    d = tmp_path / "m"
+    d.mkdir()
+    (d / "eval_scratch.json").write_text(json.dumps({"chat": {"accept_len": 3.7}, "humaneval": {
+        "engine": {"same_precision": {"accept_len": 2.5}}}}))
+    (d / "engine_scratch.json").write_text(json.dumps({"drafter": "scratch", "chat": {
+        "same_precision": {"accept_len": 3.72, "speedup": 0.8}, "quantized": {"accept_len": 3.78}},
+        "humaneval": {"same_precision": {"accept_len": 9.0}}}))
+    lines = compare_dirs([str(d)], params_default=tmp_path / "none.yaml", root=tmp_path).splitlines()
+    assert "| scratch chat accept_len in llama.cpp (same-precision target) | 3.72 |" in lines
+    assert "| scratch chat speedup in llama.cpp (same-precision target) | 0.8 |" in lines
+    assert "| scratch chat accept_len in llama.cpp (quantized target) | 3.78 |" in lines
+    assert "| scratch humaneval accept_len in llama.cpp (same-precision target) | 2.5 |" in lines  # the eval's own
+    assert "| finetune chat accept_len in llama.cpp (same-precision target) | – |" in lines
+    (d / "engine_scratch.json").unlink()  # the negative control: without the file, a dash
+    lines = compare_dirs([str(d)], params_default=tmp_path / "none.yaml", root=tmp_path).splitlines()
+    assert "| scratch chat accept_len in llama.cpp (same-precision target) | – |" in lines
+    (d / "engine_scratch.json").write_text("[1]")  # a file of the wrong shape is named
+    with pytest.raises(CompareError, match="engine_scratch.json: the top level is"):
+        compare_dirs([str(d)], params_default=tmp_path / "none.yaml", root=tmp_path)
+
+
 def test_an_out_path_that_cannot_be_written_is_one_error_line(tmp_path, capsys):
     """Was: an IsADirectoryError / FileNotFoundError traceback, and a write that was not atomic. Now
     one error line naming the path, exit 2, the table on stdout all the same; a file written is

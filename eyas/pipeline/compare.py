@@ -408,8 +408,19 @@ DIR_ROWS: list[tuple[str, str, tuple]] = [
         (f"finetune {b} {WORTH}", "eval_finetune.json", (b, "serving_verdict", "worth_serving")),
     )],
 ]
-# the metrics files compare_dirs reads (the served tables: eval_<drafter>.json)
-READ_FILES = frozenset(f for _, f, _ in DIR_ROWS)
+
+
+def _engine_apart(fname: str, keys: tuple) -> tuple[str, tuple] | None:
+    """Where an engine row of ``eval_<drafter>.json`` (``<bench>.engine.<block>.<what>``) stands when the
+    eval ran without the engine and llama.cpp served the drafter apart: ``engine_<drafter>.json``, which
+    benchmarks/engine_check.py writes with each benchmark's engine block at ``<bench>``; None for other rows."""
+    if fname.startswith("eval_") and len(keys) == 4 and keys[1] == "engine":
+        return "engine_" + fname[len("eval_"):], (keys[0], *keys[2:])
+    return None
+
+
+# the metrics files compare_dirs reads (the served tables: eval_<drafter>.json; llama.cpp apart: engine_<drafter>.json)
+READ_FILES = frozenset(f for _, f, _ in DIR_ROWS) | {alt[0] for _, f, k in DIR_ROWS if (alt := _engine_apart(f, k))}
 # the recipe keys a lever changes (benchmarks/levers/*.yaml): data, training contexts, TTT, eval
 DIR_PARAMS = ("data.max_conversations", "data.code_prompts", "data.code_packages", "distill.turns",
               "distill.max_new_tokens", "distill.max_prompt_tokens", "extract.max_length", "vocab.draft_vocab_size",
@@ -551,7 +562,9 @@ def compare_dirs(dirs: list[str], params_default: str | Path = "params.yaml", ro
     params a run elsewhere used, e.g. ``metrics/h200/params.yaml``), else those the workspace's
     lock files under ``root`` (``dvc.lock``, ``finetune/dvc.lock``, ...) recorded for the stages that
     wrote the directory's files (:func:`lock_params`: ``params.yaml`` may have changed since, e.g. a
-    quick trial's or an edit not yet reproduced), else ``params_default``.
+    quick trial's or an edit not yet reproduced), else ``params_default``. The llama.cpp rows come from
+    ``eval_<drafter>.json``'s engine block, else from ``engine_<drafter>.json`` (benchmarks/engine_check.py:
+    the drafter served apart from an eval run with ``serve.engine: none``).
 
     A missing metrics file, a key missing from a well-formed one (older files lack newer keys) and a
     null value (eyas.io.write_json's NaN or inf) show ``–``; a file of the wrong shape is an error,
@@ -602,7 +615,9 @@ def compare_dirs(dirs: list[str], params_default: str | Path = "params.yaml", ro
         lines.append(f"| `{k}` | " + " | ".join(_fmt(params.get(k)) for _, _, params, _ in cols) + " |")
     for label, fname, keys in DIR_ROWS:
         verdict = keys[-1] == "worth_serving"
-        cells = [(_file_verdict if verdict else _file_number)(d, fname, files, keys) for d, *_, files in cols]
+        alt = _engine_apart(fname, keys)
+        cells = [_file_number(d, alt[0], files, alt[1]) if alt and _file_key(d, fname, files, keys) is _ABSENT
+                 else (_file_verdict if verdict else _file_number)(d, fname, files, keys) for d, *_, files in cols]
         lines.append(f"| {_cell(label)} | " + " | ".join(cells) + " |")
     # the served tables (eyas/eval/served.py): every row any column has, the n-gram rows from eval_scratch.json
     tables = [{fname: _served_rows(d, fname, files.get(fname)) for fname in ("eval_scratch.json", "eval_finetune.json")}
