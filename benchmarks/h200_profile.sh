@@ -177,12 +177,15 @@ case "${1:-}" in
     [ -f "$W/data/features/train/manifest.json" ] || { echo "variant: no features in $W (run setup ... extract first)"; exit 1; }
     # every preset checked (its keys too, on a scratch copy of the params) before an earlier variant NAME is replaced
     cp "$W"/params.yaml "$DEV"/variant_check.yaml || exit 1
+    real_repo=$(realpath -e -- "$REPO"); presets=()  # each preset as checked, resolved: the same file is applied below
     for f in benchmarks/levers/eval.yaml "$@"; do
       [ -f "$f" ] || { echo "variant: no preset $f (a path under the repository)"; exit 2; }
-      case "$(realpath -e -- "$f")" in "$REPO"/*) ;;  # resolved: a symbolic link out of the repository is refused
+      r=$(realpath -e -- "$f")
+      case "$r" in "$real_repo"/*) ;;  # resolved: a symbolic link out of the repository is refused
         *) echo "variant: PRESET is a path under the repository, got '$f'"; exit 2;; esac
-      python3 -m eyas.pipeline.preset "$f" --params "$DEV"/variant_check.yaml --write "$DEV"/variant_check.yaml \
+      python3 -m eyas.pipeline.preset "$r" --params "$DEV"/variant_check.yaml --write "$DEV"/variant_check.yaml \
         >/dev/null || { echo "variant: preset $f refused (above); $V is as it was"; exit 2; }
+      presets+=("$r")
     done
     rm -rf "$V" && mkdir -p "$V/data/features" || exit 1
     (cd "$W" && tar cf - --exclude=./data/features --exclude=./.eyas/work --exclude=./.eyas/checkpoints .) \
@@ -197,8 +200,8 @@ case "${1:-}" in
     (cd "$DEV" && python3 "$REPO"/benchmarks/feature_subset.py w/data/features/train "v/$n/data/features/train" --every "$every") \
       | tee -a "$DEV"/log.txt || exit 1
     cd "$V" || exit 1
-    for f in "$REPO"/benchmarks/levers/eval.yaml "$@"; do
-      python3 -m eyas.pipeline.preset "$REPO/${f#"$REPO/"}" --write params.yaml || exit 1
+    for r in "${presets[@]}"; do
+      python3 -m eyas.pipeline.preset "$r" --write params.yaml || exit 1
     done
     echo "=== variant $n" | tee -a "$DEV"/log.txt
     python3 scripts/run_dag.py build-vocab train-scratch 2>&1 | tee -a "$DEV"/log.txt | grep -v "it/s\]\|s/it\]" ;;

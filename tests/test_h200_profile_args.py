@@ -17,7 +17,8 @@ def _run(tmp_path: Path, *args: str, cwd: Path = ROOT) -> subprocess.CompletedPr
     home, out = tmp_path / "home", tmp_path / "out"
     home.mkdir(exist_ok=True)
     out.mkdir(exist_ok=True)
-    env = {"HOME": str(home), "OUT": str(out), "PATH": str(Path(shutil.which("python3")).parent) + ":/usr/bin:/bin"}
+    env = {"HOME": str(home), "OUT": str(out), "PATH": str(Path(shutil.which("python3")).parent) + ":/usr/bin:/bin",
+           "PWD": str(cwd)}  # as a shell that cd'd there sets it: bash's pwd keeps a path through a symbolic link
     return subprocess.run(["bash", str(SCRIPT), *args], cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=120)
 
@@ -69,6 +70,11 @@ def test_variant_checks_its_presets_before_replacing_an_earlier_variant(tmp_path
         r = _run(tmp_path, "variant", "v1", "1", preset)
         assert r.returncode == rc and msg in r.stdout, r.stdout + r.stderr
         assert (earlier / "kept.txt").read_text() == "an earlier variant's drafter"
+    # the repository reached through a symbolic link: its own presets still lie under it (the check reaches README.md)
+    (tmp_path / "repo_link").symlink_to(ROOT)
+    r = _run(tmp_path, "variant", "v1", "1", "README.md", cwd=tmp_path / "repo_link")
+    assert r.returncode == 2 and "variant: preset README.md refused" in r.stdout, r.stdout + r.stderr
+    assert (earlier / "kept.txt").read_text() == "an earlier variant's drafter"
     r = _run(tmp_path, "variant", "v1", "0")
     assert r.returncode == 2 and "EVERY is a whole number >= 1, got '0'" in r.stdout
 
