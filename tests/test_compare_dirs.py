@@ -205,13 +205,14 @@ def test_llama_cpp_served_apart_is_read_from_the_engine_check_file(tmp_path):
         "engine": {"same_precision": {"accept_len": 2.5}}}}))
     (d / "engine_scratch.json").write_text(json.dumps({"drafter": "scratch", "chat": {
         "same_precision": {"accept_len": 3.72, "speedup": 0.8}, "quantized": {"accept_len": 3.78}},
-        "humaneval": {"same_precision": {"accept_len": 9.0}}}))
+        "humaneval": {"same_precision": {"accept_len": 9.0}, "quantized": None}}))  # serve.quantized_target false
     lines = compare_dirs([str(d)], params_default=tmp_path / "none.yaml", root=tmp_path).splitlines()
     assert "| scratch chat accept_len in llama.cpp (same-precision target) | 3.72 |" in lines
     assert "| scratch chat speedup in llama.cpp (same-precision target) | 0.8 |" in lines
     assert "| scratch chat accept_len in llama.cpp (quantized target) | 3.78 |" in lines
     assert "| scratch humaneval accept_len in llama.cpp (same-precision target) | 2.5 |" in lines  # the eval's own
     assert "| finetune chat accept_len in llama.cpp (same-precision target) | – |" in lines
+    assert "| scratch humaneval accept_len in llama.cpp (quantized target) | – |" in lines  # a null block
     (d / "engine_scratch.json").unlink()  # the negative control: without the file, a dash
     lines = compare_dirs([str(d)], params_default=tmp_path / "none.yaml", root=tmp_path).splitlines()
     assert "| scratch chat accept_len in llama.cpp (same-precision target) | – |" in lines

@@ -40,9 +40,9 @@ def test_agreement_with_no_prompt_compared_is_unchecked_not_passed():
         agreement([_row(1, 2, "a")], [_row(1, 2, "a")] * 2)
 
 
-def _reply(n: int, n_decode: int, accepted: int = 0, drafted: int = 0) -> dict:
+def _reply(n: int, n_decode: int, accepted: int = 0, drafted: int = 0, stop: str = "limit") -> dict:
     return {"tokens": list(range(n)), "n_decode": n_decode, "draft_n_accepted": accepted, "draft_n": drafted,
-            "predicted_ms": 1.0}
+            "predicted_ms": 1.0, "stop_type": stop}
 
 
 def test_verify_steps_are_the_targets_decodes_after_the_prompts():
@@ -51,7 +51,7 @@ def test_verify_steps_are_the_targets_decodes_after_the_prompts():
     Its debug log (-lv 99) shows 7 verify steps, the last accepting 8 drafts, the 8th the end token, and its
     bonus token dropped; eyas' walk with the same drafts (its one near-tie decided llama.cpp's way) takes 7 too.
     tokens_after_first - accepted gives 6."""
-    plain, spec = _reply(25, 26), _reply(25, 9, accepted=18, drafted=56)
+    plain, spec = _reply(25, 26, stop="eos"), _reply(25, 9, accepted=18, drafted=56, stop="eos")
     assert prompt_decodes(plain) == 2  # 2,159 prompt tokens: two batches of at most 2,048
     assert request_metrics(spec, prompt_decodes(plain))["verify_steps"] == 7
     assert 25 - 1 - 18 == 6  # the control: the count from the accepted drafts is one short here
@@ -60,11 +60,20 @@ def test_verify_steps_are_the_targets_decodes_after_the_prompts():
     assert request_metrics(spec, prompt_decodes(plain))["verify_steps"] == 14 == 64 - 1 - 49
     assert request_metrics(plain, prompt_decodes(plain))["verify_steps"] == 63  # without a drafter: one a token
     assert request_metrics(_reply(1, 2), 2)["verify_steps"] == 0  # the prompt's own token only
+    # at end-of-sequence, drafts the target accepts past the end token count as accepted, yet are not output:
+    # more steps than the tokens less the accepted drafts, up to one a token (the same counts at a limit: refused)
+    assert request_metrics(_reply(25, 12, accepted=18, drafted=80, stop="eos"), 2)["verify_steps"] == 10
+    with pytest.raises(EngineError, match="10 verify steps .* expected 6 to 7"):
+        request_metrics(_reply(25, 12, accepted=18, drafted=80), 2)
 
 
 @pytest.mark.parametrize("reply, decodes, msg", [
-    (_reply(25, 9), 9, "0 verify steps .* for 25 generated tokens"),
+    (_reply(25, 9), 9, "0 verify steps .* for 25 generated tokens with 0 accepted drafts .*: expected 24 to 25"),
     (_reply(25, 40), 2, "38 verify steps .* for 25 generated tokens"),
+    # the drafter's decodes counted too: 57 steps where 80 accepted drafts leave 19 or 20
+    (_reply(100, 58, accepted=80, drafted=400), 1, "57 verify steps .* expected 19 to 20"),
+    (_reply(25, 30, accepted=20, drafted=5), 2, "20 accepted of 5 drafted tokens"),
+    (_reply(25, 30, accepted=-3, drafted=5), 2, "-3 accepted of 5 drafted tokens"),
 ])
 def test_counters_that_do_not_count_decodes_are_an_engine_error(reply, decodes, msg):
     with pytest.raises(EngineError, match=msg):

@@ -180,12 +180,12 @@ class LlamaServer:
         except (OSError, urllib.error.URLError) as e:
             raise EngineError(f"{url}: cannot read the server's counters ({e})\n{self._tail()}") from None
         for line in text.splitlines():
-            name, _, value = line.partition(" ")
-            if name == "llamacpp:n_decode_total":
+            fields = line.split()  # name value [timestamp] (Prometheus text format)
+            if len(fields) >= 2 and fields[0] == "llamacpp:n_decode_total":
                 try:
-                    return round(float(value))
-                except ValueError:
-                    break
+                    return round(float(fields[1]))
+                except (ValueError, OverflowError):  # not a number, or inf
+                    raise EngineError(f"{url}: llamacpp:n_decode_total is {fields[1]!r}, not a count") from None
         raise EngineError(f"{url}: no llamacpp:n_decode_total counter in {text[:300]!r}")
 
 
@@ -207,18 +207,30 @@ def request_metrics(reply: dict, prompt_decode_count: int) -> dict:
     ``drafted``, ``predicted_ms`` and ``output_sha256`` (of the output ids as a JSON list, as
     eyas.eval.oracle.per_prompt_walks).
 
+    The steps are checked against the other counters: each step commits its accepted drafts and one
+    token of the target, so the steps are at least the tokens after the first less the accepted drafts
+    and, unless the request stopped at end-of-sequence, at most one more (the bonus token dropped after
+    an accepted end-of-sequence draft); at end-of-sequence at most one per token after the first (drafts
+    the target accepts past the end token count as accepted, yet are not output).
+
     Raises:
-        EngineError: the steps are fewer than one (with tokens after the first) or more than the tokens
-            after the first (each step commits at least one): the counters do not count verify steps.
+        EngineError: counters that do not fit: accepted drafts below 0 or above the drafted ones, or
+            verify steps outside those bounds (a ``llamacpp:n_decode_total`` that also counts other
+            decodes, or one that is not the target's).
     """
-    n = len(reply["tokens"])
+    n, accepted, drafted = len(reply["tokens"]), reply["draft_n_accepted"], reply["draft_n"]
+    if not 0 <= accepted <= drafted:
+        raise EngineError(f"llama-server reported {accepted} accepted of {drafted} drafted tokens")
     steps = reply["n_decode"] - prompt_decode_count
-    if not (1 if n > 1 else 0) <= steps <= max(n - 1, 0):
+    least = max(n - 1 - accepted, 1 if n > 1 else 0)
+    most = max(n - 1, least) if reply.get("stop_type") == "eos" else least + 1
+    if not least <= steps <= most:
         raise EngineError(f"llama-server counted {steps} verify steps ({reply['n_decode']} decodes less the prompt's "
-                          f"{prompt_decode_count}) for {n} generated tokens: llamacpp:n_decode_total does not count "
-                          f"the target's decodes")
+                          f"{prompt_decode_count}) for {n} generated tokens with {accepted} accepted drafts (stop "
+                          f"{reply.get('stop_type')!r}): expected {least} to {most}; llamacpp:n_decode_total does "
+                          f"not count the target's decodes alone")
     return {"new_tokens": n, "verify_steps": steps,
-            "accepted": reply["draft_n_accepted"], "drafted": reply["draft_n"], "predicted_ms": reply["predicted_ms"],
+            "accepted": accepted, "drafted": drafted, "predicted_ms": reply["predicted_ms"],
             "output_sha256": hashlib.sha256(json.dumps(reply["tokens"]).encode()).hexdigest()}
 
 

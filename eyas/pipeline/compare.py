@@ -452,6 +452,23 @@ def _file_key(d: str, fname: str, files: dict, keys: tuple) -> Any:
     return obj
 
 
+def _engine_number(d: str, fname: str, keys: tuple, alt: tuple[str, tuple], files: dict) -> str:
+    """An engine row (``<bench>.engine.<block>.<what>`` of ``fname``), else the same figure from the file
+    llama.cpp served apart wrote (``alt``: :func:`_engine_apart`), formatted. A null block (``quantized``
+    without ``serve.quantized_target``: stages.eval_accept_len.engine_part) shows ``–``.
+
+    Raises:
+        CompareError: as :func:`_file_number`.
+    """
+    for f, k in ((fname, keys), alt):
+        block = _file_key(d, f, files, k[:-1])
+        if block is None:
+            return _fmt(None)
+        if block is not _ABSENT:
+            return _file_number(d, f, files, k)
+    return _fmt(None)
+
+
 def _file_number(d: str, fname: str, files: dict, keys: tuple) -> str:
     """A number read from a metrics file, formatted; ``–`` when the file or a key is absent, or the
     value is null (what eyas.io.write_json writes for NaN and inf).
@@ -616,7 +633,7 @@ def compare_dirs(dirs: list[str], params_default: str | Path = "params.yaml", ro
     for label, fname, keys in DIR_ROWS:
         verdict = keys[-1] == "worth_serving"
         alt = _engine_apart(fname, keys)
-        cells = [_file_number(d, alt[0], files, alt[1]) if alt and _file_key(d, fname, files, keys) is _ABSENT
+        cells = [_engine_number(d, fname, keys, alt, files) if alt
                  else (_file_verdict if verdict else _file_number)(d, fname, files, keys) for d, *_, files in cols]
         lines.append(f"| {_cell(label)} | " + " | ".join(cells) + " |")
     # the served tables (eyas/eval/served.py): every row any column has, the n-gram rows from eval_scratch.json
