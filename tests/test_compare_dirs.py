@@ -221,6 +221,27 @@ def test_llama_cpp_served_apart_is_read_from_the_engine_check_file(tmp_path):
         compare_dirs([str(d)], params_default=tmp_path / "none.yaml", root=tmp_path)
 
 
+def test_an_engine_file_of_another_drafter_or_with_nan_is_refused(tmp_path):
+    """engine_<drafter>.json names the drafter llama.cpp served: a file renamed from another drafter's
+    would put that drafter's figures in this one's rows. NaN, which Python's json reads and JSON lacks,
+    is refused in a metrics file rather than shown as ``nan``; a JSON file compare does not read may hold
+    anything."""
+    d = tmp_path / "m"
+    d.mkdir()
+    doc = {"drafter": "scratch", "chat": {"same_precision": {"accept_len": 3.72}}}
+    (d / "engine_scratch.json").write_text(json.dumps(doc))
+    (d / "notes.json").write_text("NaN")  # not a metrics file: not read
+    lines = compare_dirs([str(d)], params_default=tmp_path / "none.yaml", root=tmp_path).splitlines()
+    assert "| scratch chat accept_len in llama.cpp (same-precision target) | 3.72 |" in lines
+    (d / "engine_finetune.json").write_text(json.dumps(doc))
+    with pytest.raises(CompareError, match=r"engine_finetune.json: drafter is 'scratch', not 'finetune'"):
+        compare_dirs([str(d)], params_default=tmp_path / "none.yaml", root=tmp_path)
+    (d / "engine_finetune.json").unlink()
+    (d / "engine_scratch.json").write_text(json.dumps(doc).replace("3.72", "NaN"))
+    with pytest.raises(CompareError, match=r"engine_scratch.json: NaN is not JSON"):
+        compare_dirs([str(d)], params_default=tmp_path / "none.yaml", root=tmp_path)
+
+
 def test_an_out_path_that_cannot_be_written_is_one_error_line(tmp_path, capsys):
     """Was: an IsADirectoryError / FileNotFoundError traceback, and a write that was not atomic. Now
     one error line naming the path, exit 2, the table on stdout all the same; a file written is

@@ -179,6 +179,14 @@ def test_write_refuses_an_empty_path_and_a_missing_directory(tmp_path, capsys):
     (tmp_path / "no" / "such").mkdir(parents=True)  # the negative control: the directory there
     assert preset.main([str(pre), "--params", str(params), "--write", str(target)]) == 0
     assert target.read_text() == MERGED
+    capsys.readouterr()
+    slash = tmp_path / "new.yaml"  # a trailing slash names a directory: no file new.yaml written
+    assert preset.main([str(pre), "--params", str(params), "--write", f"{slash}/"]) == 2
+    assert capsys.readouterr().err == (f"eyas.pipeline.preset: error: --write {slash}/: ends in '/', which names a "
+                                       f"directory; give a file path, e.g. --write params.yaml\n")
+    assert not slash.exists()
+    assert preset.main([str(pre), "--params", str(params), "--write", str(slash)]) == 0  # without it: written
+    assert slash.read_text() == MERGED
 
 
 def test_whitespace_is_refused_only_where_it_would_split_an_s_argument(tmp_path, capsys):
@@ -391,6 +399,22 @@ def test_write_refuses_an_existing_file_other_than_params(tmp_path, capsys):
     assert params.read_text() == MERGED
     out.write_text(PARAMS)  # the negative control: merged into itself, written
     assert preset.main([str(pre), "--params", str(out), "--write", str(out)]) == 0 and out.read_text() == MERGED
+    empty = tmp_path / "empty.yaml"  # an empty file (touched first) has nothing to lose: written
+    empty.touch()
+    assert preset.main([str(pre), "--params", str(params), "--write", str(empty)]) == 0
+    assert empty.read_text() == params.read_text()
+
+
+def test_a_bad_value_in_the_params_file_names_its_line_there(tmp_path, capsys):
+    """The merged params fail the schema on a value the preset leaves alone: the line is the params file's."""
+    params, pre = _files(tmp_path, params=PARAMS.replace("val: 20", "val: -20"), pre="train:\n  epochs: 3\n")
+    assert preset.main([str(pre), "--params", str(params), "--write", str(params)]) == 2
+    err = capsys.readouterr().err
+    assert "'data.val'" in err and err.endswith(f" (line 10 of {params})\n"), err
+    assert preset.main([str(pre), "--params", str(params)]) == 2  # printing -S args: the same check
+    assert capsys.readouterr().err == err
+    params.write_text(PARAMS)  # the negative control: a good value there, merged
+    assert preset.main([str(pre), "--params", str(params), "--write", str(params)]) == 0
 
 
 def test_a_new_file_gets_the_umask_mode(tmp_path):

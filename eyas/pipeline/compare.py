@@ -485,6 +485,12 @@ def _file_number(d: str, fname: str, files: dict, keys: tuple) -> str:
     return _fmt(v)
 
 
+def _not_json(constant: str) -> None:
+    """``json.loads``' hook for ``NaN``, ``Infinity`` and ``-Infinity``, which Python reads and JSON
+    lacks (eyas.io.write_json writes null for them): raise ValueError naming the constant."""
+    raise ValueError(f"{constant} is not JSON (a metrics file writes null for a value that is not finite)")
+
+
 def _number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
@@ -589,11 +595,12 @@ def compare_dirs(dirs: list[str], params_default: str | Path = "params.yaml", ro
 
     Raises:
         CompareError: a directory does not exist, or a metrics, params or lock file is not valid:
-            unreadable or not JSON / YAML; a metrics file this reads whose top level is not an
-            object; a value read where a number goes that is not a number (a string, a list, a
-            boolean), or a key path through something that is not a mapping; a ``worth_serving``
-            verdict that is not true, false or null. The message names the directory, the file and
-            the key path.
+            unreadable or not JSON / YAML (``NaN`` and ``Infinity`` included), or its top level not an
+            object (of the metrics files, only those this reads: :data:`READ_FILES`); a value read
+            where a number goes that is not a number (a string, a list, a boolean), or a key path
+            through something that is not a mapping; a ``worth_serving`` verdict that is not true,
+            false or null; an ``engine_<drafter>.json`` whose ``drafter`` is
+            another. The message names the directory, the file and the key path.
     """
     from eyas.training.params import flatten
 
@@ -617,14 +624,19 @@ def compare_dirs(dirs: list[str], params_default: str | Path = "params.yaml", ro
             params = flatten(raw or {})
             pfile = str(pfile) if pfile.is_file() else None
         files = {}
-        for f in sorted(path.glob("*.json")):
+        for f in sorted(path / name for name in READ_FILES if (path / name).exists()):
             try:
-                files[f.name] = json.loads(f.read_text(encoding="utf-8"))
+                files[f.name] = json.loads(f.read_text(encoding="utf-8"), parse_constant=_not_json)
             except (OSError, ValueError) as e:  # a directory, no permission; json.JSONDecodeError, UnicodeDecodeError
                 raise CompareError(f"{d}: cannot read {f}: {e}") from None
-            if f.name in READ_FILES and not isinstance(files[f.name], dict):
+            if not isinstance(files[f.name], dict):
                 raise CompareError(f"{d}: {f.name}: the top level is {files[f.name]!r}; expected a mapping (a "
                                    f"metrics file is a JSON object)")
+        for f, doc in files.items():  # engine_check.py names the drafter it served
+            if f.startswith("engine_") and "drafter" in doc \
+                    and doc["drafter"] != (want := f[len("engine_"):-len(".json")]):
+                raise CompareError(f"{d}: {f}: drafter is {doc['drafter']!r}, not {want!r}: llama.cpp served "
+                                   f"another drafter than the file name says")
         cols.append((d, pfile, params, files))
     lines = ["| | " + " | ".join(f"**{_cell(d)}**" for d, *_ in cols) + " |", "|---|" + "---:|" * len(cols)]
     lines.append("| params file | " + " | ".join(_cell(p or "–") for _, p, _, _ in cols) + " |")

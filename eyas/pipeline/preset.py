@@ -14,7 +14,7 @@ the end of their section), every other line keeps its comments, spelling and lin
 link is written through to its file, whose mode, owner and group the new file keeps. A file that is
 read-only, has other hard links (they would keep the old params), lies under /dev or /proc (a
 device, or a stream of this process such as /dev/stdout) or exists and is not the ``--params``
-file (its contents would be lost) is refused. Either way the merged params
+file and not empty (its contents would be lost) is refused. Either way the merged params
 pass the schema (eyas/training/params.py) first, so a misspelt preset key fails before any compute.
 DVC parses each ``-S`` value with Hydra's override grammar, not YAML, so values are written in it
 (strings quoted: ``'12345e7'`` stays a string), and ``dvc exp run`` gets the preset's own values; a
@@ -375,10 +375,14 @@ _NOT_A_FILE = {stat.S_IFDIR: "a directory", stat.S_IFIFO: "a named pipe (FIFO)",
 def _write_target(write: str, preset_file: str, params_file: str) -> Path:
     """The file ``--write`` names, through symbolic links. Raises ParamsError naming it when it is
     empty, under /dev or /proc or leads there, the preset itself, an existing file other than
-    ``params_file`` (the merge would replace what it holds with ``params_file`` + the preset), not a
-    regular file, not writable, one of several hard links, or in a directory that does not exist."""
+    ``params_file`` and not empty (the merge would replace what it holds with ``params_file`` + the
+    preset), not a regular file, not writable, one of several hard links, a path ending in ``/``, or in
+    a directory that does not exist."""
     if not write:
         raise ParamsError("--write '': give a file path, e.g. --write params.yaml")
+    if write.endswith("/"):  # realpath would drop the slash and write a file of that name
+        raise ParamsError(f"--write {write}: ends in '/', which names a directory; give a file path, e.g. "
+                          f"--write params.yaml")
     if special := _special(write):
         via = "" if special == os.path.abspath(write) else f"it leads to {special}, "
         raise ParamsError(f"--write {write}: not a params file: {via}under /dev or /proc (a device, or a stream of "
@@ -401,7 +405,7 @@ def _write_target(write: str, preset_file: str, params_file: str) -> Path:
             raise ParamsError(f"--write {write}: one of {st.st_nlink} hard links to one file, and a new file takes "
                               f"its place: the other names would keep the old params; give it a file of its own "
                               f"first (cp {write} {write}.new && mv {write}.new {write})")
-        if not (os.path.exists(params_file) and os.path.samefile(real, params_file)):
+        if st.st_size and not (os.path.exists(params_file) and os.path.samefile(real, params_file)):
             raise ParamsError(f"--write {write}: an existing file other than --params {params_file}: writing would "
                               f"replace what it holds with {params_file} + the preset. Merge into it with "
                               f"--params {write} --write {write}, or write a new file")
@@ -469,7 +473,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--params", default="params.yaml", help="the params file the preset applies to")
     ap.add_argument("--write", default=None, help="write the merged params here instead of printing -S args")
     a = ap.parse_args(argv)
-    preset_text = ""  # each input is read once: a pipe (<(cat p.yaml)) gives nothing the second time
+    preset_text = params_text = ""  # each input is read once: a pipe (<(cat p.yaml)) gives nothing the second time
     try:
         preset_text = _read_text(Path(a.preset), "preset")
         preset = _preset(preset_text, a.preset)
@@ -486,8 +490,10 @@ def main(argv: list[str] | None = None) -> int:
             target = _write_target(a.write, a.preset, a.params)
             text = _merged_text(params_text, preset, merged, a.params)
     except ParamsError as e:
-        where = key_lines(str(e), preset_text)
-        at = f" ({where} of {a.preset})" if where else ""
+        # the keys it names where the preset sets them, else where the params file does (a bad value the
+        # preset leaves as it was)
+        at = next((f" ({where} of {name})" for text, name in ((preset_text, a.preset), (params_text, a.params))
+                   if (where := key_lines(str(e), text))), "")
         sys.stderr.write(f"eyas.pipeline.preset: error: {e}{at}\n")
         return 2
     if a.write is None:
