@@ -1,6 +1,7 @@
 """`eyas compare --metrics`: the params shown beside a metrics directory are the ones that made it."""
 
 import json
+import os
 
 import pytest
 
@@ -234,12 +235,38 @@ def test_an_engine_file_of_another_drafter_or_with_nan_is_refused(tmp_path):
     lines = compare_dirs([str(d)], params_default=tmp_path / "none.yaml", root=tmp_path).splitlines()
     assert "| scratch chat accept_len in llama.cpp (same-precision target) | 3.72 |" in lines
     (d / "engine_finetune.json").write_text(json.dumps(doc))
-    with pytest.raises(CompareError, match=r"engine_finetune.json: drafter is 'scratch', not 'finetune'"):
+    with pytest.raises(CompareError, match=r"engine_finetune.json: drafter is \"scratch\", not \"finetune\""):
         compare_dirs([str(d)], params_default=tmp_path / "none.yaml", root=tmp_path)
     (d / "engine_finetune.json").unlink()
-    (d / "engine_scratch.json").write_text(json.dumps(doc).replace("3.72", "NaN"))
-    with pytest.raises(CompareError, match=r"engine_scratch.json: NaN is not JSON"):
+    for value in ("NaN", "-Infinity", "1e400"):  # 1e400 reads as inf
+        (d / "engine_scratch.json").write_text(json.dumps(doc).replace("3.72", value))
+        with pytest.raises(CompareError, match=rf"cannot read .*engine_scratch.json: {value} is"):
+            compare_dirs([str(d)], params_default=tmp_path / "none.yaml", root=tmp_path)
+    (d / "engine_scratch.json").write_text(json.dumps({**doc, "drafter": None}))
+    with pytest.raises(CompareError, match=r"drafter is null, not \"scratch\""):
         compare_dirs([str(d)], params_default=tmp_path / "none.yaml", root=tmp_path)
+
+
+def test_a_metrics_file_that_cannot_be_read_whole_is_named(tmp_path):
+    """A link to a file that is gone is not a missing file (a dash); a FIFO would block the read; a
+    document nested past the decoder's recursion is an error, not a traceback. Each names the file."""
+    d = tmp_path / "m"
+    d.mkdir()
+    f = d / "eval_scratch.json"
+    f.symlink_to(tmp_path / "gone.json")
+    with pytest.raises(CompareError, match=r"eval_scratch.json: a symbolic link to .*gone.json, which does not"):
+        compare_dirs([str(d)], params_default=tmp_path / "none.yaml", root=tmp_path)
+    f.unlink()
+    os.mkfifo(f)
+    with pytest.raises(CompareError, match=r"eval_scratch.json: not a regular file"):
+        compare_dirs([str(d)], params_default=tmp_path / "none.yaml", root=tmp_path)
+    f.unlink()
+    f.write_text('{"a": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    with pytest.raises(CompareError, match=r"eval_scratch.json: nested too deeply"):
+        compare_dirs([str(d)], params_default=tmp_path / "none.yaml", root=tmp_path)
+    f.write_text(json.dumps({"chat": {"accept_len": 3.7}}))  # the negative control: read
+    assert "| scratch chat accept_len | 3.7 |" in compare_dirs([str(d)], params_default=tmp_path / "none.yaml",
+                                                              root=tmp_path).splitlines()
 
 
 def test_an_out_path_that_cannot_be_written_is_one_error_line(tmp_path, capsys):

@@ -185,6 +185,14 @@ def test_write_refuses_an_empty_path_and_a_missing_directory(tmp_path, capsys):
     assert capsys.readouterr().err == (f"eyas.pipeline.preset: error: --write {slash}/: ends in '/', which names a "
                                        f"directory; give a file path, e.g. --write params.yaml\n")
     assert not slash.exists()
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    for bad, why in ((f"{slash}/.", "ends in '.', which names a directory"),
+                     (f"{tmp_path}/missing/../new.yaml", f"{tmp_path}/missing/.. is not a directory"),
+                     (f"{afile}/../new.yaml", f"{afile}/.. is not a directory")):
+        assert preset.main([str(pre), "--params", str(params), "--write", bad]) == 2, bad
+        assert capsys.readouterr().err.startswith(f"eyas.pipeline.preset: error: --write {bad}: {why}")
+        assert not slash.exists() and afile.read_text() == "x"
     assert preset.main([str(pre), "--params", str(params), "--write", str(slash)]) == 0  # without it: written
     assert slash.read_text() == MERGED
 
@@ -192,7 +200,7 @@ def test_write_refuses_an_empty_path_and_a_missing_directory(tmp_path, capsys):
 def test_whitespace_is_refused_only_where_it_would_split_an_s_argument(tmp_path, capsys):
     params, pre = _files(tmp_path, pre="target:\n  revision: 'release 1'\n")
     assert preset.main([str(pre), "--params", str(params), "--write", str(params)]) == 0
-    assert capsys.readouterr().err == f"eyas.pipeline.preset: wrote {params} (1 keys from {pre})\n"
+    assert capsys.readouterr().err == f"eyas.pipeline.preset: wrote {params} (1 key from {pre})\n"
     assert yaml12.load_file(params)["target"]["revision"] == "release 1"
     assert "  revision: release 1 # pin a sha\n" in params.read_text()
     assert preset.main([str(pre), "--params", str(params)]) == 2
@@ -413,8 +421,27 @@ def test_a_bad_value_in_the_params_file_names_its_line_there(tmp_path, capsys):
     assert "'data.val'" in err and err.endswith(f" (line 10 of {params})\n"), err
     assert preset.main([str(pre), "--params", str(params)]) == 2  # printing -S args: the same check
     assert capsys.readouterr().err == err
+    params.write_text(PARAMS.replace("val: 20", "val: lr"))  # a quoted value is no key: not 'lr' line 2 too
+    assert preset.main([str(pre), "--params", str(params)]) == 2
+    err = capsys.readouterr().err
+    assert "got 'lr'" in err and err.endswith(f" (line 10 of {params})\n"), err
     params.write_text(PARAMS)  # the negative control: a good value there, merged
     assert preset.main([str(pre), "--params", str(params), "--write", str(params)]) == 0
+
+
+def test_a_dotted_or_hyphenated_key_is_named_at_its_own_line(tmp_path, capsys):
+    """A flat ``train.epochs`` in the params file is named there, not at the preset's nested key of that
+    name; an unknown key with a hyphen (``ttt-length``) gets its line too."""
+    params, pre = _files(tmp_path, params="lr: 1.0e-3\ntrain.epochs: 4\n", pre="train:\n  epochs: 3\n")
+    assert preset.main([str(pre), "--params", str(params)]) == 2
+    assert capsys.readouterr().err == (f"eyas.pipeline.preset: error: {params}: line 2: key 'train.epochs' has a "
+                                       f"dot in its name; params nest each section's keys:\ntrain:\n  epochs: 4\n")
+    params, pre = _files(tmp_path, pre="train:\n  ttt-length: 3\n")
+    assert preset.main([str(pre), "--params", str(params)]) == 2
+    err = capsys.readouterr().err
+    assert "'train.ttt-length'" in err and err.endswith(f" (line 2 of {pre})\n"), err
+    params, pre = _files(tmp_path, pre="train:\n  ttt_length: 3\n")  # the negative control: the right key
+    assert preset.main([str(pre), "--params", str(params)]) == 0
 
 
 def test_a_new_file_gets_the_umask_mode(tmp_path):

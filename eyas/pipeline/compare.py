@@ -491,6 +491,15 @@ def _not_json(constant: str) -> None:
     raise ValueError(f"{constant} is not JSON (a metrics file writes null for a value that is not finite)")
 
 
+def _finite(text: str) -> float:
+    """``json.loads``' hook for a JSON number with a fraction or exponent: its float; ValueError for
+    one too large for a float (``1e400`` reads as inf)."""
+    if not math.isfinite(v := float(text)):
+        raise ValueError(f"{text} is beyond a float's range (a metrics file writes null for a value that is "
+                         f"not finite)")
+    return v
+
+
 def _number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
@@ -595,7 +604,8 @@ def compare_dirs(dirs: list[str], params_default: str | Path = "params.yaml", ro
 
     Raises:
         CompareError: a directory does not exist, or a metrics, params or lock file is not valid:
-            unreadable or not JSON / YAML (``NaN`` and ``Infinity`` included), or its top level not an
+            unreadable or not JSON / YAML (``NaN``, ``Infinity`` and numbers beyond a float's range
+            included; a FIFO, a device, a link to nothing, nested too deeply), or its top level not an
             object (of the metrics files, only those this reads: :data:`READ_FILES`); a value read
             where a number goes that is not a number (a string, a list, a boolean), or a key path
             through something that is not a mapping; a ``worth_serving`` verdict that is not true,
@@ -624,19 +634,26 @@ def compare_dirs(dirs: list[str], params_default: str | Path = "params.yaml", ro
             params = flatten(raw or {})
             pfile = str(pfile) if pfile.is_file() else None
         files = {}
-        for f in sorted(path / name for name in READ_FILES if (path / name).exists()):
+        for f in sorted(path / name for name in READ_FILES if (path / name).exists() or (path / name).is_symlink()):
+            if not f.exists():  # a link whose file is gone (a DVC cache link, the cache removed) is no missing file
+                raise CompareError(f"{d}: {f.name}: a symbolic link to {os.readlink(f)}, which does not exist")
+            if not f.is_file() and not f.is_dir():  # a FIFO or a device would block or never end
+                raise CompareError(f"{d}: {f.name}: not a regular file (a FIFO or a device); a metrics file is JSON")
             try:
-                files[f.name] = json.loads(f.read_text(encoding="utf-8"), parse_constant=_not_json)
+                files[f.name] = json.loads(f.read_text(encoding="utf-8"), parse_constant=_not_json,
+                                           parse_float=_finite)
             except (OSError, ValueError) as e:  # a directory, no permission; json.JSONDecodeError, UnicodeDecodeError
                 raise CompareError(f"{d}: cannot read {f}: {e}") from None
+            except RecursionError:  # the decoder recurses once per level
+                raise CompareError(f"{d}: cannot read {f}: nested too deeply to decode") from None
             if not isinstance(files[f.name], dict):
                 raise CompareError(f"{d}: {f.name}: the top level is {files[f.name]!r}; expected a mapping (a "
                                    f"metrics file is a JSON object)")
         for f, doc in files.items():  # engine_check.py names the drafter it served
             if f.startswith("engine_") and "drafter" in doc \
                     and doc["drafter"] != (want := f[len("engine_"):-len(".json")]):
-                raise CompareError(f"{d}: {f}: drafter is {doc['drafter']!r}, not {want!r}: llama.cpp served "
-                                   f"another drafter than the file name says")
+                raise CompareError(f"{d}: {f}: drafter is {json.dumps(doc['drafter'])}, not {json.dumps(want)}: the "
+                                   f"file name says which drafter llama.cpp served")
         cols.append((d, pfile, params, files))
     lines = ["| | " + " | ".join(f"**{_cell(d)}**" for d, *_ in cols) + " |", "|---|" + "---:|" * len(cols)]
     lines.append("| params file | " + " | ".join(_cell(p or "–") for _, p, _, _ in cols) + " |")

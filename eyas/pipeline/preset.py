@@ -15,7 +15,9 @@ link is written through to its file, whose mode, owner and group the new file ke
 read-only, has other hard links (they would keep the old params), lies under /dev or /proc (a
 device, or a stream of this process such as /dev/stdout) or exists and is not the ``--params``
 file and not empty (its contents would be lost) is refused. Either way the merged params
-pass the schema (eyas/training/params.py) first, so a misspelt preset key fails before any compute.
+pass the schema (eyas/training/params.py) first, so a misspelt preset key fails before any compute;
+an error names the line of the key at fault, in the preset or, for a value it leaves alone, in the
+params file.
 DVC parses each ``-S`` value with Hydra's override grammar, not YAML, so values are written in it
 (strings quoted: ``'12345e7'`` stays a string), and ``dvc exp run`` gets the preset's own values; a
 key the params file lacks goes as ``+key=value``, which Hydra requires to add one. The printed words
@@ -51,6 +53,10 @@ from eyas.training.params import ParamsError, flatten, key_lines, parse_params
 __all__ = ["load_preset", "merge", "set_args"]
 
 
+class _Located(ParamsError):
+    """A params error whose message names the file and line at fault: nothing is added to it."""
+
+
 def load_preset(path: str | Path) -> dict:
     """The preset's nested mapping. Raises ParamsError naming the file when it is missing, not
     YAML, not a mapping or sets nothing, and its line when a key is written flat (``train.epochs: 3``)."""
@@ -62,8 +68,8 @@ def _preset(text: str, source: str) -> dict:
     raw = _mapping(text, source, "preset")
     if hit := _dotted_key(_compose(text), raw):
         line, key, nested = hit
-        raise ParamsError(f"{source}: line {line}: key '{key}' has a dot in its name; a preset nests each "
-                          f"section's keys:\n{yaml12.dump(nested).rstrip()}")
+        raise _Located(f"{source}: line {line}: key '{key}' has a dot in its name; a preset nests each "
+                       f"section's keys:\n{yaml12.dump(nested).rstrip()}")
     if not flatten(raw):  # nothing set: `dvc exp run $(...)` would quietly run the defaults
         raise ParamsError(f"{source}: a preset sets at least one key, got {'only empty sections' if raw else 'none'}")
     return raw
@@ -376,13 +382,13 @@ def _write_target(write: str, preset_file: str, params_file: str) -> Path:
     """The file ``--write`` names, through symbolic links. Raises ParamsError naming it when it is
     empty, under /dev or /proc or leads there, the preset itself, an existing file other than
     ``params_file`` and not empty (the merge would replace what it holds with ``params_file`` + the
-    preset), not a regular file, not writable, one of several hard links, a path ending in ``/``, or in
-    a directory that does not exist."""
+    preset), not a regular file, not writable, one of several hard links, a path ending in ``/``,
+    ``.`` or ``..``, or in a directory that does not exist (as written: ``missing/../x`` too)."""
     if not write:
         raise ParamsError("--write '': give a file path, e.g. --write params.yaml")
-    if write.endswith("/"):  # realpath would drop the slash and write a file of that name
-        raise ParamsError(f"--write {write}: ends in '/', which names a directory; give a file path, e.g. "
-                          f"--write params.yaml")
+    if write.endswith("/") or os.path.basename(write) in (".", ".."):  # realpath would drop it and write a file
+        raise ParamsError(f"--write {write}: ends in '{'/' if write.endswith('/') else os.path.basename(write)}', "
+                          f"which names a directory; give a file path, e.g. --write params.yaml")
     if special := _special(write):
         via = "" if special == os.path.abspath(write) else f"it leads to {special}, "
         raise ParamsError(f"--write {write}: not a params file: {via}under /dev or /proc (a device, or a stream of "
@@ -411,6 +417,9 @@ def _write_target(write: str, preset_file: str, params_file: str) -> Path:
                               f"--params {write} --write {write}, or write a new file")
     elif not real.parent.is_dir():
         raise ParamsError(f"--write {write}: no directory {real.parent} to write it in (create it first)")
+    if not os.path.isdir(os.path.dirname(write) or "."):  # as written: `missing/../x` or `a_file/../x` opens nowhere
+        raise ParamsError(f"--write {write}: {os.path.dirname(write)} is not a directory (the system would not "
+                          f"open the path as written); give a file path, e.g. --write params.yaml")
     return real
 
 
@@ -479,6 +488,9 @@ def main(argv: list[str] | None = None) -> int:
         preset = _preset(preset_text, a.preset)
         params_text = _read_text(Path(a.params), "params file")
         base = _mapping(params_text, a.params, "params file")
+        if hit := _dotted_key(_compose(params_text), base):  # DVC would read it as one key the schema lacks
+            raise _Located(f"{a.params}: line {hit[0]}: key '{hit[1]}' has a dot in its name; params nest each "
+                           f"section's keys:\n{yaml12.dump(hit[2]).rstrip()}")
         merged = merge(base, preset, f"{a.params} + {a.preset}")
         if a.write is None:
             args = set_args(preset, base)
@@ -492,8 +504,9 @@ def main(argv: list[str] | None = None) -> int:
     except ParamsError as e:
         # the keys it names where the preset sets them, else where the params file does (a bad value the
         # preset leaves as it was)
-        at = next((f" ({where} of {name})" for text, name in ((preset_text, a.preset), (params_text, a.params))
-                   if (where := key_lines(str(e), text))), "")
+        at = "" if isinstance(e, _Located) else next(
+            (f" ({where} of {name})" for text, name in ((preset_text, a.preset), (params_text, a.params))
+             if (where := key_lines(str(e), text))), "")
         sys.stderr.write(f"eyas.pipeline.preset: error: {e}{at}\n")
         return 2
     if a.write is None:
@@ -505,7 +518,8 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"eyas.pipeline.preset: error: --write {a.write}: cannot write the merged params "
                          f"({e.strerror or e}); give a file path, e.g. --write params.yaml\n")
         return 2
-    sys.stderr.write(f"eyas.pipeline.preset: wrote {a.write} ({len(flatten(preset))} keys from {a.preset})\n")
+    n = len(flatten(preset))
+    sys.stderr.write(f"eyas.pipeline.preset: wrote {a.write} ({n} key{'s' * (n != 1)} from {a.preset})\n")
     return 0
 
 

@@ -522,8 +522,10 @@ def load_params(path: str | Path = "params.yaml") -> Params:
 def key_lines(message: str, text: str) -> str:
     """Where the YAML ``text`` writes the keys a params error ``message`` names (each quoted,
     ``'train.epochs'``): ``"line 12"`` for one key, ``"'a.b' line 3, 'c.d' line 9"`` for several,
-    ``""`` when the text sets none of them (a default, or not YAML)."""
-    names = list(dict.fromkeys(re.findall(r"'([A-Za-z_][\w.\[\]]*)'", message)))
+    ``""`` when the text sets none of them (a default, or not YAML). A value the message quotes after
+    ``got`` (``got 'lr'``) is not taken for a key."""
+    message = re.sub(r"got '(?:[^'\\]|\\.)*'", "got", message)  # a value the message quotes is no key
+    names = list(dict.fromkeys(re.findall(r"'([A-Za-z_][\w.\[\]-]*)'", message)))
     lines = {k: line for k in names if (line := yaml12.key_line(text, k))}
     if len(lines) == 1:
         return f"line {next(iter(lines.values()))}"
