@@ -35,7 +35,7 @@ def test_params_yaml_section_is_the_training_backend():
 
 
 def test_bad_values_name_the_key():
-    with pytest.raises(ParamsError, match=r"'train\.backend'.*attention must be one of .*'Flex'"):
+    with pytest.raises(ParamsError, match=r"'train\.backend\.attention': attention must be one of .*'Flex'"):
         parse_params({"train": {"backend": {**dataclasses.asdict(FAST), "attention": "Flex"}}})
     with pytest.raises(ParamsError, match=r"train\.backend\.atention"):
         parse_params({"train": {"backend": {"atention": "flex"}}})

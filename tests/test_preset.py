@@ -425,6 +425,11 @@ def test_a_bad_value_in_the_params_file_names_its_line_there(tmp_path, capsys):
     assert preset.main([str(pre), "--params", str(params)]) == 2
     err = capsys.readouterr().err
     assert "got 'lr'" in err and err.endswith(f" (line 10 of {params})\n"), err
+    backend = "train:\n  epochs: 2\n  backend:\n    compile: true\n    attention: Flex\n"  # a section's own check
+    params, pre = _files(tmp_path, params=backend, pre="train:\n  backend:\n    compile: false\n")
+    assert preset.main([str(pre), "--params", str(params)]) == 2
+    err = capsys.readouterr().err
+    assert "'train.backend.attention'" in err and err.endswith(f" (line 5 of {params})\n"), err
     params.write_text(PARAMS)  # the negative control: a good value there, merged
     assert preset.main([str(pre), "--params", str(params), "--write", str(params)]) == 0
 

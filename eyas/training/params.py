@@ -257,7 +257,9 @@ def _build(cls: type, raw: dict, prefix: str, source: str) -> Any:
     try:
         return cls(**kwargs)
     except ValueError as e:  # a section that checks its own values (eyas.drafter.backend.Backend)
-        raise ParamsError(f"{source}: '{prefix}': {e}") from None
+        # named by the key its message starts with ("attention must be ..."), so its line is the key's own
+        key = next((f"{prefix}.{k}" for k in raw if str(e).startswith(f"{k} ")), prefix)
+        raise ParamsError(f"{source}: '{key}': {e}") from None
 
 
 DEFAULTS_FILE = Path(__file__).resolve().parents[2] / "params.yaml"
