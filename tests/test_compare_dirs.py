@@ -264,6 +264,8 @@ def test_a_metrics_file_that_cannot_be_read_whole_is_named(tmp_path):
     f.write_text('{"a": ' + "[" * 100_000 + "]" * 100_000 + "}")
     with pytest.raises(CompareError, match=r"eval_scratch.json: nested too deeply"):
         compare_dirs([str(d)], params_default=tmp_path / "none.yaml", root=tmp_path)
+    with pytest.raises(CompareError, match=r"eval_scratch.json: not a directory \(give the directory"):
+        compare_dirs([str(f)], params_default=tmp_path / "none.yaml", root=tmp_path)  # the file, not its directory
     f.write_text(json.dumps({"chat": {"accept_len": 3.7}}))  # the negative control: read
     assert "| scratch chat accept_len | 3.7 |" in compare_dirs([str(d)], params_default=tmp_path / "none.yaml",
                                                               root=tmp_path).splitlines()

@@ -618,7 +618,8 @@ def compare_dirs(dirs: list[str], params_default: str | Path = "params.yaml", ro
     for d in dirs:
         path = Path(d)
         if not path.is_dir():
-            raise CompareError(f"{d}: no such metrics directory")
+            raise CompareError(f"{d}: {'not a directory' if path.exists() else 'no such metrics directory'} (give "
+                               f"the directory a pipeline run wrote its metrics in, e.g. metrics/)")
         recorded = None if (path / "params.yaml").is_file() else lock_params(Path(root), path)
         if recorded is not None:
             params, used = recorded
