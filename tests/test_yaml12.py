@@ -210,15 +210,15 @@ def test_launch_refuses_an_nproc_the_stage_would_refuse_before_starting_processe
     ("params.yaml", b"hello\n", r"cannot read its params: {p}: the top level must be a mapping"),
     ("params.yaml", b"- 1\n", r"cannot read its params: {p}: the top level must be a mapping"),
     ("params.yaml", b"lr: caf\xe9\n", r"cannot read its params: {p}: not UTF-8 text .* at line 1"),
-    ("eval.json", b'{"a": 1,}', r"cannot read {p}: Expecting property name"),
-    ("eval.json", b'{"a": "\xe9"}', r"cannot read {p}: 'utf-8' codec can't decode byte 0xe9"),
+    ("eval_scratch.json", b'{"a": 1,}', r"cannot read {p}: Expecting property name"),
+    ("eval_scratch.json", b'{"a": "\xe9"}', r"cannot read {p}: 'utf-8' codec can't decode byte 0xe9"),
 ])
 def test_compare_metrics_names_the_broken_file_beside_the_metrics(tmp_path, name, data, message):
     from eyas.pipeline.compare import CompareError, compare_dirs
 
     d = tmp_path / "m"
     d.mkdir()
-    (d / "train.json").write_text('{"val": {"acc_0": 0.5}}')
+    (d / "train_scratch.json").write_text('{"val": {"acc_0": 0.5}}')
     (d / name).write_bytes(data)
     with pytest.raises(CompareError, match=rf"(?s)^{d}: " + message.format(p=re.escape(str(d / name)))):
         compare_dirs([str(d)])
