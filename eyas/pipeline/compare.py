@@ -609,8 +609,8 @@ def compare_dirs(dirs: list[str], params_default: str | Path = "params.yaml", ro
             object (of the metrics files, only those this reads: :data:`READ_FILES`); a value read
             where a number goes that is not a number (a string, a list, a boolean), or a key path
             through something that is not a mapping; a ``worth_serving`` verdict that is not true,
-            false or null; an ``engine_<drafter>.json`` whose ``drafter`` is
-            another. The message names the directory, the file and the key path.
+            false or null; an ``engine_<drafter>.json`` whose ``drafter`` is another. The message
+            names the directory, the file and the key path.
     """
     from eyas.training.params import flatten
 
