@@ -500,6 +500,43 @@ def _finite(text: str) -> float:
     return v
 
 
+def _read_metrics(d: str, path: Path) -> dict[str, dict]:
+    """The metrics files of :data:`READ_FILES` that the directory ``path`` (named ``d``) holds, by
+    file name, each a JSON object; other files there are not read.
+
+    Raises:
+        CompareError: naming the file: a link to a file that is gone (not a missing file), a FIFO or
+            a device (its read would block or not end), unreadable, not JSON (``NaN``, ``Infinity``
+            and numbers beyond a float's range included), nested past the decoder, a top level that is
+            not an object, or an ``engine_<drafter>.json`` whose ``drafter`` is another
+            (benchmarks/engine_check.py writes the one it served).
+    """
+    files = {}
+    for name in sorted(READ_FILES):
+        f = path / name
+        if not os.path.lexists(f):
+            continue
+        if not f.exists():  # a link whose file is gone (a DVC cache link, the cache removed)
+            raise CompareError(f"{d}: {name}: a symbolic link to {os.readlink(f)}, which does not exist")
+        if not f.is_file() and not f.is_dir():  # a directory fails the read below
+            raise CompareError(f"{d}: {name}: not a regular file (a FIFO or a device); a metrics file is JSON")
+        try:
+            doc = json.loads(f.read_text(encoding="utf-8"), parse_constant=_not_json, parse_float=_finite)
+        except (OSError, ValueError) as e:  # a directory, no permission; json.JSONDecodeError, UnicodeDecodeError
+            raise CompareError(f"{d}: cannot read {f}: {e}") from None
+        except RecursionError:  # the decoder recurses once per level
+            raise CompareError(f"{d}: cannot read {f}: nested too deeply to decode") from None
+        if not isinstance(doc, dict):
+            raise CompareError(f"{d}: {name}: the top level is {doc!r}; expected a mapping (a metrics file is a "
+                               f"JSON object)")
+        if name.startswith("engine_") and "drafter" in doc \
+                and doc["drafter"] != (want := name[len("engine_"):-len(".json")]):
+            raise CompareError(f"{d}: {name}: drafter is {json.dumps(doc['drafter'])}, not {json.dumps(want)}: the "
+                               f"file name says which drafter llama.cpp served")
+        files[name] = doc
+    return files
+
+
 def _number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
@@ -603,14 +640,12 @@ def compare_dirs(dirs: list[str], params_default: str | Path = "params.yaml", ro
     never a ``–``.
 
     Raises:
-        CompareError: a directory does not exist, or a metrics, params or lock file is not valid:
-            unreadable or not JSON / YAML (``NaN``, ``Infinity`` and numbers beyond a float's range
-            included; a FIFO, a device, a link to nothing, nested too deeply), or its top level not an
-            object (of the metrics files, only those this reads: :data:`READ_FILES`); a value read
-            where a number goes that is not a number (a string, a list, a boolean), or a key path
-            through something that is not a mapping; a ``worth_serving`` verdict that is not true,
-            false or null; an ``engine_<drafter>.json`` whose ``drafter`` is another. The message
-            names the directory, the file and the key path.
+        CompareError: a directory does not exist (or is a file); a params or lock file that is
+            unreadable or not YAML; a metrics file this reads that is not valid (:func:`_read_metrics`
+            says when); a value read where a number goes that is not a number (a string, a list,
+            a boolean), or a key path through something that is not a mapping; a ``worth_serving``
+            verdict that is not true, false or null. The message names the directory, the file and
+            the key path.
     """
     from eyas.training.params import flatten
 
@@ -634,27 +669,7 @@ def compare_dirs(dirs: list[str], params_default: str | Path = "params.yaml", ro
                 raise CompareError(f"{d}: cannot read its params: {pfile}: the top level must be a mapping")
             params = flatten(raw or {})
             pfile = str(pfile) if pfile.is_file() else None
-        files = {}
-        for f in sorted(path / name for name in READ_FILES if (path / name).exists() or (path / name).is_symlink()):
-            if not f.exists():  # a link whose file is gone (a DVC cache link, the cache removed) is no missing file
-                raise CompareError(f"{d}: {f.name}: a symbolic link to {os.readlink(f)}, which does not exist")
-            if not f.is_file() and not f.is_dir():  # a FIFO or a device would block or never end
-                raise CompareError(f"{d}: {f.name}: not a regular file (a FIFO or a device); a metrics file is JSON")
-            try:
-                files[f.name] = json.loads(f.read_text(encoding="utf-8"), parse_constant=_not_json,
-                                           parse_float=_finite)
-            except (OSError, ValueError) as e:  # a directory, no permission; json.JSONDecodeError, UnicodeDecodeError
-                raise CompareError(f"{d}: cannot read {f}: {e}") from None
-            except RecursionError:  # the decoder recurses once per level
-                raise CompareError(f"{d}: cannot read {f}: nested too deeply to decode") from None
-            if not isinstance(files[f.name], dict):
-                raise CompareError(f"{d}: {f.name}: the top level is {files[f.name]!r}; expected a mapping (a "
-                                   f"metrics file is a JSON object)")
-        for f, doc in files.items():  # engine_check.py names the drafter it served
-            if f.startswith("engine_") and "drafter" in doc \
-                    and doc["drafter"] != (want := f[len("engine_"):-len(".json")]):
-                raise CompareError(f"{d}: {f}: drafter is {json.dumps(doc['drafter'])}, not {json.dumps(want)}: the "
-                                   f"file name says which drafter llama.cpp served")
+        files = _read_metrics(d, path)
         cols.append((d, pfile, params, files))
     lines = ["| | " + " | ".join(f"**{_cell(d)}**" for d, *_ in cols) + " |", "|---|" + "---:|" * len(cols)]
     lines.append("| params file | " + " | ".join(_cell(p or "–") for _, p, _, _ in cols) + " |")
