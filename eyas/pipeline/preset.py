@@ -66,10 +66,7 @@ def load_preset(path: str | Path) -> dict:
 def _preset(text: str, source: str) -> dict:
     """:func:`load_preset` of the preset file ``source``, read as ``text``."""
     raw = _mapping(text, source, "preset")
-    if hit := _dotted_key(_compose(text), raw):
-        line, key, nested = hit
-        raise _Located(f"{source}: line {line}: key '{key}' has a dot in its name; a preset nests each "
-                       f"section's keys:\n{yaml12.dump(nested).rstrip()}")
+    _refuse_dotted_key(text, raw, source, "a preset nests")
     if not flatten(raw):  # nothing set: `dvc exp run $(...)` would quietly run the defaults
         raise ParamsError(f"{source}: a preset sets at least one key, got {'only empty sections' if raw else 'none'}")
     return raw
@@ -112,6 +109,16 @@ def _compose(text: str) -> Node | None:
     """The YAML node tree of ``text`` (the file already loaded, so it composes), with each node's
     position in the text."""
     return YAML(typ="safe").compose(text)
+
+
+def _refuse_dotted_key(text: str, raw: dict, source: str, who: str) -> None:
+    """Raise a ParamsError naming the file ``source`` (read as ``text``, loaded as ``raw``), the line
+    and the key, with the nested form to write instead, when a mapping key in it has a dot in its name
+    (``train.epochs: 3``); ``who``: the message's subject (``"a preset nests"``)."""
+    if hit := _dotted_key(_compose(text), raw):
+        line, key, nested = hit
+        raise _Located(f"{source}: line {line}: key '{key}' has a dot in its name; {who} each section's "
+                       f"keys:\n{yaml12.dump(nested).rstrip()}")
 
 
 def _dotted_key(node: Node | None, raw: dict, trail: tuple = ()) -> tuple[int, str, dict] | None:
@@ -488,9 +495,7 @@ def main(argv: list[str] | None = None) -> int:
         preset = _preset(preset_text, a.preset)
         params_text = _read_text(Path(a.params), "params file")
         base = _mapping(params_text, a.params, "params file")
-        if hit := _dotted_key(_compose(params_text), base):  # DVC would read it as one key the schema lacks
-            raise _Located(f"{a.params}: line {hit[0]}: key '{hit[1]}' has a dot in its name; params nest each "
-                           f"section's keys:\n{yaml12.dump(hit[2]).rstrip()}")
+        _refuse_dotted_key(params_text, base, a.params, "params nest")  # DVC reads it as one key the schema lacks
         merged = merge(base, preset, f"{a.params} + {a.preset}")
         if a.write is None:
             args = set_args(preset, base)
