@@ -73,6 +73,7 @@ def test_metrics_dir_params_come_from_the_locks_not_the_edited_params_yaml(tmp_p
 
     # a directory the locks did not write (a copy elsewhere) keeps the workspace params.yaml
     (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "train_scratch.json").write_text(json.dumps({"val": {"acc_0": 0.5}}))
     assert lock_params(tmp_path, tmp_path / "other") is None
     lines = compare_dirs(["other"]).splitlines()
     assert "| `vocab.draft_vocab_size` | 512 |" in lines and "| params file | params.yaml |" in lines
@@ -82,6 +83,7 @@ def test_metrics_dir_params_come_from_the_locks_not_the_edited_params_yaml(tmp_p
     (tmp_path / "lever" / "params.yaml").write_text(
         "data:\n  code_packages: [sympy, dvc]\ndistill:\n  max_prompt_tokens: 640\nextract:\n  max_length: 768\n"
         "train:\n  ttt_length: 7\n")
+    (tmp_path / "lever" / "train_scratch.json").write_text(json.dumps({"val": {"acc_0": 0.6}}))
     lines = compare_dirs(["other", "lever"]).splitlines()
     assert "| `data.code_packages` | – | sympy, dvc |" in lines
     assert "| `distill.max_prompt_tokens` | – | 640 |" in lines
@@ -254,7 +256,7 @@ def test_a_metrics_file_that_cannot_be_read_whole_is_named(tmp_path):
     d.mkdir()
     f = d / "eval_scratch.json"
     f.symlink_to(tmp_path / "gone.json")
-    with pytest.raises(CompareError, match=r"eval_scratch.json: a symbolic link to .*gone.json, which does not"):
+    with pytest.raises(CompareError, match=r"eval_scratch.json: a symbolic link to .*gone.json, which leads nowhere"):
         compare_dirs([str(d)], params_default=tmp_path / "none.yaml", root=tmp_path)
     f.unlink()
     os.mkfifo(f)
@@ -264,9 +266,13 @@ def test_a_metrics_file_that_cannot_be_read_whole_is_named(tmp_path):
     f.write_text('{"a": ' + "[" * 100_000 + "]" * 100_000 + "}")
     with pytest.raises(CompareError, match=r"eval_scratch.json: nested too deeply"):
         compare_dirs([str(d)], params_default=tmp_path / "none.yaml", root=tmp_path)
+    f.unlink()
+    (d / "notes.json").write_text("{}")
+    with pytest.raises(CompareError, match=r"m: holds none of the metrics files compare reads \(engine_finetune"):
+        compare_dirs([str(d)], params_default=tmp_path / "none.yaml", root=tmp_path)  # nothing it reads there
+    f.write_text(json.dumps({"chat": {"accept_len": 3.7}}))  # the negative control: read
     with pytest.raises(CompareError, match=r"eval_scratch.json: not a directory \(give the directory"):
         compare_dirs([str(f)], params_default=tmp_path / "none.yaml", root=tmp_path)  # the file, not its directory
-    f.write_text(json.dumps({"chat": {"accept_len": 3.7}}))  # the negative control: read
     assert "| scratch chat accept_len | 3.7 |" in compare_dirs([str(d)], params_default=tmp_path / "none.yaml",
                                                               root=tmp_path).splitlines()
 

@@ -425,6 +425,10 @@ def test_a_bad_value_in_the_params_file_names_its_line_there(tmp_path, capsys):
     assert preset.main([str(pre), "--params", str(params)]) == 2
     err = capsys.readouterr().err
     assert "got 'lr'" in err and err.endswith(f" (line 10 of {params})\n"), err
+    params.write_text(PARAMS.replace("val: 20", "val: [lr]"))  # nor a quoted item of a list value
+    assert preset.main([str(pre), "--params", str(params)]) == 2
+    err = capsys.readouterr().err
+    assert "got ['lr']" in err and err.endswith(f" (line 10 of {params})\n"), err
     backend = "train:\n  epochs: 2\n  backend:\n    compile: true\n    attention: Flex\n"  # a section's own check
     params, pre = _files(tmp_path, params=backend, pre="train:\n  backend:\n    compile: false\n")
     assert preset.main([str(pre), "--params", str(params)]) == 2
@@ -441,6 +445,10 @@ def test_a_dotted_or_hyphenated_key_is_named_at_its_own_line(tmp_path, capsys):
     assert preset.main([str(pre), "--params", str(params)]) == 2
     assert capsys.readouterr().err == (f"eyas.pipeline.preset: error: {params}: line 2: key 'train.epochs' has a "
                                        f"dot in its name; params nest each section's keys:\ntrain:\n  epochs: 4\n")
+    merged = "train: &t {epochs: 2, eval_every: 10}\nstand_in:\n  <<: *t\n  lr.x: 1\n"  # a merge key shifts no key's place
+    params, pre = _files(tmp_path, pre=merged)
+    assert preset.main([str(pre), "--params", str(params)]) == 2
+    assert capsys.readouterr().err.startswith(f"eyas.pipeline.preset: error: {pre}: line 4: key 'lr.x' has a dot")
     params, pre = _files(tmp_path, pre="train:\n  ttt-length: 3\n")
     assert preset.main([str(pre), "--params", str(params)]) == 2
     err = capsys.readouterr().err

@@ -507,7 +507,8 @@ def _read_metrics(d: str, path: Path) -> dict[str, dict]:
     Raises:
         CompareError: naming the file: a link to a file that is gone (not a missing file), a FIFO or
             a device (its read would block or not end), unreadable, not JSON (``NaN``, ``Infinity``
-            and numbers beyond a float's range included), nested past the decoder, a top level that is
+            and a fraction or exponent beyond a float's range, ``1e400``, included), nested past the
+            decoder, a top level that is
             not an object, or an ``engine_<drafter>.json`` whose ``drafter`` is another
             (benchmarks/engine_check.py writes the one it served).
     """
@@ -517,7 +518,8 @@ def _read_metrics(d: str, path: Path) -> dict[str, dict]:
         if not os.path.lexists(f):
             continue
         if not f.exists():  # a link whose file is gone (a DVC cache link, the cache removed)
-            raise CompareError(f"{d}: {name}: a symbolic link to {os.readlink(f)}, which does not exist")
+            raise CompareError(f"{d}: {name}: a symbolic link to {os.readlink(f)}, which leads nowhere (a missing "
+                               f"file, or a loop)")
         if not f.is_file() and not f.is_dir():  # a directory fails the read below
             raise CompareError(f"{d}: {name}: not a regular file (a FIFO or a device); a metrics file is JSON")
         try:
@@ -640,7 +642,8 @@ def compare_dirs(dirs: list[str], params_default: str | Path = "params.yaml", ro
     never a ``–``.
 
     Raises:
-        CompareError: a directory does not exist (or is a file); a params or lock file that is
+        CompareError: a directory does not exist, is a file or holds no metrics file this reads
+            (:data:`READ_FILES`); a params or lock file that is
             unreadable or not YAML; a metrics file this reads that is not valid (:func:`_read_metrics`
             says when); a value read where a number goes that is not a number (a string, a list,
             a boolean), or a key path through something that is not a mapping; a ``worth_serving``
@@ -670,6 +673,9 @@ def compare_dirs(dirs: list[str], params_default: str | Path = "params.yaml", ro
             params = flatten(raw or {})
             pfile = str(pfile) if pfile.is_file() else None
         files = _read_metrics(d, path)
+        if not files:  # a mistyped or wrong directory would show the workspace's params as its own
+            raise CompareError(f"{d}: holds none of the metrics files compare reads ({', '.join(sorted(READ_FILES))}): "
+                               f"give the directory a pipeline run wrote its metrics in, e.g. metrics/")
         cols.append((d, pfile, params, files))
     lines = ["| | " + " | ".join(f"**{_cell(d)}**" for d, *_ in cols) + " |", "|---|" + "---:|" * len(cols)]
     lines.append("| params file | " + " | ".join(_cell(p or "–") for _, p, _, _ in cols) + " |")

@@ -122,17 +122,22 @@ def _refuse_dotted_key(text: str, raw: dict, source: str, who: str) -> None:
 
 
 def _dotted_key(node: Node | None, raw: dict, trail: tuple = ()) -> tuple[int, str, dict] | None:
-    """The first mapping key in ``raw`` (composed as ``node``) with a dot in its name, as (its
-    1-based line, the key, the nested mapping it was meant as from the top), or None."""
+    """The first string key written in the mapping ``node`` (loaded as ``raw``) or in a mapping under
+    it with a dot in its name, as (its 1-based line, the key, the nested mapping it was meant as from
+    the top), or None. A merge key (``<<: *base``) is passed over: the mapping it merges is checked
+    where it is written."""
     if not isinstance(node, MappingNode):
         return None
-    for (k_node, v_node), (k, v) in zip(node.value, raw.items()):
-        if isinstance(k, str) and "." in k:
-            nested = v
+    for k_node, v_node in node.value:
+        if k_node.tag != "tag:yaml.org,2002:str":  # a merge key, a number, a collection
+            continue
+        k = k_node.value
+        if "." in k:
+            nested = raw[k]
             for part in reversed((*trail, *k.split("."))):
                 nested = {part: nested}
             return k_node.start_mark.line + 1, k, nested
-        if isinstance(v, dict) and (hit := _dotted_key(v_node, v, (*trail, k))):
+        if isinstance(raw[k], dict) and (hit := _dotted_key(v_node, raw[k], (*trail, k))):
             return hit
     return None
 
@@ -509,9 +514,12 @@ def main(argv: list[str] | None = None) -> int:
     except ParamsError as e:
         # the keys it names where the preset sets them, else where the params file does (a bad value the
         # preset leaves as it was)
+        # the message without the file names it starts with (a quote in one is no key)
+        body = next((str(e).removeprefix(p) for p in (f"{a.params} + {a.preset}: ", f"{a.preset}: ", f"{a.params}: ")
+                     if str(e).startswith(p)), str(e))
         at = "" if isinstance(e, _Located) else next(
             (f" ({where} of {name})" for text, name in ((preset_text, a.preset), (params_text, a.params))
-             if (where := key_lines(str(e), text))), "")
+             if (where := key_lines(body, text))), "")
         sys.stderr.write(f"eyas.pipeline.preset: error: {e}{at}\n")
         return 2
     if a.write is None:

@@ -524,9 +524,9 @@ def load_params(path: str | Path = "params.yaml") -> Params:
 def key_lines(message: str, text: str) -> str:
     """Where the YAML ``text`` writes the keys a params error ``message`` names (each quoted,
     ``'train.epochs'``): ``"line 12"`` for one key, ``"'a.b' line 3, 'c.d' line 9"`` for several,
-    ``""`` when the text sets none of them (a default, or not YAML). A value the message quotes after
-    ``got`` (``got 'lr'``) is not taken for a key."""
-    message = re.sub(r"got '(?:[^'\\]|\\.)*'", "got", message)  # a value the message quotes is no key
+    ``""`` when the text sets none of them (a default, or not YAML). The keys are those named before
+    the value the message reports (``..., got ['lr']``): what it quotes from there on is no key."""
+    message = re.split(r",\s+got ", message, maxsplit=1)[0]
     names = list(dict.fromkeys(re.findall(r"'([A-Za-z_][\w.\[\]-]*)'", message)))
     lines = {k: line for k in names if (line := yaml12.key_line(text, k))}
     if len(lines) == 1:
