@@ -49,7 +49,7 @@ from eyas.data.conversations import chat_prompts, humaneval_prompts, read_jsonl
 from eyas.data.distill import fit_prompt
 from eyas.eval import checks as eval_checks
 from eyas.eval.acceptance import evaluate_benchmark
-from eyas.eval.llamacpp import ENGINE, agreement, disagreement_message, serve_benchmark
+from eyas.eval.llamacpp import ENGINE, agreement, build_info, disagreement_message, resolve_backend, serve_benchmark
 from eyas.eval.served import evaluate_served
 from eyas.export.gguf import GGUFReadError, ServeMismatchError, require_served_as_trained
 from eyas.export.load import load_drafter
@@ -114,13 +114,16 @@ def resume_key(name: str, p, prompts: dict[str, list[list[int]]], device) -> dic
     template, config, GGUF), the test split's sha256, each benchmark's prompt ids (which also change
     with the HumanEval package or the chat template), the code this stage runs
     (eyas.pipeline.resume.code_digest: every first-party file it imports, the files dvc.yaml lists as
-    its deps), torch's version and the device (speedups are wall clock)."""
+    its deps), the llama.cpp build that serves (eyas.eval.llamacpp.build_info), torch's version and the
+    device (speedups are wall clock)."""
     flat = json.loads(json.dumps(flatten(p), default=str))
     test = CONVERSATIONS / "test.jsonl"
     dev = torch.device(device)
     ggufs = [Path("models", f"{name}.gguf"), TARGET_GGUF / "target.gguf"]
+    engine = p.serve.engine == "llamacpp"
     return {"drafter": name, "drafter_digest": digest(Path("models") / name),
-            "gguf": {str(f): sha256_cached(f) for f in ggufs if p.serve.engine == "llamacpp" and f.is_file()},
+            "gguf": {str(f): sha256_cached(f) for f in ggufs if engine and f.is_file()},
+            "engine_build": build_info(resolve_backend(p.serve.device)) if engine else None,
             "params": {k: v for k, v in flat.items() if k.split(".")[0] in ("eval", "target", "serve")},
             "target": target_identity(p.target),
             "test_jsonl": sha256_file(test) if test.is_file() else None,
@@ -156,17 +159,20 @@ def engine_part(name: str, p, prompts: list[list[int]], bench: str, num_target_l
     target's own GGUF file when params ``serve.quantized_target`` asks and there is one (else None).
     The drafter's GGUF is first checked against its checkpoint (eyas.export.gguf.require_served_as_trained):
     a mismatch, a file that is not an eagle3 GGUF (empty, truncated, a target's) or no file stops the stage
-    with a message naming it, before any server starts."""
+    with a message naming it, before any server starts. Both are served by the build params ``serve.device``
+    picks (eyas.eval.llamacpp.resolve_backend), the like-for-like target with the wall-clock sweep over
+    ``serve.k_sweep``."""
     e, s = p.eval, p.serve
-    kw = {"k": e.num_draft_tokens, "max_new_tokens": e.max_new_tokens, "threads": s.threads}
+    backend = resolve_backend(s.device)
+    kw = {"k": e.num_draft_tokens, "max_new_tokens": e.max_new_tokens, "threads": s.threads, "backend": backend}
     drafter = Path("models", f"{name}.gguf")
     try:  # a GGUF that disagrees with the checkpoint (rebuilt by hand, another drafter's) is not served
         require_served_as_trained(drafter, Path("models", name), num_target_layers)
     except (ServeMismatchError, GGUFReadError, FileNotFoundError) as e:
         raise SystemExit(f"eval {name} {bench}: {e}\n(rebuild it from the checkpoint: `dvc repro export-gguf@{name}`)"
                          ) from None
-    out = {"engine": ENGINE, "num_draft_tokens": e.num_draft_tokens, "threads": s.threads,
-           "same_precision": serve_benchmark(TARGET_GGUF / "target.gguf", drafter, prompts,
+    out = {"engine": ENGINE, "num_draft_tokens": e.num_draft_tokens, "threads": s.threads, "backend": backend,
+           "same_precision": serve_benchmark(TARGET_GGUF / "target.gguf", drafter, prompts, k_sweep=s.k_sweep,
                                              log_dir=WORK / f"eval_{name}" / bench / "same_precision", **kw)}
     q = quantized_target_file(p) if s.quantized_target else None
     out["quantized"] = None if q is None else serve_benchmark(
@@ -210,14 +216,21 @@ def report_engine(name: str, bench: str, engine: dict, r: dict, tracker) -> None
         tracker.log_metrics({f"{bench}/{label}/{key}": float(x[key]) for key in
                              ("accept_len", "speedup", "tokens_per_second", "tokens_per_second_plain", "lossless")
                              if x[key] is not None})
-        print(f"eval {name} {bench}: llama.cpp ({x['target_gguf']}) accept_len {x['accept_len']} (eyas "
-              f"{r['accept_len']}), {x['tokens_per_second']} tokens/s vs {x['tokens_per_second_plain']} without "
-              f"the drafter (speedup {x['speedup']}), lossless {x['lossless']}")
+        print(f"eval {name} {bench}: llama.cpp {x.get('backend', 'cpu')} on {x.get('device', 'cpu')} "
+              f"({x['target_gguf']}) accept_len {x['accept_len']} (eyas {r['accept_len']}), {x['tokens_per_second']} "
+              f"tokens/s vs {x['tokens_per_second_plain']} without the drafter (speedup {x['speedup']}), lossless "
+              f"{x['lossless']}")
+        if x.get("k_sweep"):
+            tracker.log_metrics({f"{bench}/{label}/k{k}/speedup": v["speedup"] for k, v in x["k_sweep"]["rows"].items()
+                                 if v["speedup"] is not None})
+            by_k = {k: v["speedup"] for k, v in x["k_sweep"]["rows"].items()}
+            print(f"eval {name} {bench}: llama.cpp speedup by k {by_k}, recommended k {x['k_sweep']['recommended_k']}")
     if agree["ok"] is None:
         print(f"eval {name} {bench}: WARNING llama.cpp's acceptance NOT CHECKED against eyas': {agree['unchecked']}")
     else:
         print(f"eval {name} {bench}: llama.cpp agrees with eyas on {agree['exact']} of {agree['compared']} prompts "
-              f"with equal greedy outputs exactly; {len(agree['outside_tolerance'])} outside the tolerance")
+              f"with equal greedy outputs exactly ({agree['exact_share']:.0%}); {len(agree['outside_tolerance'])} "
+              f"outside the tolerance")
     if agree["ok"] is False:
         raise SystemExit(disagreement_message(name, bench, agree))
 

@@ -14,6 +14,10 @@ each converted the same way: eyas refuses each before serving (eyas.export.gguf.
 and served anyway for a few short requests, each falls to an acceptance near 1 in the engine and
 fails the agreement with eyas' figures for those requests.
 
+Every test runs on each backend: llama.cpp's CPU build, and (``-m gpu``, on a CUDA machine with
+``scripts/build_llama_server.sh --cuda``) its CUDA build with every layer offloaded, where the good
+drafter is also served across a k sweep and the CUDA build is shown to refuse a start without a GPU.
+
 Cost: one module-scoped fixture trains the drafter once and converts the target and the three
 drafters once (two converter processes at a time: each is mostly its own start-up); the controls
 serve fewer prompts and tokens than the good drafter, enough for an acceptance near 1 to show.
@@ -33,7 +37,7 @@ from safetensors.torch import load_file, save_file
 
 from eyas.data.conversations import code_user_turn, humaneval_problems
 from eyas.data.distill import generate_batch
-from eyas.eval.llamacpp import EngineError, agreement, serve_benchmark, server_binary
+from eyas.eval.llamacpp import EngineError, LlamaServer, agreement, serve_benchmark, server_binary
 from eyas.eval.oracle import accepted_draft_counts, per_prompt_walks, walk_metrics
 from eyas.export.eagle import save_drafter
 from eyas.export.gguf import CONVERTER, ServeMismatchError, convert, require_served_as_trained, write_target_dir
@@ -60,8 +64,26 @@ def _have_engine() -> bool:
     return CONVERTER.is_file()
 
 
+def _have_cuda_engine() -> bool:
+    try:
+        server_binary("cuda")
+    except EngineError:
+        return False
+    return torch.cuda.is_available()
+
+
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not _have_engine(), reason="llama.cpp not built: bash scripts/build_llama_server.sh")]
+
+
+NO_CUDA = "no GPU or no llama-server-cuda: bash scripts/build_llama_server.sh --cuda"
+
+
+@pytest.fixture(params=["cpu", pytest.param("cuda", marks=[
+    pytest.mark.gpu, pytest.mark.skipif(not _have_cuda_engine(), reason=NO_CUDA)])])
+def backend(request) -> str:
+    """The llama.cpp build that serves: ``cpu``, and ``cuda`` (a ``gpu`` test)."""
+    return request.param
 
 
 def _shift(cfg: dict, tensors: dict) -> None:
@@ -154,16 +176,27 @@ def _eyas(built, n_prompts: int, max_new: int) -> dict:
     return {"accept_len": walk_metrics(counts, outs, K)["accept_len"], "per_prompt": per_prompt_walks(counts, outs, K)}
 
 
-def _serve(built, name: str, n_prompts: int, max_new: int) -> dict:
+def _serve(built, name: str, n_prompts: int, max_new: int, backend: str, k_sweep=()) -> dict:
     return serve_benchmark(built["tmp"] / "target.gguf", built["tmp"] / f"{name}.gguf", built["prompts"][:n_prompts],
-                           k=K, max_new_tokens=max_new, threads=2, log_dir=built["tmp"] / f"logs_{name}")
+                           k=K, max_new_tokens=max_new, threads=2, backend=backend, k_sweep=k_sweep,
+                           log_dir=built["tmp"] / f"logs_{name}_{backend}")
 
 
-def test_the_engine_serves_the_drafter_losslessly_at_eyas_acceptance(built):
+def test_the_engine_serves_the_drafter_losslessly_at_eyas_acceptance(built, backend):
     require_served_as_trained(built["tmp"] / "drafter.gguf", built["tmp"] / "drafter", 30)  # passes: no raise
-    e = _serve(built, "drafter", N_PROMPTS, MAX_NEW)
+    sweep = [1, 2, 3, 4, 5, 6, 7, 8] if backend == "cuda" else [2]
+    e = _serve(built, "drafter", N_PROMPTS, MAX_NEW, backend, k_sweep=sweep)
     r = built["eyas"]
+    assert e["backend"] == backend and e["build"]["backend"] == backend, (e["backend"], e["build"])
+    assert (e["device"] == "cpu") == (backend == "cpu"), e["device"]
     assert e["lossless"], e["mismatched_prompts"]
+    # the wall-clock sweep: every k served, lossless, with the drafter's time per step from llama.cpp's own log
+    rows = e["k_sweep"]["rows"]
+    assert sorted(rows, key=int) == [str(k) for k in sorted(set(sweep) | {K})], rows
+    assert all(v["lossless"] and v["speedup"] > 0 and v["draft_ms_per_step"] > 0 and v["verify_ms_per_step"] > 0
+               for v in rows.values()), rows
+    assert str(e["k_sweep"]["recommended_k"]) == max(rows, key=lambda k: rows[k]["speedup"]), e["k_sweep"]
+    assert rows[str(K)]["accept_len"] == e["accept_len"]  # k = K is the main run itself
     assert e["accepted"] > 0 and e["drafted"] >= e["accepted"]
     a = agreement(e["per_prompt"], r["per_prompt"])
     assert a["compared"] >= N_PROMPTS - 1, a  # F32 weights in both: the greedy outputs are the same
@@ -175,10 +208,10 @@ def test_the_engine_serves_the_drafter_losslessly_at_eyas_acceptance(built):
     assert _eyas(built, CONTROL_PROMPTS, CONTROL_NEW)["accept_len"] > 2.5
 
 
-def _served_control(built, name: str) -> tuple[dict, dict, dict]:
+def _served_control(built, name: str, backend: str) -> tuple[dict, dict, dict]:
     """The control served for its short requests: (engine figures, eyas' for the same requests,
     their agreement), the agreement checked on every request (equal outputs)."""
-    e = _serve(built, name, CONTROL_PROMPTS, CONTROL_NEW)
+    e = _serve(built, name, CONTROL_PROMPTS, CONTROL_NEW, backend)
     r = _eyas(built, CONTROL_PROMPTS, CONTROL_NEW)
     assert e["lossless"], e["mismatched_prompts"]  # a bad drafter slows the engine but never changes its output
     a = agreement(e["per_prompt"], r["per_prompt"])
@@ -186,20 +219,33 @@ def _served_control(built, name: str) -> tuple[dict, dict, dict]:
     return e, r, a
 
 
-def test_shifted_aux_layers_fall_to_acceptance_near_one_and_fail_the_agreement(built):
+def test_shifted_aux_layers_fall_to_acceptance_near_one_and_fail_the_agreement(built, backend):
     gguf = built["tmp"] / "shifted.gguf"
     with pytest.raises(ServeMismatchError, match=r"target_layers \[1, 2, 3\] != .*\[2, 15, 27\]"):
         require_served_as_trained(gguf, built["tmp"] / "drafter", 30)  # eyas refuses it before serving
-    e, r, a = _served_control(built, "shifted")
+    e, r, a = _served_control(built, "shifted", backend)
     assert e["accept_len"] < 0.6 * r["accept_len"], (e["accept_len"], r["accept_len"])
     assert e["accept_len"] < 1.6, e["accept_len"]
     assert a["ok"] is False, a
 
 
-def test_a_scrambled_d2t_falls_to_acceptance_near_one(built):
+def test_a_scrambled_d2t_falls_to_acceptance_near_one(built, backend):
     gguf = built["tmp"] / "scrambled.gguf"
     with pytest.raises(ServeMismatchError, match=r"d2t .* agrees with .* at \d+ of 512 draft positions"):
         require_served_as_trained(gguf, built["tmp"] / "drafter", 30)
-    e, r, a = _served_control(built, "scrambled")
+    e, r, a = _served_control(built, "scrambled", backend)
     assert e["accept_len"] < 1.3, e["accept_len"]
     assert a["ok"] is False, a
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _have_cuda_engine(), reason=NO_CUDA)
+def test_the_cuda_build_refuses_to_serve_without_a_gpu(built, monkeypatch):
+    """llama.cpp's CUDA build with no device visible runs every layer on the CPU without an error; eyas
+    refuses that start by the log's offload lines (negative control: the same start with the GPU visible
+    passes, in the tests above)."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    with pytest.raises(EngineError, match=r"did not put every layer on a GPU"):
+        with LlamaServer(built["tmp"] / "target.gguf", None, k=K, threads=2, ctx=256,
+                         log=built["tmp"] / "no_gpu.log", backend="cuda"):
+            pass

@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 import shutil
 import socket
 import subprocess
@@ -40,6 +41,18 @@ from eyas.data.serving import ServerError, http_json
 ENGINE = "llama.cpp llama-server (llama-cpp-python 0.3.36 sources), --spec-type draft-eagle3"
 """What the engine block names: the pinned sources of scripts/build_llama_server.sh."""
 
+BACKENDS = {"cpu": "llama-server", "cuda": "llama-server-cuda"}
+"""The binary of each backend, as scripts/build_llama_server.sh installs them (``--cuda`` for the second)."""
+
+DEVICES = ("auto", "cpu", "cuda")
+"""params ``serve.device``: ``auto`` serves on the GPU when torch sees one (:func:`resolve_backend`)."""
+
+MIN_EXACT_SHARE = 0.8
+"""The least share of compared prompts whose verify steps equal eyas' exactly (:func:`agreement`): a
+drafter served as trained agrees exactly on nearly every prompt; one the engine reads off (its default
+aux layers, another backend's numerics) on few, while most of its prompts can stay inside the per-prompt
+tolerance (docs/serving.md gives the measurements this threshold comes from)."""
+
 STEP_TOLERANCE = 0.1
 """Per prompt with equal greedy outputs: the engine's verify steps may differ from eyas' by at most
 ``max(1, ceil(STEP_TOLERANCE * steps))`` (:func:`agreement` says why)."""
@@ -50,16 +63,60 @@ class EngineError(RuntimeError):
     server log's last lines."""
 
 
-def server_binary() -> Path:
-    """``llama-server`` beside pip's console scripts (where scripts/build_llama_server.sh installs
-    it), else on PATH. Raises EngineError naming the build script when neither has it."""
-    exe = Path(sysconfig.get_path("scripts")) / "llama-server"
+def server_binary(backend: str = "cpu") -> Path:
+    """The backend's binary (:data:`BACKENDS`: ``llama-server`` or ``llama-server-cuda``) beside pip's
+    console scripts (where scripts/build_llama_server.sh installs it), else on PATH.
+
+    Raises:
+        EngineError: neither has it (names the build command), or ``backend`` is not in :data:`BACKENDS`.
+    """
+    if backend not in BACKENDS:
+        raise EngineError(f"unknown llama.cpp backend {backend!r}: one of {sorted(BACKENDS)}")
+    name = BACKENDS[backend]
+    exe = Path(sysconfig.get_path("scripts")) / name
     if exe.is_file():
         return exe
-    found = shutil.which("llama-server")
+    found = shutil.which(name)
     if found is None:
-        raise EngineError("llama-server is not installed: run `bash scripts/build_llama_server.sh`")
+        how = "bash scripts/build_llama_server.sh" + (" --cuda" if backend == "cuda" else "")
+        raise EngineError(f"{name} is not installed: run `{how}`"
+                          + (" (no GPU needed to build), or set params serve.device: cpu" if backend == "cuda" else ""))
     return Path(found)
+
+
+def build_info(backend: str = "cpu") -> dict:
+    """The build record scripts/build_llama_server.sh writes beside the backend's binary
+    (``<binary>.eyas-build.json``: ``sources``, ``llama_cpp_commit``, ``backend``, ``cmake_flags``,
+    ``cuda_toolkit``), with ``binary`` (its path) added. A binary without a record (built by other
+    means) gives ``{"binary", "backend", "record": None}``: its figures say they come from an unknown build.
+
+    Raises:
+        EngineError: as :func:`server_binary`, or a record that is not a JSON object (names the file).
+    """
+    exe = server_binary(backend)
+    f = exe.with_name(exe.name + ".eyas-build.json")
+    if not f.is_file():
+        return {"binary": str(exe), "backend": backend, "record": None}
+    try:
+        rec = json.loads(f.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise EngineError(f"{f}: unreadable build record ({e}); rebuild: `bash scripts/build_llama_server.sh"
+                          f"{' --cuda' if backend == 'cuda' else ''}`") from None
+    if not isinstance(rec, dict):
+        raise EngineError(f"{f}: the build record is {type(rec).__name__}, not a JSON object")
+    return {**rec, "binary": str(exe)}
+
+
+def resolve_backend(device: str) -> str:
+    """params ``serve.device`` (:data:`DEVICES`) as a backend of :data:`BACKENDS`: ``auto`` is ``cuda``
+    when torch sees a CUDA device, else ``cpu``. Raises ValueError for another value (names the key)."""
+    if device not in DEVICES:
+        raise ValueError(f"params serve.device: {device!r} is not one of {DEVICES}")
+    if device != "auto":
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _free_port() -> int:
@@ -77,23 +134,36 @@ class LlamaServer:
         k: ``--spec-draft-n-max``; ``--spec-draft-p-min 0`` so every step drafts k tokens, as eyas'
             chain does (llama.cpp's default stops a draft at a low-probability token).
         threads: ``-t`` (CPU threads). ctx: ``-c``, the context length in tokens.
+        backend: ``cpu`` or ``cuda`` (:data:`BACKENDS`). On ``cuda`` every layer of the target and of
+            the drafter is offloaded (``-ngl 999``, ``-ngld 999``) and the start is checked in the log:
+            llama.cpp's CUDA build falls back to the CPU, silently, where it finds no device or
+            offloads fewer layers.
+    Attributes (after the start): ``device`` (the GPU's name from ggml's device list, or ``"cpu"``),
+        ``offload`` (``[(offloaded, layers)]`` per model, as llama.cpp logs them; empty on the CPU).
     Raises:
         EngineError: the binary is missing or cannot be started, the server exits, or is not
-            healthy within ``startup_s`` seconds (the message holds the command and the log's tail).
-            Whatever ends the start (these, an interrupt), the process is stopped first: none is
-            left behind.
+            healthy within ``startup_s`` seconds (the message holds the command and the log's tail),
+            or on ``cuda`` a model is not wholly on the GPU. Whatever ends the start (these, an
+            interrupt), the process is stopped first: none is left behind.
     """
 
     def __init__(self, model: Path, draft: Path | None, *, k: int, threads: int, ctx: int, log: Path,
-                 startup_s: float = 300.0):
-        self.cmd = [str(server_binary()), "-m", str(model), "--host", "127.0.0.1", "--port", str(_free_port()),
+                 backend: str = "cpu", startup_s: float = 300.0):
+        self.backend = backend
+        self.cmd = [str(server_binary(backend)), "-m", str(model), "--host", "127.0.0.1", "--port", str(_free_port()),
                     "-c", str(ctx), "-np", "1", "-t", str(threads), "--no-webui", "--metrics"]
+        if backend == "cuda":
+            self.cmd += ["-ngl", "999"]
         if draft is not None:
+            # -lv 4: the speculative statistics (draft calls and their time) at each request's end
             self.cmd += ["-md", str(draft), "--spec-type", "draft-eagle3", "--spec-draft-n-max", str(k),
-                         "--spec-draft-n-min", "0", "--spec-draft-p-min", "0"]
+                         "--spec-draft-n-min", "0", "--spec-draft-p-min", "0", "-lv", "4"]
+            if backend == "cuda":
+                self.cmd += ["-ngld", "999"]
         self.url = f"http://127.0.0.1:{self.cmd[self.cmd.index('--port') + 1]}"
         self.log, self.startup_s = log, startup_s
         self.proc: subprocess.Popen | None = None
+        self.device, self.offload = "cpu", []
 
     def _tail(self) -> str:
         try:
@@ -111,6 +181,8 @@ class LlamaServer:
                                   f"rebuild it: `bash scripts/build_llama_server.sh`") from None
         try:
             self._wait_healthy()
+            if self.backend == "cuda":
+                self._check_on_gpu()
         except BaseException:  # an exit, a timeout, Ctrl-C, a reply no HTTP client expects: stop it first
             self.__exit__(None, None, None)
             raise
@@ -130,6 +202,38 @@ class LlamaServer:
             time.sleep(0.25)
         raise EngineError(f"llama-server not healthy after {self.startup_s:.0f} s ({' '.join(self.cmd)}):\n"
                           f"{self._tail()}")
+
+    def _check_on_gpu(self) -> None:
+        """The CUDA start as llama.cpp logs it (ggml-cuda's ``Device 0: NAME, compute capability``,
+        llama-model's ``offloaded N/M layers to GPU`` per model): a device and every layer on it. The
+        log is written by a worker thread, so its lines are awaited a few seconds."""
+        want = 2 if "-md" in self.cmd else 1
+        deadline = time.monotonic() + 10
+        while True:
+            text = self.log.read_text(errors="replace")
+            dev = re.search(r"Device 0: ([^,\n]+), compute capability", text)
+            self.offload = [(int(a), int(b)) for a, b in re.findall(r"offloaded (\d+)/(\d+) layers to GPU", text)]
+            if (dev is not None and len(self.offload) >= want) or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        if dev is None or len(self.offload) < want or any(a != b for a, b in self.offload):
+            raise EngineError(f"llama-server-cuda did not put every layer on a GPU ({' '.join(self.cmd)}): device "
+                              f"{dev.group(1) if dev else 'none found'}, offloaded {self.offload} (layers on GPU / "
+                              f"layers, per model; the target first). Serve on the CPU with params serve.device: cpu, "
+                              f"or make the GPU visible (CUDA_VISIBLE_DEVICES).\n{self._tail()}")
+        self.device = dev.group(1).strip()
+
+    def draft_stats(self) -> dict | None:
+        """The drafter's counters over every request after the first (the warm-up), from the speculative
+        statistics lines llama.cpp logs, cumulative, at each request's end (``common_speculative_print_stats``
+        in common/speculative.cpp, at ``-lv 4``): ``draft_calls`` and ``draft_ms`` (drafting time, ms).
+        Read it once the server has stopped (its log is then complete). None with fewer than two lines
+        (no drafter, or one request)."""
+        rows = re.findall(r"statistics\s+draft-eagle3: #calls\(b,g,a\) = +(\d+) +(\d+) +(\d+).*?"
+                          r"dur\(b,g,a\) = ([\d.]+), ([\d.]+), ([\d.]+) ms", self.log.read_text(errors="replace"))
+        if len(rows) < 2:
+            return None
+        return {"draft_calls": int(rows[-1][1]) - int(rows[0][1]), "draft_ms": float(rows[-1][4]) - float(rows[0][4])}
 
     def __exit__(self, *exc) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -246,40 +350,84 @@ def pooled(per_prompt: list[dict]) -> dict:
             "tokens_per_second": sum(m["new_tokens"] for m in per_prompt) / (ms / 1000) if ms > 0 else None}
 
 
+def _serve(target_gguf: Path, drafter_gguf: Path | None, prompts: list[list[int]], *, k: int, max_new_tokens: int,
+           threads: int, ctx: int, backend: str, log: Path) -> tuple[list[dict], dict]:
+    """One server's run: a short warm-up request (its first decodes pay for CUDA graphs, cuBLAS, page
+    faults), then every prompt; returns the replies and ``{"device", "draft"}`` (:meth:`LlamaServer.draft_stats`
+    over the prompts, read after the server stopped)."""
+    with LlamaServer(target_gguf, drafter_gguf, k=k, threads=threads, ctx=ctx, log=log, backend=backend) as s:
+        s.complete(prompts[0], min(8, max_new_tokens))
+        replies = [s.complete(p, max_new_tokens) for p in prompts]
+    return replies, {"device": s.device, "draft": s.draft_stats() if drafter_gguf is not None else None}
+
+
+def _with_drafter(plain: list[dict], spec: list[dict], prefill: list[int], draft: dict | None) -> dict:
+    """The figures of one run with the drafter against the plain run of the same prompts: :func:`pooled`,
+    ``tokens_per_second_plain``, ``speedup``, ``lossless``/``mismatched_prompts``, the time per step
+    (``draft_ms_per_step``: the drafter's, from llama.cpp's statistics; ``verify_ms_per_step``: the rest of
+    the decode wall time per verify step) and ``per_prompt``."""
+    per_prompt = [request_metrics(r, d) for r, d in zip(spec, prefill)]
+    out = pooled(per_prompt)
+    tps_plain = pooled([request_metrics(r, d) for r, d in zip(plain, prefill)])["tokens_per_second"]
+    out["tokens_per_second_plain"] = tps_plain
+    out["speedup"] = out["tokens_per_second"] / tps_plain if out["tokens_per_second"] and tps_plain else None
+    steps, ms = out["verify_steps"], sum(m["predicted_ms"] for m in per_prompt)
+    out["draft_ms_per_step"] = draft["draft_ms"] / draft["draft_calls"] if draft and draft["draft_calls"] else None
+    out["verify_ms_per_step"] = ((ms - draft["draft_ms"]) / steps if draft and steps else None)
+    bad = [i for i, (a, b) in enumerate(zip(plain, spec)) if a["tokens"] != b["tokens"]]
+    out["lossless"], out["mismatched_prompts"] = not bad, bad
+    out["per_prompt"] = per_prompt
+    return out
+
+
 def serve_benchmark(target_gguf: Path, drafter_gguf: Path, prompts: list[list[int]], *, k: int,
-                    max_new_tokens: int, threads: int, log_dir: Path) -> dict:
-    """Serve ``prompts`` (token ids) with the target alone, then with the drafter, greedy.
+                    max_new_tokens: int, threads: int, log_dir: Path, backend: str = "cpu",
+                    k_sweep: list[int] | tuple[int, ...] = ()) -> dict:
+    """Serve ``prompts`` (token ids) with the target alone, then with the drafter, greedy, at batch 1
+    (one slot); with ``k_sweep``, once more with the drafter at each other k listed.
 
     Args:
         target_gguf: the target as llama.cpp serves it. drafter_gguf: the eagle3 GGUF.
         k: drafts per step. max_new_tokens: ``n_predict``. threads: CPU threads of the server.
-        log_dir: the two servers' logs (``plain.log``, ``eagle3.log``).
+        log_dir: the servers' logs (``plain.log``, ``eagle3.log``, ``eagle3_k<k>.log``).
+        backend: ``cpu`` or ``cuda`` (:class:`LlamaServer`).
+        k_sweep: the k values of the wall-clock sweep (``k`` itself is taken from the main run); empty:
+            no sweep.
     Returns:
-        ``target_gguf`` (its file name), ``accept_len``, ``verify_steps``, ``accepted``,
-        ``drafted``, ``tokens_per_second`` (with the drafter), ``tokens_per_second_plain``,
-        ``speedup`` (their ratio: the engine's wall-clock speedup), ``lossless`` (every output
-        equals the engine's own greedy output) with ``mismatched_prompts``, and ``per_prompt``
-        (:func:`request_metrics`).
+        ``target_gguf`` (its file name), ``backend``, ``device`` (the GPU's name, or ``cpu``), ``build``
+        (:func:`build_info`), ``accept_len``, ``verify_steps``, ``accepted``, ``drafted``,
+        ``tokens_per_second`` (with the drafter), ``tokens_per_second_plain``, ``plain_ms_per_token``,
+        ``speedup`` (their ratio: the engine's wall-clock speedup), ``draft_ms_per_step``,
+        ``verify_ms_per_step``, ``lossless`` (every output equals the engine's own greedy output) with
+        ``mismatched_prompts``, ``per_prompt`` (:func:`request_metrics`) and, with a sweep, ``k_sweep``:
+        ``{"rows": {k: {accept_len, tokens_per_second, speedup, draft_ms_per_step, verify_ms_per_step,
+        lossless}}, "recommended_k"}`` (the k of the highest speedup: the engine's own choice).
     Raises:
         EngineError: as :class:`LlamaServer`.
-        ValueError: ``prompts`` is empty.
+        ValueError: ``prompts`` is empty, or a k is below 1.
     """
     if not prompts:
         raise ValueError(f"serve_benchmark: no prompts to serve with {drafter_gguf}")
-    ctx = max(len(p) for p in prompts) + max_new_tokens + k + 8
-    with LlamaServer(target_gguf, None, k=k, threads=threads, ctx=ctx, log=log_dir / "plain.log") as s:
-        plain = [s.complete(p, max_new_tokens) for p in prompts]
-    with LlamaServer(target_gguf, drafter_gguf, k=k, threads=threads, ctx=ctx, log=log_dir / "eagle3.log") as s:
-        spec = [s.complete(p, max_new_tokens) for p in prompts]
+    ks = sorted(set(k_sweep) | {k}) if k_sweep else [k]
+    if ks[0] < 1:
+        raise ValueError(f"serve_benchmark: k must be >= 1, got {ks[0]} (k_sweep {list(k_sweep)})")
+    ctx = max(len(p) for p in prompts) + max_new_tokens + max(ks) + 8
+    kw = {"max_new_tokens": max_new_tokens, "threads": threads, "ctx": ctx, "backend": backend}
+    plain, info = _serve(target_gguf, None, prompts, k=k, log=log_dir / "plain.log", **kw)
     prefill = [prompt_decodes(r) for r in plain]
-    per_prompt = [request_metrics(r, d) for r, d in zip(spec, prefill)]
-    out = {"target_gguf": Path(target_gguf).name, **pooled(per_prompt)}
-    tps_plain = pooled([request_metrics(r, d) for r, d in zip(plain, prefill)])["tokens_per_second"]
-    out["tokens_per_second_plain"] = tps_plain
-    out["speedup"] = out["tokens_per_second"] / tps_plain if out["tokens_per_second"] and tps_plain else None
-    bad = [i for i, (a, b) in enumerate(zip(plain, spec)) if a["tokens"] != b["tokens"]]
-    out["lossless"], out["mismatched_prompts"] = not bad, bad
-    out["per_prompt"] = per_prompt
+    runs = {}
+    for kk in ks:
+        spec, sinfo = _serve(target_gguf, drafter_gguf, prompts, k=kk, **kw,
+                             log=log_dir / ("eagle3.log" if kk == k else f"eagle3_k{kk}.log"))
+        runs[kk] = _with_drafter(plain, spec, prefill, sinfo["draft"])
+    out = {"target_gguf": Path(target_gguf).name, "backend": backend, "device": info["device"],
+           "build": build_info(backend), **runs[k]}
+    out["plain_ms_per_token"] = 1000 / out["tokens_per_second_plain"] if out["tokens_per_second_plain"] else None
+    if k_sweep:
+        rows = {str(kk): {key: r[key] for key in ("accept_len", "tokens_per_second", "speedup", "draft_ms_per_step",
+                                                  "verify_ms_per_step", "lossless")} for kk, r in runs.items()}
+        best = max(runs, key=lambda kk: runs[kk]["speedup"] or 0.0)
+        out["k_sweep"] = {"rows": rows, "recommended_k": best}
     return out
 
 
@@ -294,11 +442,14 @@ def agreement(engine_per_prompt: list[dict], eyas_per_prompt: list[dict]) -> dic
     boundaries, a few steps' worth; a wrong aux layer, d2t or norm moves nearly every step (the
     acceptance falls toward 1). So each prompt's verify steps must agree within
     ``max(1, ceil(STEP_TOLERANCE * eyas_steps))``, and the pooled acceptance lengths within the
-    same fraction.
+    same fraction. A near-miss (the engine's default aux layers, another backend's numerics) can keep
+    most prompts inside that tolerance while few agree exactly, so at least :data:`MIN_EXACT_SHARE` of the
+    compared prompts must have exactly eyas' verify steps.
 
     Returns:
         ``compared`` (prompts with equal outputs), ``equal_outputs`` (their indices),
-        ``exact`` (prompts with equal verify steps), ``outside_tolerance`` (``[{prompt,
+        ``exact`` (prompts with equal verify steps), ``exact_share`` (``exact / compared``; None
+        without compared prompts), ``outside_tolerance`` (``[{prompt,
         engine_steps, eyas_steps, allowed}]``), ``accept_len_engine`` / ``accept_len_eyas`` pooled
         over the compared prompts, ``tolerance`` (its rule), ``ok`` (True / False; ``None`` when no
         prompt could be compared: the check did not run, and it must not read as passed) and
@@ -325,15 +476,18 @@ def agreement(engine_per_prompt: list[dict], eyas_per_prompt: list[dict]) -> dic
     a_engine = accept_len([engine_per_prompt[i] for i in same])
     a_eyas = accept_len([eyas_per_prompt[i] for i in same])
     pooled_ok = a_engine is None or a_eyas is None or abs(a_engine - a_eyas) <= STEP_TOLERANCE * a_eyas
+    share = exact / len(same) if same else None
     unchecked = None if same else (
         "no prompts to compare" if not eyas_per_prompt else
         f"none of the {len(eyas_per_prompt)} prompts has the same greedy output in llama.cpp as in eyas: the engine "
         f"may not serve the weights eyas evaluates (models/target_gguf/target.gguf vs target.dtype)")
-    return {"compared": len(same), "equal_outputs": same, "exact": exact, "outside_tolerance": outside,
-            "accept_len_engine": a_engine, "accept_len_eyas": a_eyas,
+    return {"compared": len(same), "equal_outputs": same, "exact": exact, "exact_share": share,
+            "outside_tolerance": outside, "accept_len_engine": a_engine, "accept_len_eyas": a_eyas,
             "tolerance": f"per prompt |steps - eyas steps| <= max(1, ceil({STEP_TOLERANCE} x eyas steps)); "
-                         f"pooled acceptance within {STEP_TOLERANCE:.0%}",
-            "ok": None if unchecked else not outside and pooled_ok, "unchecked": unchecked}
+                         f"pooled acceptance within {STEP_TOLERANCE:.0%}; at least {MIN_EXACT_SHARE:.0%} of the "
+                         f"compared prompts with exactly eyas' verify steps",
+            "ok": None if unchecked else not outside and pooled_ok and share >= MIN_EXACT_SHARE,
+            "unchecked": unchecked}
 
 
 def disagreement_message(name: str, bench: str, a: dict) -> str:
@@ -343,7 +497,8 @@ def disagreement_message(name: str, bench: str, a: dict) -> str:
                      f"(allowed +-{o['allowed']})" for o in a["outside_tolerance"][:5])
     return (f"eval {name} {bench}: llama.cpp's acceptance {a['accept_len_engine']} disagrees with eyas' "
             f"{a['accept_len_eyas']} on {a['compared']} prompts with equal greedy outputs ({a['tolerance']}): "
-            f"{rows}. Likely causes: the aux layer ids the GGUF reads (eagle3.target_layers vs the features' "
+            f"{a['exact']} of {a['compared']} agree exactly; {rows or 'none outside the per-prompt tolerance'}. "
+            f"Likely causes: the aux layer ids the GGUF reads (eagle3.target_layers vs the features' "
             f"aux_layers), the d2t mapping, the norm flags (norm_before_residual, norm_before_fc), RoPE "
-            f"(rope_theta / rope_scaling) or the context length; `eyas inspect` on the GGUF shows what llama.cpp "
-            f"uses")
+            f"(rope_theta / rope_scaling), the context length, or the backend's numerics (a CUDA build against the "
+            f"CPU one: serve both, params serve.device); `eyas inspect` on the GGUF shows what llama.cpp uses")
