@@ -118,7 +118,7 @@ if [ $CUDA = 1 ] && ! cuda_ok; then
   LOCAL=${CUDA_HOME:-/usr/local/cuda}
   if [ -x "$LOCAL/bin/nvcc" ] && [ -f "$LOCAL/include/cublas_v2.h" ] \
      && ls "$LOCAL"/lib*/libcublas.so >/dev/null 2>&1; then
-    TK=$LOCAL TOOLKIT="local $LOCAL, $("$LOCAL/bin/nvcc" --version | grep -o 'V[0-9.]*' | head -1)"
+    TK=$LOCAL TOOLKIT="local $LOCAL, $("$LOCAL/bin/nvcc" --version | grep -o 'V[0-9][0-9.]*' | head -1)"
   else
     TK=$DATA_DIR/cuda-13.0/nvidia/cu13
     if [ ! -x "$TK/bin/nvcc" ] || [ "$(cat "$DATA_DIR/cuda-13.0/eyas-wheels" 2>/dev/null)" != "$CUDA_WHEELS" ]; then

@@ -107,6 +107,26 @@ def build_info(backend: str = "cpu") -> dict:
     return {**rec, "binary": str(exe)}
 
 
+def cuda_device(exe: Path) -> str:
+    """The first CUDA device's name as the CUDA build lists it (``llama-server-cuda --list-devices``:
+    ``  CUDA0: NAME (TOTAL MiB, FREE MiB free)``, common/arg.cpp ``common_print_available_devices``).
+
+    Raises:
+        EngineError: the binary cannot run, or lists no CUDA device (no GPU visible:
+            ``CUDA_VISIBLE_DEVICES``, or the driver is missing).
+    """
+    try:
+        r = subprocess.run([str(exe), "--list-devices"], capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise EngineError(f"cannot run {exe} --list-devices: {type(e).__name__}: {e}") from None
+    m = re.search(r"^\s*CUDA0: (.+?) \(\d+ MiB", r.stdout, re.MULTILINE)
+    if m is None:
+        raise EngineError(f"{exe} sees no CUDA device (--list-devices: {r.stdout.strip()!r}, exit {r.returncode}): "
+                          f"make a GPU visible (CUDA_VISIBLE_DEVICES), or serve on the CPU with params serve.device: "
+                          f"cpu\n{r.stderr.strip()[-600:]}")
+    return m.group(1).strip()
+
+
 def resolve_backend(device: str) -> str:
     """params ``serve.device`` (:data:`DEVICES`) as a backend of :data:`BACKENDS`: ``auto`` is ``cuda``
     when torch sees a CUDA device, else ``cpu``. Raises ValueError for another value (names the key)."""
@@ -134,36 +154,39 @@ class LlamaServer:
         k: ``--spec-draft-n-max``; ``--spec-draft-p-min 0`` so every step drafts k tokens, as eyas'
             chain does (llama.cpp's default stops a draft at a low-probability token).
         threads: ``-t`` (CPU threads). ctx: ``-c``, the context length in tokens.
-        backend: ``cpu`` or ``cuda`` (:data:`BACKENDS`). On ``cuda`` every layer of the target and of
-            the drafter is offloaded (``-ngl 999``, ``-ngld 999``) and the start is checked in the log:
-            llama.cpp's CUDA build falls back to the CPU, silently, where it finds no device or
-            offloads fewer layers.
-    Attributes (after the start): ``device`` (the GPU's name from ggml's device list, or ``"cpu"``),
-        ``offload`` (``[(offloaded, layers)]`` per model, as llama.cpp logs them; empty on the CPU).
+        backend: ``cpu`` or ``cuda`` (:data:`BACKENDS`). On ``cuda`` the target and the drafter are
+            put on the first CUDA device by name, every layer (``-dev CUDA0 -ngl 999``, ``-devd CUDA0
+            -ngld 999``): llama.cpp's CUDA build otherwise falls back to the CPU, silently, where it
+            finds no device; named, a missing device stops the start.
+    Attributes: ``device`` (the GPU's name as ``--list-devices`` gives it, or ``"cpu"``), and after the
+        start ``offload`` (``[(offloaded, layers)]`` per model, as llama.cpp logs them at ``-lv 4``).
     Raises:
         EngineError: the binary is missing or cannot be started, the server exits, or is not
             healthy within ``startup_s`` seconds (the message holds the command and the log's tail),
-            or on ``cuda`` a model is not wholly on the GPU. Whatever ends the start (these, an
-            interrupt), the process is stopped first: none is left behind.
+            or on ``cuda`` no CUDA device is visible or a model is not wholly on it. Whatever ends the
+            start (these, an interrupt), the process is stopped first: none is left behind.
     """
 
     def __init__(self, model: Path, draft: Path | None, *, k: int, threads: int, ctx: int, log: Path,
                  backend: str = "cpu", startup_s: float = 300.0):
         self.backend = backend
-        self.cmd = [str(server_binary(backend)), "-m", str(model), "--host", "127.0.0.1", "--port", str(_free_port()),
-                    "-c", str(ctx), "-np", "1", "-t", str(threads), "--no-webui", "--metrics"]
+        exe = server_binary(backend)
+        # -lv 4: llama.cpp's own INFO lines (the layers offloaded) and the speculative statistics (draft
+        # calls and their time) at each request's end
+        self.cmd = [str(exe), "-m", str(model), "--host", "127.0.0.1", "--port", str(_free_port()),
+                    "-c", str(ctx), "-np", "1", "-t", str(threads), "--no-webui", "--metrics", "-lv", "4"]
+        self.device, self.offload = "cpu", []
         if backend == "cuda":
-            self.cmd += ["-ngl", "999"]
+            self.device = cuda_device(exe)
+            self.cmd += ["-dev", "CUDA0", "-ngl", "999"]
         if draft is not None:
-            # -lv 4: the speculative statistics (draft calls and their time) at each request's end
             self.cmd += ["-md", str(draft), "--spec-type", "draft-eagle3", "--spec-draft-n-max", str(k),
-                         "--spec-draft-n-min", "0", "--spec-draft-p-min", "0", "-lv", "4"]
+                         "--spec-draft-n-min", "0", "--spec-draft-p-min", "0"]
             if backend == "cuda":
-                self.cmd += ["-ngld", "999"]
+                self.cmd += ["-devd", "CUDA0", "-ngld", "999"]
         self.url = f"http://127.0.0.1:{self.cmd[self.cmd.index('--port') + 1]}"
         self.log, self.startup_s = log, startup_s
         self.proc: subprocess.Popen | None = None
-        self.device, self.offload = "cpu", []
 
     def _tail(self) -> str:
         try:
@@ -204,24 +227,21 @@ class LlamaServer:
                           f"{self._tail()}")
 
     def _check_on_gpu(self) -> None:
-        """The CUDA start as llama.cpp logs it (ggml-cuda's ``Device 0: NAME, compute capability``,
-        llama-model's ``offloaded N/M layers to GPU`` per model): a device and every layer on it. The
-        log is written by a worker thread, so its lines are awaited a few seconds."""
+        """Every layer of each model on the GPU, as llama-model logs it (``offloaded N/M layers to GPU``,
+        an INFO line: ``-lv 4``). The log is written by a worker thread, so its lines are awaited a few
+        seconds; a build that logs none is held to ``-dev CUDA0`` alone."""
         want = 2 if "-md" in self.cmd else 1
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 5
         while True:
             text = self.log.read_text(errors="replace")
-            dev = re.search(r"Device 0: ([^,\n]+), compute capability", text)
             self.offload = [(int(a), int(b)) for a, b in re.findall(r"offloaded (\d+)/(\d+) layers to GPU", text)]
-            if (dev is not None and len(self.offload) >= want) or time.monotonic() > deadline:
+            if len(self.offload) >= want or time.monotonic() > deadline:
                 break
             time.sleep(0.2)
-        if dev is None or len(self.offload) < want or any(a != b for a, b in self.offload):
-            raise EngineError(f"llama-server-cuda did not put every layer on a GPU ({' '.join(self.cmd)}): device "
-                              f"{dev.group(1) if dev else 'none found'}, offloaded {self.offload} (layers on GPU / "
-                              f"layers, per model; the target first). Serve on the CPU with params serve.device: cpu, "
-                              f"or make the GPU visible (CUDA_VISIBLE_DEVICES).\n{self._tail()}")
-        self.device = dev.group(1).strip()
+        if any(a != b for a, b in self.offload):
+            raise EngineError(f"llama-server-cuda did not put every layer on {self.device} ({' '.join(self.cmd)}): "
+                              f"offloaded {self.offload} (layers on the GPU / layers, per model; the target first)\n"
+                              f"{self._tail()}")
 
     def draft_stats(self) -> dict | None:
         """The drafter's counters over every request after the first (the warm-up), from the speculative
