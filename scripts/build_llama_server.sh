@@ -20,18 +20,20 @@
 # x86-64; no AVX-512 or AMX): a -march=native build dies with SIGILL at its first matmul on a VM whose CPU
 # reports AVX-512 and AMX it cannot run.
 #
-#   bash scripts/build_llama_server.sh [--cuda] [--cuda-arch LIST] [--sources DIR]
+#   bash scripts/build_llama_server.sh [--cuda] [--cuda-arch LIST] [--sources DIR] [--configure-only]
 #
 # --sources DIR: build from the sdist already unpacked at DIR (its PKG-INFO must name this version), for a
 # machine that reaches no package index; the sdist's models/, docs/ and UI may be left out of that copy.
+# --configure-only (with --cuda): configure the CUDA build, print CMake's CUDA lines, and stop (tests/ run it).
 set -euo pipefail
 VERSION=0.3.36
 CUDA_WHEELS="nvidia-cuda-nvcc==13.0.88 nvidia-nvvm==13.0.88 nvidia-cuda-runtime==13.0.96 nvidia-cuda-cccl==13.0.85
   nvidia-cuda-crt==13.0.88 nvidia-cublas==13.0.2.14"
-CUDA=0 ARCH=90 SOURCES=""
+CUDA=0 ARCH=90 SOURCES="" CONFIGURE_ONLY=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --cuda) CUDA=1 ;;
+    --configure-only) CONFIGURE_ONLY=1 ;;
     --cuda-arch) [ $# -ge 2 ] || { echo "build_llama_server.sh: --cuda-arch needs a value (e.g. 90)" >&2; exit 2; }
                  ARCH=$2; shift ;;
     --sources) [ $# -ge 2 ] || { echo "build_llama_server.sh: --sources needs a directory" >&2; exit 2; }
@@ -44,6 +46,7 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
+[ $CONFIGURE_ONLY = 0 ] || [ $CUDA = 1 ] || { echo "build_llama_server.sh: --configure-only needs --cuda" >&2; exit 2; }
 [[ "$ARCH" =~ ^[0-9]+[a-z]?(-real|-virtual)?(\;[0-9]+[a-z]?(-real|-virtual)?)*$ ]] \
   || { echo "build_llama_server.sh: --cuda-arch '$ARCH' is not a CMAKE_CUDA_ARCHITECTURES list (e.g. 90 or '89;90')" >&2; exit 2; }
 BIN_DIR=$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')
@@ -72,7 +75,7 @@ cuda_ok() { [ -x "$BIN_DIR/llama-server-cuda" ] && [ -n "$(built_as llama-server
               not r["sources"].startswith("llama-cpp-python=="+sys.argv[3]+" "))' \
               "$BIN_DIR/llama-server-cuda.eyas-build.json" "$CUDA_FLAGS" "$VERSION"; }
 converter_ok() { [ "$(cat "$CONVERTER_DIR/eyas-version" 2>/dev/null)" = "$VERSION" ]; }
-if cpu_ok && converter_ok && { [ $CUDA = 0 ] || cuda_ok; }; then
+if [ $CONFIGURE_ONLY = 0 ] && cpu_ok && converter_ok && { [ $CUDA = 0 ] || cuda_ok; }; then
   exit 0
 fi
 
@@ -89,7 +92,7 @@ SRC="$SOURCES/vendor/llama.cpp"
 COMMIT=$(awk -v v="## [$VERSION]" '$0==v {f=1; next} /^## \[/ {f=0} f && match($0, /ggml-org\/llama\.cpp@[0-9a-f]+/) \
   {print substr($0, RSTART+19, RLENGTH-19); exit}' "$SOURCES/CHANGELOG.md")
 
-if ! converter_ok; then
+if [ $CONFIGURE_ONLY = 0 ] && ! converter_ok; then
   rm -rf "$CONVERTER_DIR.tmp" && mkdir -p "$CONVERTER_DIR.tmp"
   cp -r "$SRC/convert_hf_to_gguf.py" "$SRC/conversion" "$SRC/gguf-py" "$SRC/LICENSE" "$CONVERTER_DIR.tmp/"
   echo "$VERSION" > "$CONVERTER_DIR.tmp/eyas-version"
@@ -103,6 +106,9 @@ build() {  # build NAME FLAGS TOOLKIT [EXTRA CMAKE ARGS...]: configure, build, i
   # shellcheck disable=SC2086
   cmake -S "$SRC" -B "$WORK/build-$name" $COMMON $flags "$@" > "$WORK/cmake-$name.log" 2>&1 \
     || { tail -40 "$WORK/cmake-$name.log"; exit 1; }  # its warnings (no web UI: none is built) stay in the log
+  if [ $CONFIGURE_ONLY = 1 ]; then
+    grep -i "cuda" "$WORK/cmake-$name.log"; echo "configured: $name ($toolkit)"; exit 0
+  fi
   cmake --build "$WORK/build-$name" --target llama-server -j "$(nproc)" > "$WORK/build-$name.log" 2>&1 \
     || { tail -40 "$WORK/build-$name.log"; exit 1; }
   install -m 755 "$WORK/build-$name/bin/llama-server" "$BIN_DIR/$name.tmp"
@@ -111,9 +117,9 @@ build() {  # build NAME FLAGS TOOLKIT [EXTRA CMAKE ARGS...]: configure, build, i
   rm -f "$BIN_DIR/$name.eyas-version"  # the record's predecessor
 }
 
-cpu_ok || build llama-server "$CPU_FLAGS" ""
+[ $CONFIGURE_ONLY = 1 ] || cpu_ok || build llama-server "$CPU_FLAGS" ""
 
-if [ $CUDA = 1 ] && ! cuda_ok; then
+if [ $CUDA = 1 ] && { [ $CONFIGURE_ONLY = 1 ] || ! cuda_ok; }; then
   # the toolkit: a local one with nvcc and cuBLAS, else the pinned wheels (no GPU needed either way)
   LOCAL=${CUDA_HOME:-/usr/local/cuda}
   if [ -x "$LOCAL/bin/nvcc" ] && [ -f "$LOCAL/include/cublas_v2.h" ] \
