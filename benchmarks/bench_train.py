@@ -1,6 +1,6 @@
 """Training throughput of eyas' TTT step for a Llama-3.1-8B-shaped EAGLE-3 drafter.
 
-Shapes as the peer benchmark (vLLM's speculators 0.9.0 trainer step; benchmarks/README.md): hidden
+Shapes as the peer benchmark (vLLM's speculators 0.9.0 trainer step; dev/README.md): hidden
 4096, 32/8 heads, head_dim 128, intermediate 14336, target vocab 128256, draft vocab 32000; packed
 documents (2048 tokens/step: 1024+640+384; 8192: 2048+1536+1024+1024+1024+768+512+256 packed into
 rows of 2048, eyas' row length); bf16 autocast, fp32 master weights, AdamW, grad clip, cosine

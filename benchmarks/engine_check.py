@@ -12,7 +12,7 @@ llama-server ``--spec-type draft-eagle3`` exactly as the stage's engine block do
 the ones the eval recorded (stages.eval_accept_len.report_engine, eyas.eval.llamacpp.agreement).
 
 So the GPU profile needs no llama.cpp time on the GPU machine: its eval runs with ``serve.engine: none``
-(benchmarks/levers/eval.yaml) and this script serves the drafter afterwards, on any machine with
+(dev/levers/eval.yaml) and this script serves the drafter afterwards, on any machine with
 llama-server (scripts/build_llama_server.sh) or beside the next training on the GPU machine's idle cores.
 
 Writes ``--out`` (atomically): ``drafter``, ``eval`` (the metrics file read), ``k``, ``threads``,

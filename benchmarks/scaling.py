@@ -28,12 +28,13 @@ Flags:
   --root DIR        the workspace holding params.yaml, data/ and models/ (default: this repo)
   --train-only      train the missing drafters of --arms and stop (no target is loaded)
   --no-train        measure only the drafters already trained (the rest is listed as not_trained)
+  --out FILE        the result JSON (default scaling_cpu.json)
   --threads T       torch threads per process (default 1); missing arms train as parallel
                     processes, one per arm
 
     OMP_NUM_THREADS=1 python benchmarks/scaling.py --sizes 60 120 240 --reuse-240
 
-writes benchmarks/results/scaling_cpu.json.
+writes ``--out`` (default ``scaling_cpu.json``).
 """
 
 from __future__ import annotations
@@ -64,7 +65,6 @@ from eyas.training.unroll import TTTUnroll, evaluate  # noqa: E402
 from eyas.vocab.mapping import load_mapping  # noqa: E402
 
 ARMS = ("scratch", "finetune")
-RESULTS = Path(__file__).resolve().parent / "results"
 CPU = torch.device("cpu")
 # manifest fields ShardWriter.finish computes itself
 _COMPUTED = {"format_version", "num_samples", "num_tokens", "supervised_tokens", "storage_dtype", "shards",
@@ -338,6 +338,7 @@ def main() -> None:
     ap.add_argument("--train-only", action="store_true")
     ap.add_argument("--no-train", action="store_true")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--out", type=Path, default=Path("scaling_cpu.json"))
     a = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     torch.set_num_threads(a.threads)
@@ -394,9 +395,9 @@ def main() -> None:
                         "lr": p.lr, "seed": p.seed, "train": vars(p.train), "train_finetune": vars(p.train_finetune),
                         "eval": vars(p.eval), "target": p.target.path},
            "rows": rows, "not_trained": missing}
-    write_json(RESULTS / "scaling_cpu.json", doc)
+    write_json(a.out, doc)
     print(markdown_table(rows, k))
-    print(f"wrote {RESULTS / 'scaling_cpu.json'}")
+    print(f"wrote {a.out}")
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ Subcommands:
         The table of every config key SGLang, vLLM or llama.cpp reads for an EAGLE-3 drafter, where,
         and what eyas does with it (eyas/export/engine_keys.py), as Markdown.
     eyas compare [--experiment NAME] [--limit N] [--all-params] [--out FILE.md] [--tracking-uri URI]
-    eyas compare --metrics DIR [DIR ...]   committed results side by side (metrics/ vs metrics/h200/)
+    eyas compare --metrics DIR [DIR ...]   committed results side by side (metrics/ vs dev/records/h200/)
         The latest pipeline runs (DVC experiments) side by side from MLflow: key params, val acc_0,
         accept_len per benchmark and the n-gram floor, as Markdown (eyas/pipeline/compare.py). Exit status
         2 when there is no store or no such experiment, 1 when it holds no pipeline run, else 0.
@@ -168,7 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
     cmp.add_argument("--out", default=None, help="also write the table to this Markdown file")
     cmp.add_argument("--metrics", nargs="+", default=None, metavar="DIR",
                      help="compare committed metrics directories instead of MLflow runs "
-                          "(e.g. --metrics metrics metrics/h200)")
+                          "(e.g. --metrics metrics dev/records/h200)")
     cmp.add_argument("--tracking-uri", default=None,
                      help="MLflow store (default: $MLFLOW_TRACKING_URI, else sqlite:///<repo root>/mlflow.db)")
     cmp.set_defaults(func=_compare)

@@ -78,7 +78,7 @@ def test_metrics_dir_params_come_from_the_locks_not_the_edited_params_yaml(tmp_p
     lines = compare_dirs(["other"]).splitlines()
     assert "| `vocab.draft_vocab_size` | 512 |" in lines and "| params file | params.yaml |" in lines
 
-    # a lever run's directory brings its own params.yaml (benchmarks/h200_profile.sh results.tgz): its recipe keys
+    # a lever run's directory brings its own params.yaml (dev/gpu/h200_profile.sh results.tgz): its recipe keys
     (tmp_path / "lever").mkdir()
     (tmp_path / "lever" / "params.yaml").write_text(
         "data:\n  code_packages: [sympy, dvc]\ndistill:\n  max_prompt_tokens: 640\nextract:\n  max_length: 768\n"

@@ -2,8 +2,8 @@
 
 The package move (eyas/ in packages by concept) left module names such as ``eyas.tracking``,
 ``eyas/train.py`` or ``python -m eyas.preset`` in a few docs and docstrings; those now fail with
-ModuleNotFoundError. Every ``eyas.<a>.<b>`` and ``eyas/<path>`` in the docs (docs/LOG.md excepted:
-it is history), the READMEs, and the sources under eyas/, stages/, scripts/ and benchmarks/ must
+ModuleNotFoundError. Every ``eyas.<a>.<b>`` and ``eyas/<path>`` in the docs, the READMEs (dev/LOG.md and
+dev/CHANGELOG.md excepted: they are history), and the sources under eyas/, stages/, scripts/, benchmarks/ and dev/ must
 resolve to a module, a name defined in that module, or a file. MLflow tag and GGUF key names that
 start with ``eyas.`` are listed in :data:`NOT_MODULES`. The checker is shown to flag old names.
 """
@@ -49,10 +49,11 @@ def _dotted_ok(root: Path, name: str) -> bool:
 
 
 def stale_refs(root: Path) -> list[str]:
-    files = [p for p in (root / "docs").glob("*.md") if p.name != "LOG.md"]
-    files += [root / "README.md", root / "benchmarks" / "README.md", *(root / f for f in PIPELINES)]
-    for d in ("eyas", "stages", "scripts", "benchmarks"):
-        files += sorted((root / d).rglob("*.py")) + sorted((root / d).glob("*.sh"))
+    files = sorted((root / "docs").glob("*.md"))
+    files += [root / "README.md", root / "benchmarks" / "README.md", root / "dev" / "README.md",
+              *(root / f for f in PIPELINES)]
+    for d in ("eyas", "stages", "scripts", "benchmarks", "dev"):
+        files += sorted((root / d).rglob("*.py")) + sorted((root / d).rglob("*.sh"))
     out = []
     for f in files:
         if not f.is_file():
@@ -82,7 +83,8 @@ def test_the_checker_flags_the_old_module_names(tmp_path):
         "`python3 -m eyas.preset`, eyas/train.py, eyas/formats/, `from eyas.tracking import x`,\n"
         "eyas.pipeline.tracking.no_such_fn; fine: eyas.pipeline.tracking.start_stage_run,\n"
         "eyas/pipeline/tracking.py, tag eyas.reused.<stage>\n")
-    (tmp_path / "docs" / "LOG.md").write_text("history may keep eyas/train.py\n")
+    (tmp_path / "dev").mkdir()
+    (tmp_path / "dev" / "LOG.md").write_text("history may keep eyas/train.py\n")
     assert stale_refs(tmp_path) == [
         "docs/x.md:1: eyas.preset", "docs/x.md:1: eyas.tracking", "docs/x.md:1: eyas/train.py",
         "docs/x.md:1: eyas/formats/", "docs/x.md:2: eyas.pipeline.tracking.no_such_fn"]

@@ -123,3 +123,35 @@ def test_checker_flags_an_upward_import_injected_into_a_copy(tmp_path):
     assert upward_imports(graph) == ["eyas.target.layers -> eyas.pipeline (target < pipeline)",  # its __init__
                                      "eyas.target.layers -> eyas.pipeline.tracking (target < pipeline)"]
     assert package_cycles(graph)  # tracking reaches target through the params schema's imports
+
+
+# the product's folders: dev/ (the lab) may import from them, never the reverse
+PRODUCT_DIRS = ("eyas", "stages", "benchmarks", "scripts", "tests")
+
+
+def imports_of_the_lab(root: Path) -> list[str]:
+    """Every import of the lab's package ``dev`` (``import dev``, ``from dev.bench import x``) from a
+    Python file under :data:`PRODUCT_DIRS`, as ``'path: module'``."""
+    out = []
+    for d in PRODUCT_DIRS:
+        for f in sorted((root / d).rglob("*.py")):
+            mods = stage_deps._imported_modules(f, ".".join(f.relative_to(root).with_suffix("").parts))
+            out += [f"{f.relative_to(root)}: {m}" for m in sorted(mods) if m == "dev" or m.startswith("dev.")]
+    return out
+
+
+def test_the_product_imports_nothing_from_the_lab():
+    assert imports_of_the_lab(ROOT) == []
+    # the lab does import the product (so the check above is one way, not a ban on the name)
+    assert "benchmarks.bench_train" in stage_deps._imported_modules(ROOT / "dev" / "bench" / "peer_speculators.py",
+                                                                    "dev.bench.peer_speculators")
+
+
+def test_checker_flags_an_import_of_the_lab_injected_into_a_copy(tmp_path):
+    """Negative control: a product file that imports dev/, top level or inside a function."""
+    (tmp_path / "stages").mkdir()
+    (tmp_path / "benchmarks").mkdir()
+    (tmp_path / "stages" / "x.py").write_text("def f():\n    from dev.bench.common import RESULTS\n")
+    (tmp_path / "benchmarks" / "y.py").write_text("import dev\nimport devtools\n")
+    assert imports_of_the_lab(tmp_path) == ["stages/x.py: dev.bench.common", "stages/x.py: dev.bench.common.RESULTS",
+                                            "benchmarks/y.py: dev"]

@@ -276,7 +276,16 @@ def _dvc_rewritten(tmp_path: Path) -> Path:
     return f
 
 
-@pytest.mark.parametrize("lever", ["code", "data2x"])
+# presets that replace the list with a shorter and with a longer one wrapped over two lines
+LIST_PRESETS = {
+    "six": "data:\n  code_prompts: 6800\n  code_packages: [more_itertools, boltons, networkx, sympy, mlflow, dvc]\n",
+    "fourteen": ("data:\n  max_conversations: 1840\n  code_prompts: 10700\n"
+                 "  code_packages: [more_itertools, boltons, networkx, sympy, mlflow, dvc, dulwich,\n"
+                 "                  sqlalchemy, pydantic, rich, jinja2, werkzeug, git, fsspec]\n"),
+}
+
+
+@pytest.mark.parametrize("lever", sorted(LIST_PRESETS))
 def test_a_lever_sets_a_list_that_dvc_wrote_in_block_style(tmp_path, lever):
     """The list is replaced whole, from after the key's colon to its last item, on the key's line and
     before the key's comment (its column kept where the value leaves room); no item line is left."""
@@ -284,7 +293,8 @@ def test_a_lever_sets_a_list_that_dvc_wrote_in_block_style(tmp_path, lever):
     before = f.read_text()
     key_line = next(line for line in before.splitlines() if line.startswith("  code_packages:"))
     assert f"{key_line}\n\n  - more_itertools\n  - boltons\n  - networkx\n  - sympy\n" in before  # DVC's layout
-    pre = ROOT / "benchmarks" / "levers" / f"{lever}.yaml"
+    pre = tmp_path / f"{lever}.yaml"
+    pre.write_text(LIST_PRESETS[lever])
     assert preset.main([str(pre), "--params", str(f), "--write", str(f)]) == 0
     after = f.read_text()
     packages = preset.load_preset(pre)["data"]["code_packages"]

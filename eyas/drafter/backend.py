@@ -20,7 +20,7 @@ reference definitions the CPU tests check). On CUDA:
   plain eager torch everywhere: no Triton kernels and no CUDA graphs either, whatever their flags
   say (the debugging mode).
 - ``compile_layers``: with ``compile``, also compile the decoder layer's two halves around
-  attention (``false``: those stay eager; an ablation, benchmarks/README.md).
+  attention (``false``: those stay eager; an ablation, dev/README.md).
 - ``triton``: the Triton kernels of :mod:`eyas.drafter.kernels` for the head loss, the diagonal
   merge and the SwiGLU gating, when Triton is importable (``false``: their torch definitions,
   compiled).

@@ -385,7 +385,7 @@ def write(text: str, out: str | Path) -> Path:
 
 
 # ---------------------------------------------------------------------------------------------
-# committed results: metrics directories (metrics/, metrics/h200/) instead of MLflow
+# committed results: metrics directories (metrics/, dev/records/h200/) instead of MLflow
 
 # (label, metrics file, path of keys in it)
 DIR_ROWS: list[tuple[str, str, tuple]] = [
@@ -421,7 +421,7 @@ def _engine_apart(fname: str, keys: tuple) -> tuple[str, tuple] | None:
 
 # the metrics files compare_dirs reads (the served tables: eval_<drafter>.json; llama.cpp apart: engine_<drafter>.json)
 READ_FILES = frozenset(f for _, f, _ in DIR_ROWS) | {alt[0] for _, f, k in DIR_ROWS if (alt := _engine_apart(f, k))}
-# the recipe keys a lever changes (benchmarks/levers/*.yaml): data, training contexts, TTT, eval
+# the recipe keys a lever changes (dev/levers/*.yaml): data, training contexts, TTT, eval
 DIR_PARAMS = ("data.max_conversations", "data.code_prompts", "data.code_packages", "distill.turns",
               "distill.max_new_tokens", "distill.max_prompt_tokens", "extract.max_length", "vocab.draft_vocab_size",
               "train.loss_tokens", "train.batch_tokens", "train.epochs", "train.ttt_length",
@@ -630,7 +630,7 @@ def compare_dirs(dirs: list[str], params_default: str | Path = "params.yaml", ro
 
     Each directory holds the stage metrics a pipeline run writes (``train_scratch.json``,
     ``eval_scratch.json``, ...); its params are ``<dir>/params.yaml`` when present (the exact
-    params a run elsewhere used, e.g. ``metrics/h200/params.yaml``), else those the workspace's
+    params a run elsewhere used, e.g. ``dev/records/h200/params.yaml``), else those the workspace's
     lock files under ``root`` (``dvc.lock``, ``finetune/dvc.lock``, ...) recorded for the stages that
     wrote the directory's files (:func:`lock_params`: ``params.yaml`` may have changed since, e.g. a
     quick trial's or an edit not yet reproduced), else ``params_default``. The llama.cpp rows come from

@@ -9,7 +9,7 @@ apply`` of another experiment) brings the committed ones back::
 
 Where DVC is not installed (e.g. a GPU machine without a registry), ``--write params.yaml``
 merges the preset into the file instead and the stages run in DAG order by hand
-(``scripts/gpu_profile.sh``): only the values the preset changes are rewritten (keys it adds go at
+(``dev/gpu/gpu_profile.sh``): only the values the preset changes are rewritten (keys it adds go at
 the end of their section), every other line keeps its comments, spelling and line ending; a symbolic
 link is written through to its file, whose mode, owner and group the new file keeps. A file that is
 read-only, has other hard links (they would keep the old params), lies under /dev or /proc (a

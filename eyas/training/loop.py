@@ -193,7 +193,7 @@ def clip_in_step(opt: torch.optim.Optimizer, max_norm: float) -> torch.Tensor:
     back (the hook ``torch.amp.GradScaler`` uses: ``pytorch/pytorch: torch/optim/adam.py``,
     ``_fused_adam``), so the gradients are not read and written once more only to be scaled
     (0.66 ms per step for the 8B drafter's 268M fp32 gradients on an H200:
-    ``benchmarks/results/profile_train.json``). The norm is over every parameter of every group
+    ``dev/results/profile_train.json``). The norm is over every parameter of every group
     that has a gradient, the set the scale applies to. Equal to clipping first up to float32
     rounding (tests/test_clip.py).
 
