@@ -41,3 +41,18 @@ def test_readme_recipes_are_the_drivers(tmp_path):
     r = subprocess.run(["bash", str(REPO / "dev" / "gpu" / "device.sh"), "nope"], cwd=REPO, capture_output=True,
                        text=True, timeout=60, env={"PATH": "/usr/bin:/bin", "OUT": str(tmp_path)})
     assert r.returncode == 2 and "train 2048|8192" in r.stderr  # unknown recipe: the usage, nothing run
+
+
+def log_dates_out_of_order(text: str) -> list[str]:
+    """The headings of a log (``## YYYY-MM-DD · ...``) whose date is later than the heading's above
+    it: newest first, every entry dated."""
+    heads = [h for h in text.splitlines() if h.startswith("## ")]
+    bad = [h for h in heads if not re.match(r"## \d{4}-\d\d-\d\d · ", h)]
+    dates = [h[3:13] for h in heads if h not in bad]
+    return bad + [f"{b} after {a}" for a, b in zip(dates, dates[1:]) if b > a]
+
+
+def test_the_log_is_newest_first():
+    assert log_dates_out_of_order((REPO / "dev" / "LOG.md").read_text()) == []
+    # negative control: an older entry above a newer one, and an undated one
+    assert log_dates_out_of_order("## 2026-12-04 · a\n## 2026-12-06 · b\n## c\n") == ["## c", "2026-12-06 after 2026-12-04"]
