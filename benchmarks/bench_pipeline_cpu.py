@@ -56,8 +56,8 @@ from pathlib import Path
 import psutil
 
 from eyas import yaml12
+from eyas.params.full import ParamsError
 from eyas.pipeline import preset
-from eyas.training.params import ParamsError
 
 REPO = Path(__file__).resolve().parent.parent
 MIB = 2**20

@@ -44,10 +44,10 @@ import torch  # noqa: E402
 from benchmarks.common import PEAK_BF16_TFLOPS, count_host_syncs, median, sync, timed, write_result  # noqa: E402
 from eyas.drafter.backend import ATTENTION, Backend  # noqa: E402
 from eyas.drafter.model import DrafterConfig, Eagle3Drafter  # noqa: E402
+from eyas.params.full import load_params  # noqa: E402
 from eyas.training.batches import Batch, autocast  # noqa: E402
 from eyas.training.graphed import GraphedTTT  # noqa: E402
 from eyas.training.loop import clip_in_step  # noqa: E402
-from eyas.training.params import load_params  # noqa: E402
 from eyas.training.unroll import TTTUnroll, ttt_forward  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -365,7 +365,7 @@ def main():
     a = ap.parse_args()
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     c = config(a.tiny)
-    backend = load_params(REPO / "params.yaml").train.backend
+    backend = Backend.of(load_params(REPO / "params.yaml").train.backend)
     backend = dataclasses.replace(backend, attention=a.attention or backend.attention,
                                   compile=backend.compile and not a.no_compile,
                                   compile_layers=backend.compile_layers and not a.no_compile_layers,

@@ -52,15 +52,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
+from eyas.drafter.backend import Backend  # noqa: E402
 from eyas.export.eagle import save_drafter  # noqa: E402
 from eyas.export.load import load_drafter  # noqa: E402
 from eyas.features import FeatureStore, ShardWriter, check_compatible, head_path  # noqa: E402
 from eyas.io import load_safetensors, read_json, sha256_file, write_json  # noqa: E402
+from eyas.params.full import load_params  # noqa: E402
 from eyas.pipeline.tracking import Tracker  # noqa: E402
 from eyas.training import checkpoint  # noqa: E402
 from eyas.training.batches import PackedLoader, head_rows_for  # noqa: E402
 from eyas.training.loop import new_drafter, step0_gate, train_drafter  # noqa: E402
-from eyas.training.params import load_params  # noqa: E402
 from eyas.training.unroll import TTTUnroll, evaluate  # noqa: E402
 from eyas.vocab.mapping import load_mapping  # noqa: E402
 
@@ -208,7 +209,7 @@ def val_metrics(drafter, root: Path, p, head: dict) -> dict:
     loader = PackedLoader(val, p.train.batch_tokens, p.seed, shuffle=False)
     with torch.no_grad():
         unroll = TTTUnroll(drafter, head_rows_for(head["lm_head"], drafter), p.train.ttt_length,
-                           p.train.step_decay, p.train.backend)
+                           p.train.step_decay, Backend.of(p.train.backend))
         return evaluate(unroll, loader, CPU)
 
 

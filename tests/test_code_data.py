@@ -28,7 +28,7 @@ from eyas.data.code import (
     usable_functions,
 )
 from eyas.data.conversations import DataError
-from eyas.training.params import ParamsError, parse_params
+from eyas.params.full import ParamsError, parse_params
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -12,7 +12,7 @@ from transformers import GenerationConfig
 from eyas.data.conversations import DataError, read_jsonl, write_jsonl
 from eyas.data.distill import Journal, fit_prompt, generate_batch, plan_prompts, regenerate, turn_prompts
 from eyas.eval.speculative import greedy_generate
-from eyas.training.params import ParamsError, load_params
+from eyas.params.full import ParamsError, load_params
 from stages import self_distill
 from tests.tiny import VOCAB, tiny_target
 

@@ -1,7 +1,7 @@
 """DVC experiments, the queue and MLflow working together, with the REAL dvc and mlflow CLIs.
 
 A tiny three-stage pipeline in a temporary git + DVC repo (no model, trivial work) whose stage
-scripts use the real ``eyas.training.params`` (typed params), ``eyas.pipeline.tracking`` (MLflow store anchored at
+scripts use the real ``eyas.params`` (typed params), ``eyas.pipeline.tracking`` (MLflow store anchored at
 ``$DVC_ROOT``, parent/child runs) and ``eyas.pipeline.plots`` (PNG artifacts)::
 
     prepare-data (params: data) -> train-scratch (params: lr) -> eval-accept-len@scratch
@@ -41,9 +41,9 @@ import yaml
 mlflow = pytest.importorskip("mlflow")
 from mlflow import MlflowClient  # noqa: E402
 
+from eyas.params.full import parse_params  # noqa: E402
 from eyas.pipeline import compare as eyas_compare  # noqa: E402
 from eyas.pipeline import plots, tracking  # noqa: E402
-from eyas.training.params import parse_params  # noqa: E402
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 QUEUE_TIMEOUT_S = 240
@@ -90,7 +90,7 @@ PREPARE = '''\
 """Stage prepare-data: reads params `data`."""
 import json
 from pathlib import Path
-from eyas.training.params import load_params
+from eyas.params.full import load_params
 from eyas.pipeline.tracking import start_stage_run
 
 p = load_params()  # an unknown key or a wrong type fails HERE, before any compute
@@ -107,7 +107,7 @@ TRAIN = '''\
 """Stage train-scratch: reads params `lr` (top level); a fake curve that depends on lr."""
 import json, math
 from pathlib import Path
-from eyas.training.params import load_params
+from eyas.params.full import load_params
 from eyas.pipeline.plots import ttt_curves_figure
 from eyas.pipeline.tracking import start_stage_run
 
@@ -135,7 +135,7 @@ EVALUATE = '''\
 """Stage eval-accept-len@<drafter>: reads out/model.json; no params."""
 import json, sys
 from pathlib import Path
-from eyas.training.params import load_params
+from eyas.params.full import load_params
 from eyas.pipeline.plots import accept_len_figure
 from eyas.pipeline.tracking import start_stage_run
 
@@ -252,7 +252,7 @@ def test_exp_run_set_param_reruns_only_lr_stages(repo):
     assert yaml.safe_load((repo / "params.yaml").read_text())["lr"] == "5e-05"
     lock = yaml.safe_load((repo / "dvc.lock").read_text())
     assert lock["stages"]["train-scratch"]["params"]["params.yaml"]["lr"] == "5e-05"
-    # ... and eyas.training.params hands the stage a float
+    # ... and eyas.params hands the stage a float
     model = json.loads((repo / "out" / "model.json").read_text())
     assert model["lr"] == 5e-05 and model["lr_type"] == "float"
     assert json.loads((repo / "metrics" / "train.json").read_text())["lr"] == 5e-05

@@ -17,8 +17,9 @@ from eyas.pipeline import stage_deps
 ROOT = Path(__file__).resolve().parents[1]
 
 # Lowest first. "ground": eyas.io (atomic files, hashes), eyas.features (the feature store),
-# eyas.yaml12 (params YAML read as DVC reads it) and eyas/__init__; "cli" sits on top.
-LAYERS = ("ground", "target", "data", "vocab", "drafter", "training", "export", "eval", "pipeline", "cli")
+# eyas.yaml12 (params YAML read as DVC reads it) and eyas/__init__; "params": the params schema, one module per
+# section; "cli" sits on top.
+LAYERS = ("ground", "params", "target", "data", "vocab", "drafter", "training", "export", "eval", "pipeline", "cli")
 GROUND = {"eyas", "eyas.io", "eyas.features", "eyas.yaml12"}
 
 

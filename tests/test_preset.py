@@ -17,8 +17,8 @@ from dvc.utils.hydra import apply_overrides
 from dvc.utils.serialize import parse_yaml
 
 from eyas import yaml12
+from eyas.params.full import flatten
 from eyas.pipeline import preset
-from eyas.training.params import flatten
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -455,7 +455,8 @@ def test_a_dotted_or_hyphenated_key_is_named_at_its_own_line(tmp_path, capsys):
     assert preset.main([str(pre), "--params", str(params)]) == 2
     assert capsys.readouterr().err == (f"eyas.pipeline.preset: error: {params}: line 2: key 'train.epochs' has a "
                                        f"dot in its name; params nest each section's keys:\ntrain:\n  epochs: 4\n")
-    merged = "train: &t {epochs: 2, eval_every: 10}\nstand_in:\n  <<: *t\n  lr.x: 1\n"  # a merge key shifts no key's place
+    # a merge key shifts no key's place
+    merged = "train: &t {epochs: 2, eval_every: 10}\nstand_in:\n  <<: *t\n  lr.x: 1\n"
     params, pre = _files(tmp_path, pre=merged)
     assert preset.main([str(pre), "--params", str(params)]) == 2
     assert capsys.readouterr().err.startswith(f"eyas.pipeline.preset: error: {pre}: line 4: key 'lr.x' has a dot")

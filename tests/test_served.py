@@ -75,8 +75,8 @@ def test_compare_shows_the_served_table(tmp_path, monkeypatch):
     of the served table and the serving verdict."""
     import json
 
+    from eyas.params.full import parse_params
     from eyas.pipeline import compare, tracking
-    from eyas.training.params import parse_params
 
     root = tmp_path / "repo"
     root.mkdir()

@@ -35,9 +35,9 @@ mlflow = pytest.importorskip("mlflow")
 psycopg2 = pytest.importorskip("psycopg2", reason="psycopg2 is absent (pip install -e '.[team]')")
 from mlflow import MlflowClient  # noqa: E402
 
+from eyas.params.full import parse_params  # noqa: E402
 from eyas.pipeline import compare as eyas_compare  # noqa: E402
 from eyas.pipeline import team_tracking, tracking  # noqa: E402
-from eyas.training.params import parse_params  # noqa: E402
 from tests.test_experiments import DVC_YAML as QUEUE_DVC_YAML  # noqa: E402
 from tests.test_experiments import EVALUATE, LR_STAGES, PARAMS_YAML, PREPARE, TRAIN, ran_stages  # noqa: E402
 

@@ -94,8 +94,8 @@ def test_a_store_url_mlflow_cannot_use_stops_the_stage_and_compare_before_anythi
     """Was: "answers" for foo://, a ValueError traceback for a port out of range, and `eyas compare`
     a traceback for both. Now StoreError / one `eyas compare: error:` line naming the URL."""
     from eyas.cli import main as cli_main
+    from eyas.params.full import parse_params
     from eyas.pipeline import tracking
-    from eyas.training.params import parse_params
 
     _no_store_env(monkeypatch, tmp_path)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
@@ -111,8 +111,8 @@ def test_system_metrics_switch_that_mlflow_cannot_read_stops_before_any_run(monk
     created (a FAILED run left behind); now a StoreError naming the variable, and no run."""
     from mlflow import MlflowClient
 
+    from eyas.params.full import parse_params
     from eyas.pipeline import tracking
-    from eyas.training.params import parse_params
 
     _no_store_env(monkeypatch, tmp_path)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)

@@ -13,9 +13,9 @@ import yaml
 from dvc.utils.serialize import parse_yaml
 
 from eyas import yaml12
+from eyas.params.full import ParamsError, load_params
 from eyas.pipeline import preset
 from eyas.training import launch
-from eyas.training.params import ParamsError, load_params
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -45,13 +45,15 @@ import torch  # noqa: E402
 from benchmarks.bench_train import DOCS, TINY_DOCS, config, make_batch  # noqa: E402
 from benchmarks.common import median, timed  # noqa: E402
 from dev.bench.common import RESULTS, write_result  # noqa: E402
+from eyas.drafter.backend import Backend  # noqa: E402
 from eyas.drafter.model import Eagle3Drafter  # noqa: E402
+from eyas.params.full import load_params  # noqa: E402
 from eyas.training import distributed as du  # noqa: E402
 from eyas.training.batches import Batch, autocast  # noqa: E402
-from eyas.training.params import load_params  # noqa: E402
 from eyas.training.unroll import TTTUnroll, supervised_counts  # noqa: E402
 
 BACKEND = load_params(Path(__file__).resolve().parents[2] / "params.yaml").train.backend
+BACKEND = Backend.of(BACKEND)
 
 
 def slice_rows(b: Batch, rows) -> Batch:

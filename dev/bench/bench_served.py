@@ -24,8 +24,8 @@ from eyas.data.conversations import chat_prompts, humaneval_prompts, read_jsonl 
 from eyas.data.distill import fit_prompt  # noqa: E402
 from eyas.eval.served import evaluate_served  # noqa: E402
 from eyas.export.load import load_drafter  # noqa: E402
+from eyas.params.full import load_params  # noqa: E402
 from eyas.target.model import load_target  # noqa: E402
-from eyas.training.params import load_params  # noqa: E402
 
 
 def main():

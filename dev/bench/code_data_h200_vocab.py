@@ -19,10 +19,10 @@ from eyas.eval.speculative import evaluate_prompts, greedy_generate
 from eyas.export.eagle import save_drafter
 from eyas.export.load import load_drafter
 from eyas.features import FeatureStore
+from eyas.params.full import load_params
 from eyas.target import layers
 from eyas.target.model import load_target
 from eyas.training.loop import new_drafter, train_drafter
-from eyas.training.params import load_params
 from eyas.vocab.mapping import build_mapping, count_tokens
 from stages.extract import extract_split
 from stages.self_distill import prompt_budget

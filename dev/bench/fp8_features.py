@@ -26,9 +26,9 @@ import torch
 from dev.bench.common import write_result
 from eyas.features import FP8, FeatureStore, ShardWriter, bytes_per_token, dequantize_fp8, head_path, quantize_fp8
 from eyas.io import load_safetensors
+from eyas.params.full import load_params
 from eyas.pipeline.tracking import NoOpTracker
 from eyas.training.loop import new_drafter, train_drafter
-from eyas.training.params import load_params
 from eyas.vocab.mapping import load_mapping
 
 WRITER_KEYS = {"format_version", "num_samples", "num_tokens", "supervised_tokens", "storage_dtype", "shards",

@@ -84,7 +84,7 @@ def parse_args(argv=None):
 
 
 def _params():
-    from eyas.training.params import load_params
+    from eyas.params.full import load_params
 
     return load_params(ROOT / "params.yaml")
 

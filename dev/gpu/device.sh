@@ -90,7 +90,7 @@ specforge_wheels() {  # the second peer: .whl/specforge/ into /tmp/site-sf, besi
     || { echo "SpecForge skipped: it does not import with the carried wheels (see $LOG)" | tee -a "$LOG"; return 1; }
 }
 
-eyas_deps() {  # eyas' own dependencies the device lacks, from .devcarry/w (eyas.training.params reads params with ruamel.yaml)
+eyas_deps() {  # eyas' own dependencies the device lacks, from .devcarry/w (eyas.params reads params with ruamel.yaml)
   python3 -c "import ruamel.yaml" 2>/dev/null && return 0
   if ! ls .devcarry/w/*.whl >/dev/null 2>&1; then
     echo "ruamel.yaml does not import here: carry .devcarry/w with its wheel (this file's header)" | tee -a "$LOG"; exit 2

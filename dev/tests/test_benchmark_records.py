@@ -55,4 +55,5 @@ def log_dates_out_of_order(text: str) -> list[str]:
 def test_the_log_is_newest_first():
     assert log_dates_out_of_order((REPO / "dev" / "LOG.md").read_text()) == []
     # negative control: an older entry above a newer one, and an undated one
-    assert log_dates_out_of_order("## 2026-12-04 · a\n## 2026-12-06 · b\n## c\n") == ["## c", "2026-12-06 after 2026-12-04"]
+    assert log_dates_out_of_order("## 2026-12-04 · a\n## 2026-12-06 · b\n## c\n") == [
+        "## c", "2026-12-06 after 2026-12-04"]

@@ -115,4 +115,5 @@ def test_a_park_with_a_file_missing_leaves_the_parked_set_as_it_was(tmp_path):
     # negative control: with every file carried, park replaces the set (c's without distilled data drops the old one)
     r = _run(tmp_path, "park", cwd=repo)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert {p.name: p.read_text() for p in gg.iterdir()} == dict.fromkeys(("part.aa", "llama-server.xz", "conv.tgz"), "new")
+    assert {p.name: p.read_text() for p in gg.iterdir()} == dict.fromkeys((
+        "part.aa", "llama-server.xz", "conv.tgz"), "new")

@@ -590,7 +590,7 @@ def lock_params(root: Path, metrics_dir: Path,
     Raises:
         CompareError: a lock is not valid YAML or not DVC's layout (named).
     """
-    from eyas.training.params import flatten
+    from eyas.params.schema import flatten
 
     where = metrics_dir.resolve()
     values: dict[str, dict[str, list[str]]] = {}  # key -> repr(value) -> stages
@@ -650,7 +650,7 @@ def compare_dirs(dirs: list[str], params_default: str | Path = "params.yaml", ro
             verdict that is not true, false or null. The message names the directory, the file and
             the key path.
     """
-    from eyas.training.params import flatten
+    from eyas.params.schema import flatten
 
     cols = []
     for d in dirs:

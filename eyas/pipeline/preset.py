@@ -15,7 +15,7 @@ link is written through to its file, whose mode, owner and group the new file ke
 read-only, has other hard links (they would keep the old params), lies under /dev or /proc (a
 device, or a stream of this process such as /dev/stdout) or exists and is not the ``--params``
 file and not empty (its contents would be lost) is refused. Either way the merged params
-pass the schema (eyas/training/params.py) first, so a misspelt preset key fails before any compute;
+pass the schema (eyas/params/) first, so a misspelt preset key fails before any compute;
 an error names the line of the key at fault, in the preset or, for a value it leaves alone, in the
 params file.
 DVC parses each ``-S`` value with Hydra's override grammar, not YAML, so values are written in it
@@ -48,7 +48,7 @@ from ruamel.yaml import YAML
 from ruamel.yaml.nodes import MappingNode, Node, SequenceNode
 
 from eyas import yaml12
-from eyas.training.params import ParamsError, flatten, key_lines, parse_params
+from eyas.params.full import ParamsError, flatten, key_lines, parse_params
 
 __all__ = ["load_preset", "merge", "set_args"]
 
@@ -146,7 +146,7 @@ def merge(base: dict, preset: dict, source: str) -> dict:
     """``base`` (a raw params mapping) with the preset's keys replaced, checked by the schema.
 
     Raises:
-        ParamsError: the merged params fail :func:`eyas.training.params.parse_params` (the message names
+        ParamsError: the merged params fail :func:`eyas.params.full.parse_params` (the message names
             ``source`` and the key), or the preset sets a section to a scalar.
     """
     out = copy.deepcopy(base)

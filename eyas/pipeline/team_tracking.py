@@ -445,7 +445,7 @@ def log_drafter_model(tracker, stage: str, drafter_dir: str | os.PathLike, val: 
         return None
     from mlflow.entities import Metric
 
-    from eyas.training.params import flatten
+    from eyas.params.schema import flatten
 
     d = Path(drafter_dir)
     config = json.loads((d / "config.json").read_text())

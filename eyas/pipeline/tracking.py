@@ -43,8 +43,8 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
+from eyas.params.schema import flatten, params_hash
 from eyas.pipeline.dvcfiles import running_stage
-from eyas.training.params import flatten, params_hash
 
 log = logging.getLogger(__name__)
 

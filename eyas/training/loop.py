@@ -19,8 +19,10 @@ from typing import Callable, Iterator
 import torch
 from transformers import get_cosine_schedule_with_warmup
 
+from eyas.drafter.backend import Backend
 from eyas.drafter.model import Eagle3Drafter
 from eyas.features import FeatureStore
+from eyas.params.train import TrainParams
 from eyas.training import checkpoint as ckpt
 from eyas.training import distributed as dist_utils
 from eyas.training.batches import (
@@ -36,7 +38,6 @@ from eyas.training.batches import (
 )
 from eyas.training.graphed import GraphedTTT
 from eyas.training.online import loader_for
-from eyas.training.params import TrainParams
 from eyas.training.unroll import TTTUnroll, evaluate, supervised_counts
 
 log = logging.getLogger(__name__)
@@ -234,7 +235,7 @@ class Trainer:
                  device: torch.device, rank: int, world: int, val_loader):
         self.drafter, self.tp, self.lr, self.tracker = drafter, tp, lr, tracker
         self.device, self.rank, self.world, self.val_loader = device, rank, world, val_loader
-        self.backend = tp.backend
+        self.backend = Backend.of(tp.backend)
         drafter.to(device).train()
         self.head_rows = head_rows_for(lm_head, drafter).to(device)
         self.eval_unroll = TTTUnroll(drafter, self.head_rows, tp.ttt_length, tp.step_decay, self.backend)
