@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU profile on the lent H200 (no package registry, at most 64 MiB per call): how the
-# committed dev/records/h200/ and dev/records/h200_8c39ff4/ were made (their READMEs name the calls). The embedded target's GGUF (98 MB) travels in two parts over
+# committed dev/records/h200/ and dev/records/h200_2026-12-02/ were made (their READMEs name the calls). The embedded target's GGUF (98 MB) travels in two parts over
 # two calls while the machine is warm; the stages run in $HOME/w ON THE GPU MACHINE (DEV below),
 # outside the synced tree, in DAG order without DVC (dev/gpu/gpu_profile.sh STAGE ...). The carried
 # files (git-ignored), made first on a workstation with the registry:
