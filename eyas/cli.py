@@ -104,7 +104,7 @@ def _compare(args) -> int:
     from eyas.pipeline.compare import CompareError, compare, compare_dirs, write
 
     try:
-        text = (compare_dirs(args.metrics) if args.metrics else
+        text = (compare_dirs(args.metrics, all_params=args.all_params) if args.metrics else
                 compare(args.tracking_uri, args.experiment, args.limit, args.all_params))
         sys.stdout.write(text)
         if args.out:
@@ -164,7 +164,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="MLflow experiment name (default: $MLFLOW_EXPERIMENT_NAME or 'eyas')")
     cmp.add_argument("--limit", type=int, default=8, help="how many latest pipeline runs (0 = all)")
     cmp.add_argument("--all-params", action="store_true",
-                     help="a row for every key param, also those equal in every column")
+                     help="a row for every param, also those equal in every column (without it: lr and the "
+                          "params that differ between the columns; with --metrics: the recipe keys and those)")
     cmp.add_argument("--out", default=None, help="also write the table to this Markdown file")
     cmp.add_argument("--metrics", nargs="+", default=None, metavar="DIR",
                      help="compare committed metrics directories instead of MLflow runs "

@@ -5,9 +5,10 @@ eyas.pipeline.tracking records one *parent* run per pipeline execution (a DVC ex
 ``mlflow.parentRunId``). This module reads them back and renders a Markdown table with one
 column per parent (latest first) and one row per key param / stage metric:
 
-- params (from the parent, flattened dotted keys as in ``dvc exp show``): ``lr`` (the scratch
-  drafter's), ``train_finetune.lr`` and every ``train.*`` key (those equal in every column folded into one
-  line unless ``--all-params``);
+- params (from the parent, flattened dotted keys as in ``dvc exp show``; with ``--metrics``, the
+  directories' recipe keys and those that differ): ``lr`` (the scratch
+  drafter's) and every key whose value differs between the columns, of any section (the others
+  counted in one line under the table; ``--all-params`` gives every key its row);
 - ``train-scratch`` / ``train-finetune``: the final val ``acc_0`` (metric ``final/acc_0``);
 - ``eval-accept-len@<drafter>``: ``chat/accept_len``, ``humaneval/accept_len``; the n-gram
   floor (``<bench>/ngram_accept_len``, independent of the drafter) from either eval child;
@@ -23,8 +24,11 @@ column per parent (latest first) and one row per key param / stage metric:
 A stage DVC skipped (unchanged, or restored from the run-cache) logs no run (docs/dvc-mlflow.md §5);
 its numbers then come from the parent run, where every stage run logs all stages' metrics files
 (``<stage>/<key>``, reused stages tagged ``eyas.reused.<stage>``; eyas.pipeline.team_tracking.sync_parent), and
-a row lists the reused stages. A cell shows ``–`` when neither has the number (``dvc exp show`` has
-them all).
+a row lists the reused stages. A figure shows only under the execution that made or checked it: a stage
+with a run under that parent, or one DVC reused for a stage that ran (upstream of it in the pipeline
+files). The workspace's metrics files of a stage outside the execution (the fine-tune's, under an
+experiment of the default DAG) are not its figures. A cell shows ``–`` when there is no such number
+(``dvc exp show`` has them all).
 
 Run: ``eyas compare [--experiment eyas] [--limit 8] [--all-params] [--out compare.md]``.
 """
@@ -119,6 +123,8 @@ class Pipeline:
     # the parent's own metrics: every stage's numbers as ``<stage>/<key>`` (``@`` as ``:``), reused
     # stages' too (eyas.pipeline.team_tracking.sync_parent)
     parent_metrics: dict[str, float] = field(default_factory=dict)
+    # stage -> the stages upstream of it in the pipeline files (:func:`upstream_stages`)
+    upstream: dict[str, set[str]] = field(default_factory=dict)
 
     def metric(self, stage: str | None, key: str) -> float | None:
         stages = [stage] if stage else [s for s in EVAL_STAGES if s in self.stages] + sorted(self.stages)
@@ -126,22 +132,67 @@ class Pipeline:
             run = self.stages.get(s)
             if run is not None and key in run.data.metrics:
                 return run.data.metrics[key]
+        reused = self.reused()
         for s in [stage] if stage else EVAL_STAGES:  # a stage DVC reused: its numbers on the parent
             v = self.parent_metrics.get(f"{s.replace('@', ':')}/{key}")
-            if v is not None:
+            if v is not None and s in reused:
                 return v
         return None
 
     def reused(self) -> list[str]:
-        """The stages the parent marks reused (tag ``eyas.reused.<stage>`` = ``true``)."""
-        return sorted(k[len("eyas.reused."):].replace(":", "@") for k, v in self.tags.items()
-                      if k.startswith("eyas.reused.") and v == "true")
+        """The stages DVC reused in this execution: tagged ``eyas.reused.<stage>`` = ``true`` by the
+        parent and upstream of a stage that ran under it (a stage outside the execution is tagged
+        too: its metrics file was in the workspace, no run made it)."""
+        ran = set(self.stages)
+        part = set().union(*(self.upstream.get(s, set()) for s in ran)) if ran else set()
+        return sorted(s for k, v in self.tags.items() if k.startswith("eyas.reused.") and v == "true"
+                      for s in [k[len("eyas.reused."):].replace(":", "@")] if s in part)
+
+
+def _upstream(root: str) -> dict[str, set[str]]:
+    """:func:`upstream_stages` of the pipeline files under ``root``.
+
+    Raises:
+        CompareError: a pipeline file DVC would refuse too (naming it)."""
+    import yaml
+
+    try:
+        return upstream_stages(dvcfiles.stages(root))
+    except (ValueError, OSError, yaml.YAMLError) as e:
+        raise CompareError(f"cannot read the pipeline files under {root}: {_first_line(e)}") from None
+
+
+def upstream_stages(stages: dict[str, dict]) -> dict[str, set[str]]:
+    """Stage -> every stage upstream of it (transitively): those whose outputs (``outs``, ``metrics``,
+    ``plots``) are, or lie under or above, one of its ``deps``. ``stages``: eyas.pipeline.dvcfiles.stages."""
+    def parts(p: str) -> tuple[str, ...]:
+        return Path(p).parts
+
+    outs = {}
+    for name, st in stages.items():
+        for key in ("outs", "metrics", "plots"):
+            for o in st.get(key) or []:
+                outs.setdefault(name, []).append(parts(o if isinstance(o, str) else next(iter(o))))
+    direct = {}
+    for name, st in stages.items():
+        deps = [parts(d if isinstance(d, str) else next(iter(d))) for d in st.get("deps") or []]
+        direct[name] = {other for other, os_ in outs.items() if other != name
+                        for o in os_ for d in deps if o[:len(d)] == d or d[:len(o)] == o}
+    out = {}
+    for name in stages:
+        seen, todo = set(), list(direct[name])
+        while todo:
+            s = todo.pop()
+            if s not in seen:
+                seen.add(s)
+                todo += direct.get(s, [])
+        out[name] = seen
+    return out
 
 
 def key_params(params: dict[str, str]) -> list[str]:
-    """The param keys shown: ``lr``, ``train_finetune.lr``, then ``train.*`` sorted."""
-    head = [k for k in ("lr", "train_finetune.lr") if k in params]
-    return head + sorted(k for k in params if k.startswith("train."))
+    """Every param key, ``lr`` first, then sorted."""
+    return [k for k in ("lr",) if k in params] + sorted(k for k in params if k != "lr")
 
 
 def _all_runs(client, experiment_id: str) -> list:
@@ -159,16 +210,17 @@ def _stage_of(run) -> str:
     return run.data.tags.get("dvc.stage") or run.data.tags.get("mlflow.runName") or run.info.run_id
 
 
-def collect(client, experiment_id: str, limit: int = 8) -> list[Pipeline]:
+def collect(client, experiment_id: str, limit: int = 8, upstream: dict[str, set[str]] | None = None) -> list[Pipeline]:
     """The ``limit`` latest parent runs (newest first), each with its latest child per stage
-    (a FINISHED child preferred over a failed or running one)."""
+    (a FINISHED child preferred over a failed or running one); ``upstream``: :func:`upstream_stages`
+    of the pipeline files (none: no reused stage's figure is shown)."""
     runs = _all_runs(client, experiment_id)
     parents = [r for r in runs if PARENT_TAG in r.data.tags and "mlflow.parentRunId" not in r.data.tags]
     parents = parents[:limit] if limit > 0 else parents
     by_id = {p.info.run_id: Pipeline(
         name=p.data.tags.get("mlflow.runName") or p.info.run_id[:8], run_id=p.info.run_id,
         start_time=p.info.start_time or 0, status=p.info.status, params=dict(p.data.params),
-        tags=dict(p.data.tags), parent_metrics=dict(p.data.metrics)) for p in parents}
+        tags=dict(p.data.tags), parent_metrics=dict(p.data.metrics), upstream=upstream or {}) for p in parents}
     for r in runs:  # newest first: keep the first FINISHED child, else the newest
         pipe = by_id.get(r.data.tags.get("mlflow.parentRunId", ""))
         if pipe is None:
@@ -229,8 +281,8 @@ def _cell(s: str) -> str:
 def render_markdown(pipes: list[Pipeline], header: str | None = None, all_params: bool = False) -> str:
     """A Markdown table: one column per pipeline, rows = identity, key params, stage metrics.
 
-    Key params equal in every column are folded into one line under the table (``lr`` always
-    gets its row), like ``dvc exp show --only-changed``; ``all_params`` gives each its row.
+    Params equal in every column are counted in one line under the table (``lr`` always gets its
+    row), like ``dvc exp show --only-changed``; ``all_params`` gives each its row.
     """
     if not pipes:
         return (header + "\n\n" if header else "") + "No pipeline runs found.\n"
@@ -238,7 +290,7 @@ def render_markdown(pipes: list[Pipeline], header: str | None = None, all_params
     for p in pipes:
         pkeys += [k for k in key_params(p.params) if k not in pkeys]
     same: list[str] = []
-    if not all_params and len(pipes) > 1:
+    if not all_params:
         same = [k for k in pkeys if k != "lr" and len({p.params.get(k) for p in pipes}) == 1]
         pkeys = [k for k in pkeys if k not in same]
     rows: list[tuple[str, list[str]]] = [
@@ -262,7 +314,8 @@ def render_markdown(pipes: list[Pipeline], header: str | None = None, all_params
     lines.append("|---|" + "---:|" * len(pipes))
     lines += ["| " + _cell(label) + " | " + " | ".join(_cell(c) for c in cells) + " |" for label, cells in rows]
     if same:
-        lines += ["", "Same in every column: " + ", ".join(f"`{k}={pipes[0].params.get(k)}`" for k in same) + "."]
+        lines += ["", f"{len(same)} other params {'are the same in every column' if len(pipes) > 1 else 'not shown'} "
+                      f"(`--all-params` lists them)."]
     lines += ["", "`–`: no number for that stage in this pipeline execution (DVC skipped it, unchanged or "
                   "restored from the run-cache, and no stage that ran logged its metrics file onto the parent); "
                   "`dvc exp show` has every number."]
@@ -347,7 +400,7 @@ def compare(uri: str | None = None, experiment: str | None = None, limit: int = 
         raise CompareError(f"no MLflow experiment {name!r} in {_safe_uri(uri)}")
     try:
         with _fail_fast_http(_READ_HTTP_ENV):
-            pipes = collect(client, exp.experiment_id, limit)
+            pipes = collect(client, exp.experiment_id, limit, _upstream("."))
     except store_errors as e:
         raise CompareError(f"the MLflow tracking store {_safe_uri(uri)} stopped answering{_hint(uri, e)}: "
                            f"{type(e).__name__}: {_safe_uri(_first_line(e))}") from e
@@ -625,7 +678,8 @@ def lock_params(root: Path, metrics_dir: Path,
             used)
 
 
-def compare_dirs(dirs: list[str], params_default: str | Path = "params.yaml", root: str | Path = ".") -> str:
+def compare_dirs(dirs: list[str], params_default: str | Path = "params.yaml", root: str | Path = ".",
+                 all_params: bool = False) -> str:
     """The committed results of several runs side by side, one column per metrics directory.
 
     Each directory holds the stage metrics a pipeline run writes (``train_scratch.json``,
@@ -679,7 +733,9 @@ def compare_dirs(dirs: list[str], params_default: str | Path = "params.yaml", ro
         cols.append((d, pfile, params, files))
     lines = ["| | " + " | ".join(f"**{_cell(d)}**" for d, *_ in cols) + " |", "|---|" + "---:|" * len(cols)]
     lines.append("| params file | " + " | ".join(_cell(p or "–") for _, p, _, _ in cols) + " |")
-    for k in DIR_PARAMS:
+    every = list(dict.fromkeys(k for _, _, params, _ in cols for k in params))
+    differ = [k for k in every if len({json.dumps(params.get(k), default=str) for _, _, params, _ in cols}) > 1]
+    for k in [*DIR_PARAMS, *(k for k in (every if all_params else differ) if k not in DIR_PARAMS)]:
         lines.append(f"| `{k}` | " + " | ".join(_fmt(params.get(k)) for _, _, params, _ in cols) + " |")
     for label, fname, keys in DIR_ROWS:
         verdict = keys[-1] == "worth_serving"
