@@ -36,8 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # eyas and stages 
 from eyas.data.conversations import chat_prompts, humaneval_prompts, read_jsonl  # noqa: E402
 from eyas.io import read_json, write_json  # noqa: E402
 from eyas.params.full import load_params  # noqa: E402
-from eyas.pipeline.tracking import Tracker  # noqa: E402
 from eyas.target.model import load_tokenizer_and_config  # noqa: E402
+from eyas.tracking.runs import Tracker  # noqa: E402
 from stages.common import CONVERSATIONS, METRICS, TARGET_GGUF  # noqa: E402
 from stages.eval_accept_len import engine_part, fit_benchmarks, report_engine  # noqa: E402
 

@@ -58,7 +58,7 @@ from eyas.export.load import load_drafter  # noqa: E402
 from eyas.features import FeatureStore, ShardWriter, check_compatible, head_path  # noqa: E402
 from eyas.io import load_safetensors, read_json, sha256_file, write_json  # noqa: E402
 from eyas.params.full import load_params  # noqa: E402
-from eyas.pipeline.tracking import Tracker  # noqa: E402
+from eyas.tracking.runs import Tracker  # noqa: E402
 from eyas.training import checkpoint  # noqa: E402
 from eyas.training.batches import PackedLoader, head_rows_for  # noqa: E402
 from eyas.training.loop import new_drafter, step0_gate, train_drafter  # noqa: E402

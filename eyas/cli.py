@@ -19,8 +19,14 @@ Subcommands:
     eyas compare [--experiment NAME] [--limit N] [--all-params] [--out FILE.md] [--tracking-uri URI]
     eyas compare --metrics DIR [DIR ...]   committed results side by side (metrics/ vs dev/records/h200/)
         The latest pipeline runs (DVC experiments) side by side from MLflow: key params, val acc_0,
-        accept_len per benchmark and the n-gram floor, as Markdown (eyas/pipeline/compare.py). Exit status
+        accept_len per benchmark and the n-gram floor, as Markdown (eyas/tracking/compare.py). Exit status
         2 when there is no store or no such experiment, 1 when it holds no pipeline run, else 0.
+    eyas preset PRESET [--params FILE] [--write FILE]
+        A params preset (presets/*.yaml) as ``dvc exp run -S`` overrides, or merged into a params file
+        (eyas/pipeline/preset.py; also ``python -m eyas.pipeline.preset``). Exit status 2 on a bad preset.
+    eyas remote check|push|pull [-r NAME] [--run-cache] [-C DIR]
+        A team's DVC remote checked before ``dvc push`` / ``dvc pull`` (eyas/pipeline/team_remote.py; also
+        ``python3 -m eyas.pipeline.team_remote``). Exit status 2 when the remote cannot be used.
     eyas push DIR --repo ORG/NAME [--target T [--target-gguf F]] [--revision BRANCH] [--public] [--dry-run]
         Publish an exported drafter (config.json + model.safetensors, checked loadable first and, with
         --target, against that target as `eyas inspect --target` checks it) to a Hugging Face Hub
@@ -100,8 +106,24 @@ def _engine_keys(args) -> int:
     return 0
 
 
+def _preset(argv: list[str]) -> int:
+    from eyas.pipeline import preset
+
+    return preset.main(argv, prog="eyas preset")
+
+
+def _remote(argv: list[str]) -> int:
+    from eyas.pipeline import team_remote
+
+    return team_remote.main(argv, prog="eyas remote")
+
+
+# subcommands whose arguments (--help included) are their module's own: handed over whole
+PASSED_ON = {"preset": _preset, "remote": _remote}
+
+
 def _compare(args) -> int:
-    from eyas.pipeline.compare import CompareError, compare, compare_dirs, write
+    from eyas.tracking.compare import CompareError, compare, compare_dirs, write
 
     try:
         text = (compare_dirs(args.metrics, all_params=args.all_params) if args.metrics else
@@ -173,6 +195,10 @@ def build_parser() -> argparse.ArgumentParser:
     cmp.add_argument("--tracking-uri", default=None,
                      help="MLflow store (default: $MLFLOW_TRACKING_URI, else sqlite:///<repo root>/mlflow.db)")
     cmp.set_defaults(func=_compare)
+    sub.add_parser("preset", add_help=False, help="a params preset as `dvc exp run -S` overrides, or merged into "
+                   "params.yaml (eyas preset PRESET [--params F] [--write F]; eyas preset --help)")
+    sub.add_parser("remote", add_help=False, help="a team's DVC remote, checked, then pushed or pulled "
+                   "(eyas remote check|push|pull [-r NAME] [-C DIR]; eyas remote --help)")
     push = sub.add_parser("push", help="publish an exported drafter to a Hugging Face Hub model repo")
     push.add_argument("path", help="the exported drafter directory (e.g. models/scratch)")
     push.add_argument("--repo", required=True, help="the hub repo id, org/name (created private if missing)")
@@ -188,6 +214,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status (also used by ``python -m eyas.cli``)."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in PASSED_ON:
+        return PASSED_ON[argv[0]](argv[1:])
     args = build_parser().parse_args(argv)
     return args.func(args)
 

@@ -16,7 +16,7 @@ from eyas.params import target as target_schema
 from eyas.params import vocab as vocab_schema
 from eyas.params.schema import load_sections
 from eyas.pipeline.provenance import check, record
-from eyas.pipeline.tracking import start_stage_run
+from eyas.tracking.runs import start_stage_run
 from eyas.vocab.mapping import build_mapping, count_tokens, save_mapping, validate_mapping
 from stages.common import FEATURES, METRICS, VOCAB
 

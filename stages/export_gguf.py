@@ -18,7 +18,7 @@ from eyas.export.gguf import OUTTYPES, GGUFReadError, ServeMismatchError, conver
 from eyas.io import read_json
 from eyas.params import target as target_schema
 from eyas.params.schema import load_sections
-from eyas.pipeline.tracking import start_stage_run
+from eyas.tracking.runs import start_stage_run
 from stages.common import TARGET_GGUF
 
 

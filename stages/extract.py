@@ -34,9 +34,9 @@ from eyas.params import target as target_schema
 from eyas.params import train as train_schema
 from eyas.params.schema import FEATURE_SPLITS, load_sections
 from eyas.pipeline.provenance import record as fingerprint
-from eyas.pipeline.tracking import start_stage_run
 from eyas.target import layers
 from eyas.target.model import load_target, load_tokenizer_and_config
+from eyas.tracking.runs import start_stage_run
 from stages.common import DISTILLED, FEATURES, METRICS
 
 SPLITS = FEATURE_SPLITS

@@ -21,7 +21,7 @@ from eyas.data.conversations import DataError, encode_jsonl, load_conversations,
 from eyas.io import atomic_dir, atomic_path, write_json
 from eyas.params import data as data_schema
 from eyas.params.schema import ParamsError, flatten, load_sections
-from eyas.pipeline.tracking import start_stage_run
+from eyas.tracking.runs import start_stage_run
 
 OUT_DIR = Path("data/conversations")
 METRICS = Path("metrics/prepare_data.json")

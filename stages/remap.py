@@ -27,8 +27,8 @@ from eyas.params import train as train_schema
 from eyas.params.schema import load_sections
 from eyas.pipeline.provenance import FILE as FINGERPRINT
 from eyas.pipeline.provenance import check, record
-from eyas.pipeline.tracking import start_stage_run
 from eyas.target.model import pick_device
+from eyas.tracking.runs import start_stage_run
 from eyas.training.batches import head_rows_for
 from eyas.training.online import capture_for, loader_for
 from eyas.training.unroll import TTTUnroll, evaluate

@@ -28,8 +28,8 @@ from eyas.params import distill as distill_schema
 from eyas.params import extract as extract_schema
 from eyas.params import target as target_schema
 from eyas.params.schema import FEATURE_SPLITS, ParamsError, load_sections
-from eyas.pipeline.tracking import start_stage_run
 from eyas.target.model import load_generation_config, stop_token_ids
+from eyas.tracking.runs import start_stage_run
 
 SPLITS = FEATURE_SPLITS
 IN_DIR, OUT_DIR = Path("data/conversations"), Path("data/distilled")

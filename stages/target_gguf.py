@@ -20,8 +20,8 @@ from eyas.export.gguf import OUTTYPES, convert, write_target_dir
 from eyas.params import serve as serve_schema
 from eyas.params import target as target_schema
 from eyas.params.schema import load_sections
-from eyas.pipeline.tracking import start_stage_run
 from eyas.target.model import load_target
+from eyas.tracking.runs import start_stage_run
 from stages.common import TARGET_GGUF
 
 

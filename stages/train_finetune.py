@@ -20,8 +20,8 @@ from eyas.params import train_finetune as train_finetune_schema
 from eyas.params.schema import load_sections
 from eyas.pipeline.provenance import check, record
 from eyas.pipeline.resume import code_digest
-from eyas.pipeline.tracking import start_stage_run
 from eyas.target.model import pick_device
+from eyas.tracking.runs import start_stage_run
 from eyas.training.loop import step0_gate, train_drafter
 from eyas.training.online import capture_for
 from stages.common import FEATURES, checkpoint_dir, target_head

@@ -17,8 +17,8 @@ from eyas.params import train as train_schema
 from eyas.params.schema import load_sections
 from eyas.pipeline.provenance import check, record
 from eyas.pipeline.resume import code_digest
-from eyas.pipeline.tracking import start_stage_run
 from eyas.target.model import pick_device
+from eyas.tracking.runs import start_stage_run
 from eyas.training.loop import new_drafter, train_drafter
 from eyas.training.online import capture_for
 from eyas.vocab.mapping import load_mapping

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from eyas.pipeline.compare import CompareError, compare_dirs, lock_params
+from eyas.tracking.compare import CompareError, compare_dirs, lock_params
 
 LOCK = """schema: '2.0'
 stages:

@@ -20,7 +20,7 @@ from eyas.drafter.model import DrafterConfig, Eagle3Drafter
 from eyas.export.eagle import save_drafter
 from eyas.features import FeatureStore, ShardWriter
 from eyas.params.full import default_params
-from eyas.pipeline.tracking import Tracker
+from eyas.tracking.runs import Tracker
 from eyas.training import distributed as D
 from eyas.training import launch
 from eyas.training.loop import train_drafter

@@ -1,8 +1,8 @@
 """DVC experiments, the queue and MLflow working together, with the REAL dvc and mlflow CLIs.
 
 A tiny three-stage pipeline in a temporary git + DVC repo (no model, trivial work) whose stage
-scripts use the real ``eyas.params`` (typed params), ``eyas.pipeline.tracking`` (MLflow store anchored at
-``$DVC_ROOT``, parent/child runs) and ``eyas.pipeline.plots`` (PNG artifacts)::
+scripts use the real ``eyas.params`` (typed params), ``eyas.tracking.runs`` (MLflow store anchored at
+``$DVC_ROOT``, parent/child runs) and ``eyas.tracking.plots`` (PNG artifacts)::
 
     prepare-data (params: data) -> train-scratch (params: lr) -> eval-accept-len@scratch
 
@@ -15,7 +15,7 @@ It shows (docs/dvc-mlflow.md §2 and §4):
       ``eyas compare`` puts them side by side;
   (c) an unknown key in params.yaml fails before any compute, naming the key's path;
   (d) ``dvc exp show --json`` lists the metrics of the baseline and both experiments.
-Plus unit tests of eyas.pipeline.plots, eyas.pipeline.compare and stages/training.finish_training's artifacts on an
+Plus unit tests of eyas.tracking.plots, eyas.tracking.compare and stages/training.finish_training's artifacts on an
 in-process store.
 
 Run: ``python -m pytest tests/test_experiments.py -q`` (about 2 minutes on 2 CPU cores; the
@@ -42,8 +42,10 @@ mlflow = pytest.importorskip("mlflow")
 from mlflow import MlflowClient  # noqa: E402
 
 from eyas.params.full import flatten, parse_params  # noqa: E402
-from eyas.pipeline import compare as eyas_compare  # noqa: E402
-from eyas.pipeline import dvcfiles, plots, tracking  # noqa: E402
+from eyas.pipeline import dvcfiles  # noqa: E402
+from eyas.tracking import compare as eyas_compare  # noqa: E402
+from eyas.tracking import plots  # noqa: E402
+from eyas.tracking import runs as tracking  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -92,7 +94,7 @@ PREPARE = '''\
 import json
 from pathlib import Path
 from eyas.params.full import load_params
-from eyas.pipeline.tracking import start_stage_run
+from eyas.tracking.runs import start_stage_run
 
 p = load_params()  # an unknown key or a wrong type fails HERE, before any compute
 print("COMPUTE prepare-data", flush=True)
@@ -109,8 +111,8 @@ TRAIN = '''\
 import json, math
 from pathlib import Path
 from eyas.params.full import load_params
-from eyas.pipeline.plots import ttt_curves_figure
-from eyas.pipeline.tracking import start_stage_run
+from eyas.tracking.plots import ttt_curves_figure
+from eyas.tracking.runs import start_stage_run
 
 p = load_params()
 print("COMPUTE train-scratch", flush=True)
@@ -137,8 +139,8 @@ EVALUATE = '''\
 import json, sys
 from pathlib import Path
 from eyas.params.full import load_params
-from eyas.pipeline.plots import accept_len_figure
-from eyas.pipeline.tracking import start_stage_run
+from eyas.tracking.plots import accept_len_figure
+from eyas.tracking.runs import start_stage_run
 
 name = sys.argv[1]
 p = load_params()
@@ -430,7 +432,7 @@ def test_exp_show_json_lists_metrics(repo, queued):
 
 
 # --------------------------------------------------------------------------------------------
-# Unit tests: eyas.pipeline.plots and eyas.pipeline.compare (in-process, no DVC)
+# Unit tests: eyas.tracking.plots and eyas.tracking.compare (in-process, no DVC)
 
 
 def test_plots_render_pngs(tmp_path):

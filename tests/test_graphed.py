@@ -97,7 +97,7 @@ def test_training_stage_with_graphs_matches_eager(tmp_path, monkeypatch):
     precision over 6 optimizer steps."""
     import eyas.training.graphed as graphed
     from eyas.params.full import default_params
-    from eyas.pipeline.tracking import Tracker
+    from eyas.tracking.runs import Tracker
     from eyas.training.loop import new_drafter, train_drafter
     from eyas.vocab.mapping import build_mapping, count_tokens
     from tests.tiny import tiny_target, write_features

@@ -27,8 +27,8 @@ from tiny import LAYERS, VOCAB, manifest_fields, tiny_target
 
 from eyas.features import TOKENS, FeatureError, FeatureStore
 from eyas.params.full import parse_params
-from eyas.pipeline.tracking import Tracker
 from eyas.target import layers
+from eyas.tracking.runs import Tracker
 from eyas.training.batches import PackedLoader
 from eyas.training.loop import new_drafter, train_drafter
 from eyas.training.online import OnlineLoader, TargetCapture, capture_for, loader_for, round_to_storage

@@ -605,3 +605,20 @@ def test_a_preset_and_params_given_as_pipes_are_read_once(tmp_path, capsys):
     piped = subprocess.run(run, cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert piped.returncode == 2 and re.search(r"unknown key 'train\.epochz' .*\(line 2 of /dev/fd/\d+\)\n$",
                                                piped.stderr), piped.stderr
+
+
+def test_eyas_preset_is_the_module(capsys, tmp_path):
+    """`eyas preset` hands its arguments (--help too) to eyas.pipeline.preset, whose `python -m` form stays."""
+    from eyas.cli import main
+
+    pre = ROOT / "presets" / "quick.yaml"
+    assert main(["preset", str(pre), "--params", str(ROOT / "params.yaml")]) == 0
+    via_eyas = capsys.readouterr().out
+    assert preset.main([str(pre), "--params", str(ROOT / "params.yaml")]) == 0
+    assert capsys.readouterr().out == via_eyas and via_eyas.startswith("-S data.max_conversations=60 ")
+    with pytest.raises(SystemExit) as e:
+        main(["preset", "--help"])
+    assert e.value.code == 0 and capsys.readouterr().out.startswith("usage: eyas preset [-h] [--params PARAMS]")
+    r = subprocess.run([sys.executable, "-m", "eyas.cli", "remote", "check", "-C", str(tmp_path)], capture_output=True,
+                       text=True, timeout=120, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 2 and f"{tmp_path}: not a DVC repository" in r.stderr

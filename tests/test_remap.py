@@ -9,7 +9,7 @@ import torch
 from tiny import tiny_target, write_features
 
 from eyas.params.full import default_params
-from eyas.pipeline.tracking import Tracker
+from eyas.tracking.runs import Tracker
 from eyas.training.batches import PackedLoader, head_rows_for
 from eyas.training.loop import GateError, new_drafter, step0_gate, train_drafter
 from eyas.training.unroll import TTTUnroll, evaluate

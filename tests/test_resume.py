@@ -29,7 +29,7 @@ from transformers import get_cosine_schedule_with_warmup
 from eyas.features import PROGRESS, FeatureStore, ShardWriter
 from eyas.io import save_safetensors
 from eyas.params.full import default_params
-from eyas.pipeline.tracking import Tracker
+from eyas.tracking.runs import Tracker
 from eyas.training import checkpoint as ckpt
 from eyas.training.loop import NonFiniteLossError, new_drafter, train_drafter
 from eyas.vocab.mapping import build_mapping, count_tokens, save_mapping
@@ -49,7 +49,7 @@ def slow(*a, **k):
     return real(*a, **k)
 t.Trainer.train_step = slow
 # TODO: drop once stages/common.py imports plots
-import eyas.pipeline.plots, stages.common; stages.common.__dict__.setdefault("plots", eyas.pipeline.plots)
+import eyas.tracking.plots, stages.common; stages.common.__dict__.setdefault("plots", eyas.tracking.plots)
 from stages.train_scratch import main
 main()
 """

@@ -329,7 +329,7 @@ def test_trust_remote_code_off_unless_asked(tmp_path, monkeypatch):
 
 
 def test_secrets_not_logged(monkeypatch):
-    from eyas.pipeline.tracking import MASK, MlflowTracker, redact
+    from eyas.tracking.runs import MASK, MlflowTracker, redact
 
     logged = []
 

@@ -76,7 +76,8 @@ def test_compare_shows_the_served_table(tmp_path, monkeypatch):
     import json
 
     from eyas.params.full import parse_params
-    from eyas.pipeline import compare, tracking
+    from eyas.tracking import compare
+    from eyas.tracking import runs as tracking
 
     root = tmp_path / "repo"
     root.mkdir()

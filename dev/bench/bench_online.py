@@ -48,9 +48,9 @@ from benchmarks.common import env, sync  # noqa: E402
 from dev.bench.common import write_result  # noqa: E402
 from eyas.features import FeatureStore  # noqa: E402
 from eyas.params.full import parse_params  # noqa: E402
-from eyas.pipeline.tracking import Tracker  # noqa: E402
 from eyas.target import layers  # noqa: E402
 from eyas.target.model import Target, summarise_config  # noqa: E402
+from eyas.tracking.runs import Tracker  # noqa: E402
 from eyas.training.loop import new_drafter, train_drafter  # noqa: E402
 from eyas.training.online import OnlineLoader, TargetCapture  # noqa: E402
 from eyas.vocab.mapping import build_mapping, count_tokens  # noqa: E402

@@ -27,7 +27,7 @@ from dev.bench.common import write_result
 from eyas.features import FP8, FeatureStore, ShardWriter, bytes_per_token, dequantize_fp8, head_path, quantize_fp8
 from eyas.io import load_safetensors
 from eyas.params.full import load_params
-from eyas.pipeline.tracking import NoOpTracker
+from eyas.tracking.runs import NoOpTracker
 from eyas.training.loop import new_drafter, train_drafter
 from eyas.vocab.mapping import load_mapping
 

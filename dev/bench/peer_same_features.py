@@ -342,7 +342,7 @@ def eyas_time(args, steps: int) -> dict:
     from eyas.export.eagle import save_drafter
     from eyas.features import FeatureStore, head_path
     from eyas.io import load_safetensors
-    from eyas.pipeline.tracking import Tracker
+    from eyas.tracking.runs import Tracker
     from eyas.training.batches import PackedLoader
     from eyas.training.loop import new_drafter, train_drafter
     from eyas.vocab.mapping import load_mapping

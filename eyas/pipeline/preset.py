@@ -488,8 +488,9 @@ def _replace(path: Path, text: str) -> None:
             os.close(dir_fd)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m eyas.pipeline.preset", description=__doc__.split("\n")[0])
+def main(argv: list[str] | None = None, prog: str = "python -m eyas.pipeline.preset") -> int:
+    """``eyas preset`` (and ``python -m eyas.pipeline.preset``); returns the exit status."""
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     ap.add_argument("preset", help="a preset file, e.g. presets/h200.yaml")
     ap.add_argument("--params", default="params.yaml", help="the params file the preset applies to")
     ap.add_argument("--write", default=None, help="write the merged params here instead of printing -S args")

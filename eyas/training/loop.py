@@ -4,7 +4,7 @@ Used by train-scratch, train-finetune and the stand-in drafter stage. :func:`tra
 short loop over the named pieces of a :class:`Trainer` (setup, resume, step, log, checkpoint,
 finish); the computation is :class:`eyas.training.unroll.TTTUnroll` (loss and alignment) and the metrics
 are eyas/training/batches.py's; the kernels are ``tp.backend`` (eyas/drafter/backend.py). Logging goes through a
-:class:`eyas.pipeline.tracking.Tracker` (a no-op one when logging is off), so the loop has no logging
+:class:`eyas.tracking.runs.Tracker` (a no-op one when logging is off), so the loop has no logging
 branches.
 """
 

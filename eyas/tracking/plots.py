@@ -3,7 +3,7 @@
 Pure functions from the numbers the stages already hold to ``matplotlib.figure.Figure`` objects
 (no pyplot: no global state, no display, the process's backend untouched; each figure gets its
 own Agg canvas). Log one with
-``tracker.log_figure(fig, "name.png")`` (eyas.pipeline.tracking) or save it with :func:`save_png`.
+``tracker.log_figure(fig, "name.png")`` (eyas.tracking.runs) or save it with :func:`save_png`.
 
 - :func:`ttt_curves_figure`: ``TrainResult.curve`` rows (``step``, ``split`` in
   {train, val}, ``loss``, ``loss_k``, ``acc_k``, ...) -> loss and acc_k per TTT step k.

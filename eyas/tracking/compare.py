@@ -1,6 +1,6 @@
 """``eyas compare``: the latest pipeline executions side by side, read back from MLflow.
 
-eyas.pipeline.tracking records one *parent* run per pipeline execution (a DVC experiment, or a plain
+eyas.tracking.runs records one *parent* run per pipeline execution (a DVC experiment, or a plain
 ``dvc repro``; tag ``eyas.pipeline_key``) and one *child* run per stage (tag ``dvc.stage``,
 ``mlflow.parentRunId``). This module reads them back and renders a Markdown table with one
 column per parent (latest first) and one row per key param / stage metric:
@@ -23,7 +23,7 @@ column per parent (latest first) and one row per key param / stage metric:
 
 A stage DVC skipped (unchanged, or restored from the run-cache) logs no run (docs/dvc-mlflow.md §5);
 its numbers then come from the parent run, where every stage run logs all stages' metrics files
-(``<stage>/<key>``, reused stages tagged ``eyas.reused.<stage>``; eyas.pipeline.team_tracking.sync_parent), and
+(``<stage>/<key>``, reused stages tagged ``eyas.reused.<stage>``; eyas.tracking.team.sync_parent), and
 a row lists the reused stages. A figure shows only under the execution that made or checked it: a stage
 with a run under that parent, or one DVC reused for a stage that ran (upstream of it in the pipeline
 files). The workspace's metrics files of a stage outside the execution (the fine-tune's, under an
@@ -47,7 +47,7 @@ from typing import Any
 
 from eyas import yaml12
 from eyas.pipeline import dvcfiles
-from eyas.pipeline.tracking import _experiment_name, _sqlite_path, tracking_uri
+from eyas.tracking.runs import _experiment_name, _sqlite_path, tracking_uri
 
 PARENT_TAG = "eyas.pipeline_key"
 EVAL_STAGES = ("eval-accept-len@scratch", "eval-accept-len@finetune")
@@ -121,7 +121,7 @@ class Pipeline:
     tags: dict[str, str]
     stages: dict[str, Any] = field(default_factory=dict)  # stage -> mlflow Run
     # the parent's own metrics: every stage's numbers as ``<stage>/<key>`` (``@`` as ``:``), reused
-    # stages' too (eyas.pipeline.team_tracking.sync_parent)
+    # stages' too (eyas.tracking.team.sync_parent)
     parent_metrics: dict[str, float] = field(default_factory=dict)
     # stage -> the stages upstream of it in the pipeline files (:func:`upstream_stages`)
     upstream: dict[str, set[str]] = field(default_factory=dict)
@@ -355,7 +355,7 @@ def _hint(uri: str, e: Exception) -> str:
 
 
 def _safe_uri(uri: str) -> str:
-    from eyas.pipeline.team_tracking import safe_uri  # the one mask: passwords in the userinfo and the query
+    from eyas.tracking.team import safe_uri  # the one mask: passwords in the userinfo and the query
 
     return safe_uri(uri)
 
@@ -366,7 +366,7 @@ def compare(uri: str | None = None, experiment: str | None = None, limit: int = 
 
     Raises:
         CompareError: the sqlite file does not exist (nothing is created), the store's URL is not one
-            MLflow reads or PostgreSQL refuses it (eyas.pipeline.team_tracking.check_store), the MLflow
+            MLflow reads or PostgreSQL refuses it (eyas.tracking.team.check_store), the MLflow
             experiment does not, or the tracking store does not answer its first request (a
             dead or unreachable server fails within seconds; the message names the URI).
     """
@@ -379,7 +379,7 @@ def compare(uri: str | None = None, experiment: str | None = None, limit: int = 
     if db is not None and not db.is_file():
         raise CompareError(f"no MLflow store at {db} (run the pipeline first, or set MLFLOW_TRACKING_URI)")
     if not uri.startswith(("http:", "https:")):  # a server's first request fails fast below, with its hint
-        from eyas.pipeline.team_tracking import StoreError, check_store
+        from eyas.tracking.team import StoreError, check_store
 
         try:  # an unknown scheme, a URL that does not parse, PostgreSQL refusing: one line, not a traceback
             check_store(uri)

@@ -5,7 +5,7 @@ parent run (the reused ones too), and each exported drafter an MLflow logged mod
   form) or an MLflow server (``http(s)://``) is tried once, within seconds, before a stage computes
   anything; a refused connection, a wrong password, a missing database or role, or a server that
   does not answer raise :class:`StoreError` naming the URL (password masked) and what to do. sqlite
-  needs no check (eyas.pipeline.tracking creates it).
+  needs no check (eyas.tracking.runs creates it).
 - :func:`start_system_metrics`: MLflow's own sampler (``mlflow.system_metrics``: CPU, memory, disk,
   network, and GPUs with ``nvidia-ml-py``) on the training and eval stage runs
   (:func:`wants_system_metrics`), what ``mlflow.start_run(log_system_metrics=True)`` starts; it
@@ -40,7 +40,6 @@ import json
 import logging
 import math
 import os
-import re
 import shutil
 import tempfile
 import time
@@ -49,6 +48,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from eyas.pipeline import dvcfiles
+from eyas.urls import safe_uri
 
 log = logging.getLogger(__name__)
 
@@ -66,23 +66,6 @@ class StoreError(RuntimeError):
 
 # --------------------------------------------------------------------------------------------
 # The store, checked
-
-
-_USERINFO = re.compile(r"(?P<s>\b[A-Za-z][\w+.-]*://)(?P<u>[^:/@\s]*):(?P<p>(?!\d+/)[^@\s]*)@")  # not host:port/path@x
-_QUERY_SECRET = re.compile(r"(?P<k>[?&](?:[\w.-]*(?:password|passwd|pwd|secret|token|api_?key)[\w.-]*|pass)=)[^&#\s]*",
-                           re.IGNORECASE)
-
-
-def safe_uri(uri: str) -> str:
-    """``uri`` (or any text holding URLs, e.g. an error message) with every password masked:
-    ``postgresql://u:***@h:5432/db``, ``...?password=***``.
-
-    The userinfo is read as SQLAlchemy reads it (``sqlalchemy/engine/url.py``: the password runs to
-    the first ``@``), so a password with an unescaped ``#``, ``?`` or ``/`` is masked whole; a query
-    parameter naming a password, secret, token or API key (libpq's ``?password=``) is masked too.
-    """
-    text = _USERINFO.sub(lambda m: f"{m['s']}{m['u']}:***@", uri)
-    return _QUERY_SECRET.sub(lambda m: f"{m['k']}***", text)
 
 
 def check_store(uri: str, timeout: float = CHECK_TIMEOUT_S) -> None:
@@ -276,7 +259,7 @@ def run_keys(stage: str, doc: dict) -> dict[str, float]:
     ``<bench>/ngram_accept_len`` (``ngram.<bench>.accept_len``), ``<bench>/worth_serving``
     (``<bench>.serving_verdict.worth_serving``) and ``<bench>/engine/<k>`` /
     ``<bench>/engine_quantized/<k>`` (``<bench>.engine.same_precision|quantized.<k>``), as
-    eyas.pipeline.compare reads them.
+    eyas.tracking.compare reads them.
     """
     flat = _flat_numbers(doc)
     if isinstance(doc.get("val"), dict) and ("train-" in stage or stage == "stand-in-drafter"):
@@ -306,7 +289,7 @@ def sync_parent(client, experiment_id: str, parent_run_id: str, root: str | os.P
 
     A number or tag the parent already holds with the same value is not logged again (each stage
     run syncs: the parent's history gains a point only where a value changed). Raises what
-    MlflowClient raises (the caller, :class:`eyas.pipeline.tracking.MlflowTracker`, logs it as a warning: the
+    MlflowClient raises (the caller, :class:`eyas.tracking.runs.MlflowTracker`, logs it as a warning: the
     parent's summary never fails a stage).
     """
     from mlflow.entities import Metric, RunTag
@@ -523,12 +506,12 @@ def log_acceptance(tracker, drafter_dir: str | os.PathLike, doc: dict, stage: st
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python3 -m eyas.pipeline.team_tracking check-store URI``: exit 0 when the store answers, 2 (the
+    """``python3 -m eyas.tracking.team check-store URI``: exit 0 when the store answers, 2 (the
     message on stderr) when not."""
     import argparse
     import sys
 
-    ap = argparse.ArgumentParser(prog="python3 -m eyas.pipeline.team_tracking")
+    ap = argparse.ArgumentParser(prog="python3 -m eyas.tracking.team")
     ap.add_argument("op", choices=("check-store",))
     ap.add_argument("uri")
     a = ap.parse_args(argv)

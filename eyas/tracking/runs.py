@@ -336,7 +336,7 @@ class MlflowTracker(Tracker):
         self._history: list = []
         self._last_flush = time.monotonic()
         self._closed = False
-        self.monitor = None  # system metrics (eyas.pipeline.team_tracking.start_system_metrics), stopped by close
+        self.monitor = None  # system metrics (eyas.tracking.team.start_system_metrics), stopped by close
 
     def log_params(self, params: dict[str, Any]) -> None:
         """Log params (nested dicts are flattened to dotted keys; secrets masked)."""
@@ -426,7 +426,7 @@ class MlflowTracker(Tracker):
                 self.monitor.finish()
             self.flush()
             if self.parent_run_id:  # every stage's metrics onto the parent, the reused ones marked
-                from eyas.pipeline.team_tracking import sync_parent
+                from eyas.tracking.team import sync_parent
                 try:
                     sync_parent(self.client, self.experiment_id, self.parent_run_id)
                 except Exception as e:  # noqa: BLE001 - the parent's summary never fails a stage
@@ -549,10 +549,10 @@ def start_stage_run(stage: str, params: Any, stage_params: dict | None = None) -
       ``resume_key``, eyas/pipeline/resume.py); a training stage that resumes from a checkpoint replays the
       metrics saved with it (eyas/training/loop.py), so the new run holds the whole curve either way.
 
-    - The store is checked first (a PostgreSQL URI or a server: eyas.pipeline.team_tracking.check_store
+    - The store is checked first (a PostgreSQL URI or a server: eyas.tracking.team.check_store
       raises ``StoreError`` naming the URL, before any compute); training and eval stages sample
       system metrics; closing the run logs every stage's metrics files onto the parent, the stages
-      DVC skipped marked reused (eyas/pipeline/team_tracking.py, docs/team.md).
+      DVC skipped marked reused (eyas/tracking/team.py, docs/team.md).
 
     Returns the no-op :class:`Tracker` on ranks other than 0 (``$RANK``) or when
     ``$EYAS_TRACKING=off``. Use as a context manager: an exception ends the run FAILED and
@@ -565,7 +565,7 @@ def start_stage_run(stage: str, params: Any, stage_params: dict | None = None) -
     if (rank is not None and rank.strip() not in ("", "0")) or _tracking_disabled():
         return Tracker()
     uri = tracking_uri()
-    from eyas.pipeline.team_tracking import check_store, start_system_metrics, wants_system_metrics
+    from eyas.tracking.team import check_store, start_system_metrics, wants_system_metrics
     check_store(uri)  # a server or PostgreSQL that refuses: StoreError naming the URL, before any compute
     stage_tag = running_stage() or stage
     system_metrics = wants_system_metrics(stage_tag)  # a bad MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING: before any run
