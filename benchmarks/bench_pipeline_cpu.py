@@ -1,10 +1,10 @@
 """Wall time and peak memory of every stage of `dvc repro` (the default DAG) on the embedded default,
 from a fresh clone; then extract's peak memory at two data sizes (does it stream?).
 
-    python benchmarks/bench_pipeline_cpu.py                      # -> results/pipeline_cpu.json
+    python benchmarks/bench_pipeline_cpu.py                      # -> pipeline_cpu.json
     python benchmarks/bench_pipeline_cpu.py --skip-pipeline      # only the extract-growth part
     python benchmarks/bench_pipeline_cpu.py --preset presets/quick.yaml --growth-n 0 \
-        --out benchmarks/results/pipeline_cpu_quick.json           # the quick trial, no growth part
+        --out pipeline_cpu_quick.json                      # the quick trial, no growth part
 
 Pipeline part: ``git clone`` of this repository's HEAD into ``--workdir`` (no outputs, no DVC
 cache: every stage runs, as on a fresh machine), then ``dvc repro --single-item STAGE`` for each
@@ -56,11 +56,10 @@ from pathlib import Path
 import psutil
 
 from eyas import yaml12
+from eyas.params.full import ParamsError
 from eyas.pipeline import preset
-from eyas.training.params import ParamsError
 
 REPO = Path(__file__).resolve().parent.parent
-RESULTS = REPO / "benchmarks" / "results"
 MIB = 2**20
 STAGES_FILE = ".bench_stages.json"  # per-stage figures, written as each stage finishes
 ALWAYS_CHANGED = {"identify-inputs"}  # dvc.yaml's always_changed stage: it reruns, and rewrites nothing unchanged
@@ -231,7 +230,7 @@ def extract_growth(work: Path, n: int, shard_samples: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/eyas-pipeline-bench"))
-    ap.add_argument("--out", type=Path, default=RESULTS / "pipeline_cpu.json")
+    ap.add_argument("--out", type=Path, default=Path("pipeline_cpu.json"))
     ap.add_argument("--skip-pipeline", action="store_true", help="reuse --workdir's finished pipeline run")
     ap.add_argument("--resume", action="store_true",
                     help="git pull this repo's HEAD into --workdir and rerun only the stages it made stale")

@@ -1,6 +1,6 @@
 """Training throughput of eyas' TTT step for a Llama-3.1-8B-shaped EAGLE-3 drafter.
 
-Shapes as the peer benchmark (vLLM's speculators 0.9.0 trainer step; benchmarks/README.md): hidden
+Shapes as the peer benchmark (vLLM's speculators 0.9.0 trainer step; dev/README.md): hidden
 4096, 32/8 heads, head_dim 128, intermediate 14336, target vocab 128256, draft vocab 32000; packed
 documents (2048 tokens/step: 1024+640+384; 8192: 2048+1536+1024+1024+1024+768+512+256 packed into
 rows of 2048, eyas' row length); bf16 autocast, fp32 master weights, AdamW, grad clip, cosine
@@ -44,10 +44,10 @@ import torch  # noqa: E402
 from benchmarks.common import PEAK_BF16_TFLOPS, count_host_syncs, median, sync, timed, write_result  # noqa: E402
 from eyas.drafter.backend import ATTENTION, Backend  # noqa: E402
 from eyas.drafter.model import DrafterConfig, Eagle3Drafter  # noqa: E402
+from eyas.params.full import load_params  # noqa: E402
 from eyas.training.batches import Batch, autocast  # noqa: E402
 from eyas.training.graphed import GraphedTTT  # noqa: E402
 from eyas.training.loop import clip_in_step  # noqa: E402
-from eyas.training.params import load_params  # noqa: E402
 from eyas.training.unroll import TTTUnroll, ttt_forward  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -365,7 +365,7 @@ def main():
     a = ap.parse_args()
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     c = config(a.tiny)
-    backend = load_params(REPO / "params.yaml").train.backend
+    backend = Backend.of(load_params(REPO / "params.yaml").train.backend)
     backend = dataclasses.replace(backend, attention=a.attention or backend.attention,
                                   compile=backend.compile and not a.no_compile,
                                   compile_layers=backend.compile_layers and not a.no_compile_layers,

@@ -1,5 +1,6 @@
 """Shared bits of the benchmark scripts (torch/transformers/safetensors only: they run on bare
-GPU machines without eyas' pipeline dependencies)."""
+GPU machines without eyas' pipeline dependencies). Each script writes its result, with the command,
+the device and the library versions, to the file its ``--out`` names."""
 
 from __future__ import annotations
 
@@ -16,7 +17,6 @@ import torch
 # the dense bf16 GEMM peak assumed for an H200 in every MFU figure (an 8192^3 bf16 matmul ran at ~760
 # TFLOP/s on the lent H200s); the peer's figures use the same constant
 PEAK_BF16_TFLOPS = 790.0
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def env() -> dict:
@@ -85,10 +85,11 @@ def median(xs):
     return statistics.median(xs)
 
 
-def write_result(name: str, doc: dict) -> Path:
+def write_result(out: str | Path, doc: dict) -> Path:
+    """Write ``doc`` with the command line and :func:`env` to the JSON file ``out`` (its directory
+    made if missing); returns the path written."""
     doc = {"command": " ".join([os.path.basename(sys.executable)] + sys.argv), "env": env(), **doc}
-    out_dirs = [RESULTS] + ([Path(os.environ["OUT"])] if os.environ.get("OUT") else [])
-    for d in out_dirs:
-        d.mkdir(parents=True, exist_ok=True)
-        (d / name).write_text(json.dumps(doc, indent=1, default=str))
-    return RESULTS / name
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=1, default=str))
+    return out

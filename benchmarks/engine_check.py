@@ -12,7 +12,7 @@ llama-server ``--spec-type draft-eagle3`` exactly as the stage's engine block do
 the ones the eval recorded (stages.eval_accept_len.report_engine, eyas.eval.llamacpp.agreement).
 
 So the GPU profile needs no llama.cpp time on the GPU machine: its eval runs with ``serve.engine: none``
-(benchmarks/levers/eval.yaml) and this script serves the drafter afterwards, on any machine with
+(dev/levers/eval.yaml) and this script serves the drafter afterwards, on any machine with
 llama-server (scripts/build_llama_server.sh) or beside the next training on the GPU machine's idle cores.
 
 Writes ``--out`` (atomically): ``drafter``, ``eval`` (the metrics file read), ``k``, ``threads``,
@@ -35,9 +35,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # eyas and stages from this checkout
 from eyas.data.conversations import chat_prompts, humaneval_prompts, read_jsonl  # noqa: E402
 from eyas.io import read_json, write_json  # noqa: E402
-from eyas.pipeline.tracking import Tracker  # noqa: E402
+from eyas.params.full import load_params  # noqa: E402
 from eyas.target.model import load_tokenizer_and_config  # noqa: E402
-from eyas.training.params import load_params  # noqa: E402
+from eyas.tracking.runs import Tracker  # noqa: E402
 from stages.common import CONVERSATIONS, METRICS, TARGET_GGUF  # noqa: E402
 from stages.eval_accept_len import engine_part, fit_benchmarks, report_engine  # noqa: E402
 

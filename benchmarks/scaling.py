@@ -28,12 +28,13 @@ Flags:
   --root DIR        the workspace holding params.yaml, data/ and models/ (default: this repo)
   --train-only      train the missing drafters of --arms and stop (no target is loaded)
   --no-train        measure only the drafters already trained (the rest is listed as not_trained)
+  --out FILE        the result JSON (default scaling_cpu.json)
   --threads T       torch threads per process (default 1); missing arms train as parallel
                     processes, one per arm
 
     OMP_NUM_THREADS=1 python benchmarks/scaling.py --sizes 60 120 240 --reuse-240
 
-writes benchmarks/results/scaling_cpu.json.
+writes ``--out`` (default ``scaling_cpu.json``).
 """
 
 from __future__ import annotations
@@ -51,20 +52,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
+from eyas.drafter.backend import Backend  # noqa: E402
 from eyas.export.eagle import save_drafter  # noqa: E402
 from eyas.export.load import load_drafter  # noqa: E402
 from eyas.features import FeatureStore, ShardWriter, check_compatible, head_path  # noqa: E402
 from eyas.io import load_safetensors, read_json, sha256_file, write_json  # noqa: E402
-from eyas.pipeline.tracking import Tracker  # noqa: E402
+from eyas.params.full import load_params  # noqa: E402
+from eyas.tracking.runs import Tracker  # noqa: E402
 from eyas.training import checkpoint  # noqa: E402
 from eyas.training.batches import PackedLoader, head_rows_for  # noqa: E402
 from eyas.training.loop import new_drafter, step0_gate, train_drafter  # noqa: E402
-from eyas.training.params import load_params  # noqa: E402
 from eyas.training.unroll import TTTUnroll, evaluate  # noqa: E402
 from eyas.vocab.mapping import load_mapping  # noqa: E402
 
 ARMS = ("scratch", "finetune")
-RESULTS = Path(__file__).resolve().parent / "results"
 CPU = torch.device("cpu")
 # manifest fields ShardWriter.finish computes itself
 _COMPUTED = {"format_version", "num_samples", "num_tokens", "supervised_tokens", "storage_dtype", "shards",
@@ -208,7 +209,7 @@ def val_metrics(drafter, root: Path, p, head: dict) -> dict:
     loader = PackedLoader(val, p.train.batch_tokens, p.seed, shuffle=False)
     with torch.no_grad():
         unroll = TTTUnroll(drafter, head_rows_for(head["lm_head"], drafter), p.train.ttt_length,
-                           p.train.step_decay, p.train.backend)
+                           p.train.step_decay, Backend.of(p.train.backend))
         return evaluate(unroll, loader, CPU)
 
 
@@ -338,6 +339,7 @@ def main() -> None:
     ap.add_argument("--train-only", action="store_true")
     ap.add_argument("--no-train", action="store_true")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--out", type=Path, default=Path("scaling_cpu.json"))
     a = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     torch.set_num_threads(a.threads)
@@ -394,9 +396,9 @@ def main() -> None:
                         "lr": p.lr, "seed": p.seed, "train": vars(p.train), "train_finetune": vars(p.train_finetune),
                         "eval": vars(p.eval), "target": p.target.path},
            "rows": rows, "not_trained": missing}
-    write_json(RESULTS / "scaling_cpu.json", doc)
+    write_json(a.out, doc)
     print(markdown_table(rows, k))
-    print(f"wrote {RESULTS / 'scaling_cpu.json'}")
+    print(f"wrote {a.out}")
 
 
 if __name__ == "__main__":

@@ -17,10 +17,16 @@ Subcommands:
         The table of every config key SGLang, vLLM or llama.cpp reads for an EAGLE-3 drafter, where,
         and what eyas does with it (eyas/export/engine_keys.py), as Markdown.
     eyas compare [--experiment NAME] [--limit N] [--all-params] [--out FILE.md] [--tracking-uri URI]
-    eyas compare --metrics DIR [DIR ...]   committed results side by side (metrics/ vs metrics/h200/)
+    eyas compare --metrics DIR [DIR ...]   committed results side by side (metrics/ vs dev/records/h200/)
         The latest pipeline runs (DVC experiments) side by side from MLflow: key params, val acc_0,
-        accept_len per benchmark and the n-gram floor, as Markdown (eyas/pipeline/compare.py). Exit status
+        accept_len per benchmark and the n-gram floor, as Markdown (eyas/tracking/compare.py). Exit status
         2 when there is no store or no such experiment, 1 when it holds no pipeline run, else 0.
+    eyas preset PRESET [--params FILE] [--write FILE]
+        A params preset (presets/*.yaml) as ``dvc exp run -S`` overrides, or merged into a params file
+        (eyas/pipeline/preset.py; also ``python -m eyas.pipeline.preset``). Exit status 2 on a bad preset.
+    eyas remote check|push|pull [-r NAME] [--run-cache] [-C DIR]
+        A team's DVC remote checked before ``dvc push`` / ``dvc pull`` (eyas/pipeline/team_remote.py; also
+        ``python3 -m eyas.pipeline.team_remote``). Exit status 2 when the remote cannot be used.
     eyas push DIR --repo ORG/NAME [--target T [--target-gguf F]] [--revision BRANCH] [--public] [--dry-run]
         Publish an exported drafter (config.json + model.safetensors, checked loadable first and, with
         --target, against that target as `eyas inspect --target` checks it) to a Hugging Face Hub
@@ -100,11 +106,27 @@ def _engine_keys(args) -> int:
     return 0
 
 
+def _preset(argv: list[str]) -> int:
+    from eyas.pipeline import preset
+
+    return preset.main(argv, prog="eyas preset")
+
+
+def _remote(argv: list[str]) -> int:
+    from eyas.pipeline import team_remote
+
+    return team_remote.main(argv, prog="eyas remote")
+
+
+# subcommands whose arguments (--help included) are their module's own: handed over whole
+PASSED_ON = {"preset": _preset, "remote": _remote}
+
+
 def _compare(args) -> int:
-    from eyas.pipeline.compare import CompareError, compare, compare_dirs, write
+    from eyas.tracking.compare import CompareError, compare, compare_dirs, write
 
     try:
-        text = (compare_dirs(args.metrics) if args.metrics else
+        text = (compare_dirs(args.metrics, all_params=args.all_params) if args.metrics else
                 compare(args.tracking_uri, args.experiment, args.limit, args.all_params))
         sys.stdout.write(text)
         if args.out:
@@ -164,14 +186,19 @@ def build_parser() -> argparse.ArgumentParser:
                      help="MLflow experiment name (default: $MLFLOW_EXPERIMENT_NAME or 'eyas')")
     cmp.add_argument("--limit", type=int, default=8, help="how many latest pipeline runs (0 = all)")
     cmp.add_argument("--all-params", action="store_true",
-                     help="a row for every key param, also those equal in every column")
+                     help="a row for every param, also those equal in every column (without it: lr and the "
+                          "params that differ between the columns; with --metrics: the recipe keys and those)")
     cmp.add_argument("--out", default=None, help="also write the table to this Markdown file")
     cmp.add_argument("--metrics", nargs="+", default=None, metavar="DIR",
                      help="compare committed metrics directories instead of MLflow runs "
-                          "(e.g. --metrics metrics metrics/h200)")
+                          "(e.g. --metrics metrics dev/records/h200)")
     cmp.add_argument("--tracking-uri", default=None,
                      help="MLflow store (default: $MLFLOW_TRACKING_URI, else sqlite:///<repo root>/mlflow.db)")
     cmp.set_defaults(func=_compare)
+    sub.add_parser("preset", add_help=False, help="a params preset as `dvc exp run -S` overrides, or merged into "
+                   "params.yaml (eyas preset PRESET [--params F] [--write F]; eyas preset --help)")
+    sub.add_parser("remote", add_help=False, help="a team's DVC remote, checked, then pushed or pulled "
+                   "(eyas remote check|push|pull [-r NAME] [-C DIR]; eyas remote --help)")
     push = sub.add_parser("push", help="publish an exported drafter to a Hugging Face Hub model repo")
     push.add_argument("path", help="the exported drafter directory (e.g. models/scratch)")
     push.add_argument("--repo", required=True, help="the hub repo id, org/name (created private if missing)")
@@ -187,6 +214,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status (also used by ``python -m eyas.cli``)."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in PASSED_ON:
+        return PASSED_ON[argv[0]](argv[1:])
     args = build_parser().parse_args(argv)
     return args.func(args)
 

@@ -16,7 +16,7 @@ each aux layer (H values) is divided by its own scale ``amax(|row|) / 448`` (448
 finite value), cast to fp8, and the scales are stored beside them in float32 as
 ``aux_hidden_scale`` [N, n_aux]. The final hidden state stays bfloat16: it is the teacher
 (``lm_head(final_hidden)``), and in fp8 the target's greedy token changed on 3.1% of SmolLM2 val
-tokens (benchmarks/results/fp8_features_cpu.json). Per token and per layer, because Llama hidden
+tokens (dev/results/fp8_features_cpu.json). Per token and per layer, because Llama hidden
 states carry a few massive activations (SmolLM2-135M, aux layers 2/15/27: |h| up to
 290/24832/24832, rows over 448 0%/0.4%/2-3%, median row max 32/74/376): one scale per tensor
 would flush most values to zero, a per-row scale confines an outlier's cost to its own row.

@@ -49,7 +49,7 @@ def load(text: str, source: str) -> object:
         bool, None, and for the scalars and tags YAML 1.2 also resolves, ``datetime.date`` /
         ``datetime.datetime`` (an unquoted ``2026-12-01``), ``bytes`` (``!!binary``), ``set``
         (``!!set``); an empty document (or only comments) is None. A schema that wants a string
-        refuses the others by type (:mod:`eyas.training.params`).
+        refuses the others by type (:mod:`eyas.params`).
 
     Raises:
         YamlError: not valid YAML, a duplicate key, several documents, or a scalar its tag or form

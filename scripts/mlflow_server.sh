@@ -25,7 +25,7 @@ WORKERS="${EYAS_MLFLOW_WORKERS:-2}"
 DB="${EYAS_MLFLOW_BACKEND:-sqlite:///$ROOT/mlflow.db}"   # four slashes: an absolute path
 ARTIFACTS="${EYAS_MLFLOW_ARTIFACTS:-$ROOT/mlartifacts}"
 die() { echo "mlflow_server.sh: error: $*" >&2; exit 1; }
-SHOWN="$(cd "$ROOT" && python3 -c 'import sys; from eyas.pipeline.team_tracking import safe_uri; print(safe_uri(sys.argv[1]))' "$DB")"
+SHOWN="$(cd "$ROOT" && python3 -c 'import sys; from eyas.tracking.team import safe_uri; print(safe_uri(sys.argv[1]))' "$DB")"
 [[ "$PORT" =~ ^[0-9]+$ ]] && (( PORT >= 1 && PORT <= 65535 )) || die "EYAS_MLFLOW_PORT='$PORT' is not a port (1-65535)"
 [[ "$WORKERS" =~ ^[1-9][0-9]*$ ]] || die "EYAS_MLFLOW_WORKERS='$WORKERS' is not a positive number of workers"
 # the server's own database: a SQLAlchemy URL, not a server's http:// or a file store's path
@@ -36,7 +36,7 @@ case "$DB" in
   MLFLOW_TRACKING_URI; docs/team.md)" ;;
 esac
 # a database that refuses, or a wrong password: one clear line naming the URL, not a traceback
-(cd "$ROOT" && python3 -m eyas.pipeline.team_tracking check-store "$DB" >/dev/null) ||
+(cd "$ROOT" && python3 -m eyas.tracking.team check-store "$DB" >/dev/null) ||
   die "EYAS_MLFLOW_BACKEND=$SHOWN cannot be used (above); nothing was started"
 # the artifacts directory, once the database answered (nothing is created for a server that never starts)
 [[ -e "$ARTIFACTS" && ! -d "$ARTIFACTS" ]] && die "EYAS_MLFLOW_ARTIFACTS=$ARTIFACTS is a file, not a directory"
@@ -45,7 +45,7 @@ mkdir -p "$ARTIFACTS" 2>/dev/null && [[ -w "$ARTIFACTS" ]] ||
 
 # schema first, in one process (creating or migrating it from several at once fails)
 if ! UPGRADE="$(cd "$ROOT" && mlflow db upgrade "$DB" 2>&1)"; then
-  echo "$UPGRADE" | tail -n 5 | python3 -c 'import sys; sys.path.insert(0, sys.argv[1]); from eyas.pipeline.team_tracking import safe_uri; sys.stderr.write(safe_uri(sys.stdin.read()))' "$ROOT"
+  echo "$UPGRADE" | tail -n 5 | python3 -c 'import sys; sys.path.insert(0, sys.argv[1]); from eyas.tracking.team import safe_uri; sys.stderr.write(safe_uri(sys.stdin.read()))' "$ROOT"
   die "'mlflow db upgrade $SHOWN' failed (its last lines above)"
 fi
 

@@ -12,15 +12,17 @@ import torch
 
 from eyas.features import FeatureStore
 from eyas.io import write_json
+from eyas.params import target as target_schema
+from eyas.params import vocab as vocab_schema
+from eyas.params.schema import load_sections
 from eyas.pipeline.provenance import check, record
-from eyas.pipeline.tracking import start_stage_run
-from eyas.training.params import load_params
+from eyas.tracking.runs import start_stage_run
 from eyas.vocab.mapping import build_mapping, count_tokens, save_mapping, validate_mapping
 from stages.common import FEATURES, METRICS, VOCAB
 
 
 def main() -> None:
-    p = load_params()
+    p = load_sections(target_schema, vocab_schema)
     with start_stage_run("build-vocab", p) as tracker:
         check(FEATURES / "train", p, reader="build-vocab")
         fp = record("build-vocab", p, [FEATURES / "train"])

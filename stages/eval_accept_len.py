@@ -54,13 +54,16 @@ from eyas.eval.served import evaluate_served
 from eyas.export.gguf import GGUFReadError, ServeMismatchError, require_served_as_trained
 from eyas.export.load import load_drafter
 from eyas.io import sha256_file, write_json
-from eyas.pipeline.plots import accept_len_figure
+from eyas.params import eval as eval_schema
+from eyas.params import serve as serve_schema
+from eyas.params import target as target_schema
+from eyas.params.schema import flatten, load_sections
 from eyas.pipeline.provenance import check, digest, sha256_cached, target_identity
 from eyas.pipeline.resume import Parts, code_digest
-from eyas.pipeline.team_tracking import log_acceptance
-from eyas.pipeline.tracking import start_stage_run
 from eyas.target.model import embedded_target, load_target
-from eyas.training.params import flatten, load_params
+from eyas.tracking.plots import accept_len_figure
+from eyas.tracking.runs import start_stage_run
+from eyas.tracking.team import log_acceptance
 from stages.common import CONVERSATIONS, METRICS, TARGET_GGUF
 
 # repo-relative: eval_<drafter>/parts.json, the parts of a run finished so far (resume)
@@ -68,7 +71,7 @@ WORK = Path(".eyas", "work")
 
 
 def main(name: str) -> None:
-    p = load_params()
+    p = load_sections(target_schema, eval_schema, serve_schema)
     e = p.eval
     with start_stage_run(f"eval-accept-len@{name}", p) as tracker:
         # stale drafter: refuse (eyas/pipeline/provenance.py)
@@ -326,7 +329,7 @@ def run(name: str, p, target, drafter, benchmarks: dict[str, tuple], tracker) ->
     parts.remove()
     tracker.log_dict(metrics, f"eval_{name}.json")
     tracker.log_figure(accept_len_figure(metrics, title=f"eval-accept-len@{name}"), f"eval_{name}_accept_len.png")
-    try:  # the acceptance onto the drafter's MLflow logged model (eyas/pipeline/team_tracking.py)
+    try:  # the acceptance onto the drafter's MLflow logged model (eyas/tracking/team.py)
         log_acceptance(tracker, f"models/{name}", json.loads((METRICS / f"eval_{name}.json").read_text()),
                        f"eval-accept-len@{name}", dataset=str(CONVERSATIONS))
     except Exception as err:  # noqa: BLE001 - MLflow's record never fails a finished eval

@@ -16,13 +16,14 @@ from pathlib import Path
 
 from eyas.export.gguf import OUTTYPES, GGUFReadError, ServeMismatchError, convert, require_served_as_trained
 from eyas.io import read_json
-from eyas.pipeline.tracking import start_stage_run
-from eyas.training.params import load_params
+from eyas.params import target as target_schema
+from eyas.params.schema import load_sections
+from eyas.tracking.runs import start_stage_run
 from stages.common import TARGET_GGUF
 
 
 def main(name: str) -> None:
-    p = load_params()
+    p = load_sections(target_schema)
     with start_stage_run(f"export-gguf@{name}", p) as tracker:
         out = convert(Path("models", name), Path("models", f"{name}.gguf"), outtype=OUTTYPES[p.target.dtype],
                       target_model_dir=TARGET_GGUF)

@@ -28,11 +28,15 @@ from tqdm import tqdm
 from eyas import features
 from eyas.data.conversations import DataError, read_jsonl, render_with_loss_mask
 from eyas.io import save_safetensors, write_json
+from eyas.params import data as data_schema
+from eyas.params import extract as extract_schema
+from eyas.params import target as target_schema
+from eyas.params import train as train_schema
+from eyas.params.schema import FEATURE_SPLITS, load_sections
 from eyas.pipeline.provenance import record as fingerprint
-from eyas.pipeline.tracking import start_stage_run
 from eyas.target import layers
 from eyas.target.model import load_target, load_tokenizer_and_config
-from eyas.training.params import FEATURE_SPLITS, load_params
+from eyas.tracking.runs import start_stage_run
 from stages.common import DISTILLED, FEATURES, METRICS
 
 SPLITS = FEATURE_SPLITS
@@ -183,7 +187,7 @@ def publish(work: Path, dest: Path) -> None:
 
 
 def main() -> None:
-    p = load_params()
+    p = load_sections(target_schema, data_schema, extract_schema, train_schema)
     with start_stage_run("extract", p) as tracker:
         # size the output before the weights load: render every split with the tokenizer
         tokenizer, cfg = load_tokenizer_and_config(p.target.path, p.target.gguf_file, p.target.trust_remote_code,

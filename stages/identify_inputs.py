@@ -1,7 +1,9 @@
 """DVC stage `identify-inputs`: the identity of the target and of the data source, as files.
 
-Reads params `target`, `data.source`, `data.code_prompts`; reads the target's tokenizer, chat
-template and config files (or the embedded GGUF, or the pinned hub revision) and the data source;
+Checks the whole params file (every section: the first stage `dvc repro` runs, so a wrong key
+anywhere fails before any compute); reads params `target`, `data.source`, `data.code_prompts`, the
+target's tokenizer, chat template and config files (or the embedded GGUF, or the pinned hub
+revision) and the data source;
 writes `data/inputs/target.json` and `data/inputs/source.json` (eyas/pipeline/provenance.py). It is
 `always_changed` (DVC cannot hash files outside the repo by itself), cheap, and rewrites a file
 only when its contents change, so the stages that depend on these files rerun exactly when the
@@ -13,8 +15,8 @@ from __future__ import annotations
 
 import logging
 
+from eyas.params.full import load_params
 from eyas.pipeline.provenance import identify_inputs
-from eyas.training.params import load_params
 
 
 def main() -> None:

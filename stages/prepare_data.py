@@ -19,8 +19,9 @@ from pathlib import Path
 from eyas.data.code import add_to_splits, code_conversations
 from eyas.data.conversations import DataError, encode_jsonl, load_conversations, split_conversations
 from eyas.io import atomic_dir, atomic_path, write_json
-from eyas.pipeline.tracking import start_stage_run
-from eyas.training.params import ParamsError, flatten, load_params
+from eyas.params import data as data_schema
+from eyas.params.schema import ParamsError, flatten, load_sections
+from eyas.tracking.runs import start_stage_run
 
 OUT_DIR = Path("data/conversations")
 METRICS = Path("metrics/prepare_data.json")
@@ -35,7 +36,7 @@ def main() -> None:
 
 def run() -> None:
     """Load the params, :func:`prepare` under the stage's MLflow run, log and print the counts."""
-    p = load_params()
+    p = load_sections(data_schema)
     with start_stage_run("prepare-data", p) as tracker:
         metrics = prepare(p)
         tracker.log_metrics({k: float(v) for k, v in flatten(metrics).items()

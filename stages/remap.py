@@ -15,18 +15,22 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
+from eyas.drafter.backend import Backend
 from eyas.drafter.model import Eagle3Drafter
 from eyas.export.eagle import save_drafter
 from eyas.export.load import load_drafter
 from eyas.features import FeatureStore, check_compatible
 from eyas.io import write_json
+from eyas.params import remap as remap_schema
+from eyas.params import target as target_schema
+from eyas.params import train as train_schema
+from eyas.params.schema import load_sections
 from eyas.pipeline.provenance import FILE as FINGERPRINT
 from eyas.pipeline.provenance import check, record
-from eyas.pipeline.tracking import start_stage_run
 from eyas.target.model import pick_device
+from eyas.tracking.runs import start_stage_run
 from eyas.training.batches import head_rows_for
 from eyas.training.online import capture_for, loader_for
-from eyas.training.params import load_params
 from eyas.training.unroll import TTTUnroll, evaluate
 from eyas.vocab.mapping import VocabMapping, load_mapping
 from eyas.vocab.remap import adopt_target_positions, naive_lm_head, remap_lm_head
@@ -48,9 +52,9 @@ def with_vocab(src: Eagle3Drafter, mapping: VocabMapping, lm_head) -> Eagle3Draf
 
 
 def main() -> None:
-    p = load_params()
+    p = load_sections(target_schema, remap_schema, train_schema)
     with start_stage_run("remap", p) as tracker:
-        source = Path(p.remap.source)  # a directory (eyas.training.params checks it)
+        source = Path(p.remap.source)  # a directory (eyas.params.remap checks it)
         inputs = [FEATURES / "val", VOCAB, source]
         for a in inputs:  # refuse stale upstream outputs, naming the stage to rerun
             check(a, p, reader="remap")
@@ -85,7 +89,7 @@ def main() -> None:
         for name, d in (("source_own_mapping", src), ("naive_rows_in_place", naive), ("remapped", remapped)):
             d.to(dev)
             unroll = TTTUnroll(d, head_rows_for(head["lm_head"], d).to(dev), p.train.ttt_length,
-                               p.train.step_decay, p.train.backend)
+                               p.train.step_decay, Backend.of(p.train.backend))
             r = evaluate(unroll, loader, dev)
             step0[name] = {"loss_0": r["loss_0"], "acc_0": r["acc_0"]}
         save_drafter(remapped.cpu(), OUT, extra_files={"remap_report.json": report, FINGERPRINT: fp})

@@ -23,9 +23,13 @@ from eyas.data.conversations import read_jsonl, write_jsonl
 from eyas.data.distill import Journal, plan_prompts, regenerate
 from eyas.data.serving import ServerError, regenerate_via_server, served_models
 from eyas.io import write_json
-from eyas.pipeline.tracking import start_stage_run
+from eyas.params import data as data_schema
+from eyas.params import distill as distill_schema
+from eyas.params import extract as extract_schema
+from eyas.params import target as target_schema
+from eyas.params.schema import FEATURE_SPLITS, ParamsError, load_sections
 from eyas.target.model import load_generation_config, stop_token_ids
-from eyas.training.params import FEATURE_SPLITS, ParamsError, load_params
+from eyas.tracking.runs import start_stage_run
 
 SPLITS = FEATURE_SPLITS
 IN_DIR, OUT_DIR = Path("data/conversations"), Path("data/distilled")
@@ -142,7 +146,7 @@ def run(p, in_dir: Path = IN_DIR, out_dir: Path = OUT_DIR, metrics_path: Path = 
 
 
 def main() -> None:
-    p = load_params()
+    p = load_sections(target_schema, data_schema, distill_schema, extract_schema)
     with start_stage_run("self-distill", p) as tracker:
         metrics = run(p, tracker=tracker)
         tracker.log_dict(metrics, "self_distill.json")

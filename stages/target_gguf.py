@@ -17,14 +17,16 @@ import time
 import torch
 
 from eyas.export.gguf import OUTTYPES, convert, write_target_dir
-from eyas.pipeline.tracking import start_stage_run
+from eyas.params import serve as serve_schema
+from eyas.params import target as target_schema
+from eyas.params.schema import load_sections
 from eyas.target.model import load_target
-from eyas.training.params import load_params
+from eyas.tracking.runs import start_stage_run
 from stages.common import TARGET_GGUF
 
 
 def main() -> None:
-    p = load_params()
+    p = load_sections(target_schema, serve_schema)
     with start_stage_run("target-gguf", p) as tracker:
         t0 = time.time()
         target = load_target(p.target.path, p.target.gguf_file, p.target.dtype, p.target.trust_remote_code,

@@ -14,19 +14,22 @@ from pathlib import Path
 
 from eyas.export.load import load_drafter
 from eyas.features import FeatureStore, check_compatible
+from eyas.params import target as target_schema
+from eyas.params import train as train_schema
+from eyas.params import train_finetune as train_finetune_schema
+from eyas.params.schema import load_sections
 from eyas.pipeline.provenance import check, record
 from eyas.pipeline.resume import code_digest
-from eyas.pipeline.tracking import start_stage_run
 from eyas.target.model import pick_device
+from eyas.tracking.runs import start_stage_run
 from eyas.training.loop import step0_gate, train_drafter
 from eyas.training.online import capture_for
-from eyas.training.params import load_params
 from stages.common import FEATURES, checkpoint_dir, target_head
 from stages.training import finish_training
 
 
 def main() -> None:
-    p = load_params()
+    p = load_sections(target_schema, train_schema, train_finetune_schema)
     f = p.train_finetune
     with start_stage_run("train-finetune", p) as tracker:
         inputs = [FEATURES / "train", FEATURES / "val", Path("models/remapped")]

@@ -12,20 +12,22 @@ from __future__ import annotations
 from pathlib import Path
 
 from eyas.features import FeatureStore
+from eyas.params import target as target_schema
+from eyas.params import train as train_schema
+from eyas.params.schema import load_sections
 from eyas.pipeline.provenance import check, record
 from eyas.pipeline.resume import code_digest
-from eyas.pipeline.tracking import start_stage_run
 from eyas.target.model import pick_device
+from eyas.tracking.runs import start_stage_run
 from eyas.training.loop import new_drafter, train_drafter
 from eyas.training.online import capture_for
-from eyas.training.params import load_params
 from eyas.vocab.mapping import load_mapping
 from stages.common import FEATURES, VOCAB, checkpoint_dir, target_head
 from stages.training import finish_training
 
 
 def main() -> None:
-    p = load_params()
+    p = load_sections(target_schema, train_schema)
     with start_stage_run("train-scratch", p) as tracker:
         inputs = [FEATURES / "train", FEATURES / "val", VOCAB]
         for a in inputs:  # refuse stale upstream outputs, naming the stage to rerun

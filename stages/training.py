@@ -9,9 +9,9 @@ from pathlib import Path
 from eyas.drafter.model import Eagle3Drafter
 from eyas.export.eagle import save_drafter
 from eyas.io import write_json, write_tsv
-from eyas.pipeline import plots
 from eyas.pipeline.provenance import FILE as FINGERPRINT
-from eyas.pipeline.team_tracking import log_drafter_model
+from eyas.tracking import plots
+from eyas.tracking.team import log_drafter_model
 from eyas.training import checkpoint
 from eyas.training.distributed import is_main
 from eyas.training.loop import TrainResult
@@ -48,7 +48,7 @@ def finish_training(stage: str, drafter: Eagle3Drafter, result: TrainResult, out
     tracker.log_metrics({"final/" + k: v for k, v in result.final_val.items()}, step=result.steps)
     tracker.log_dict(metrics, f"{name}_metrics.json")
     tracker.log_artifact(out_dir / "config.json")
-    try:  # the drafter as an MLflow logged model, its datasets DVC's (eyas/pipeline/team_tracking.py)
+    try:  # the drafter as an MLflow logged model, its datasets DVC's (eyas/tracking/team.py)
         log_drafter_model(tracker, stage, out_dir, result.final_val, step=result.steps,
                           datasets={str(FEATURES): "training", str(CONVERSATIONS): "source"})
     except Exception as err:  # noqa: BLE001 - MLflow's record never fails a finished training

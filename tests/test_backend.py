@@ -14,7 +14,7 @@ import torch
 import yaml
 
 from eyas.drafter.backend import REFERENCE, Backend, BackendError
-from eyas.training.params import ParamsError, load_params, parse_params
+from eyas.params.full import ParamsError, load_params, parse_params
 
 ROOT = Path(__file__).resolve().parents[1]
 FAST = Backend(attention="auto", compile=True, compile_layers=True, triton=True, cuda_graphs=True)
@@ -27,11 +27,13 @@ def on(kind: str):
 
 def test_params_yaml_section_is_the_training_backend():
     raw = yaml.safe_load((ROOT / "params.yaml").read_text())["train"]["backend"]
-    got = load_params(ROOT / "params.yaml").train.backend
+    got = Backend.of(load_params(ROOT / "params.yaml").train.backend)
     assert isinstance(got, Backend) and dataclasses.asdict(got) == raw
     assert {f.name for f in dataclasses.fields(Backend)} == set(raw)  # every field has its params key
     with pytest.raises(dataclasses.FrozenInstanceError):
         got.attention = "dense"
+    with pytest.raises(dataclasses.FrozenInstanceError):  # the schema's choices are frozen too
+        load_params(ROOT / "params.yaml").train.backend.attention = "dense"
 
 
 def test_bad_values_name_the_key():
@@ -79,12 +81,12 @@ def test_compile_registry_follows_the_backend():
 
 
 def test_no_environment_switches_for_backends():
-    """The issue's check: no environment writes in eyas/stages/benchmarks, and no EYAS_* kernel
+    """The issue's check: no environment writes in eyas/stages/benchmarks/dev, and no EYAS_* kernel
     switch read anywhere in the code."""
     write = re.compile(r"os\.environ\[.*\]\s*=")
     switch = re.compile(r"EYAS_(ATTN|COMPILE|COMPILE_LAYER|TRITON|CUDA_GRAPHS)\b")
     bad = []
-    for d in ("eyas", "stages", "benchmarks"):
+    for d in ("eyas", "stages", "benchmarks", "dev"):
         for f in sorted((ROOT / d).rglob("*")):
             if f.suffix not in (".py", ".sh") or not f.is_file():
                 continue
@@ -92,3 +94,21 @@ def test_no_environment_switches_for_backends():
                 if write.search(line) or switch.search(line):
                     bad.append(f"{f.relative_to(ROOT)}:{i}: {line.strip()}")
     assert not bad, "\n".join(bad)
+
+
+def test_the_schema_and_the_backend_name_the_same_choices():
+    """train.backend's schema (eyas/params/kernels.py) and the Backend built from it
+    (eyas/drafter/backend.py) are kept apart so that the schema is a dep of the training stages only;
+    they must name the same choices, and Backend.of carries every one across."""
+    import dataclasses
+
+    from eyas.drafter import backend
+    from eyas.params import kernels
+
+    assert [f.name for f in dataclasses.fields(kernels.KernelChoices)] == [
+        f.name for f in dataclasses.fields(backend.Backend)]
+    assert kernels.ATTENTION == backend.ATTENTION
+    choices = kernels.KernelChoices(attention="dense", compile=False, compile_layers=True, triton=False,
+                                    cuda_graphs=True)
+    b = backend.Backend.of(choices)
+    assert dataclasses.asdict(b) == dataclasses.asdict(choices) and backend.Backend.of(b) is b

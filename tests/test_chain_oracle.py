@@ -192,7 +192,7 @@ def test_unsupported_proposer_and_bad_input(setup):
 
 
 def test_accept_len_figure_plots_chain_lengths():
-    from eyas.pipeline import plots
+    from eyas.tracking import plots
 
     m = {"chat": {"accepted_histogram": [2, 1, 1], "per_position_accept_rate": [0.5, 0.25], "accept_len": 1.75,
                   "accept_len_by_chain_length": {"1": 1.5, "2": 1.75}},

@@ -28,7 +28,7 @@ from eyas.data.code import (
     usable_functions,
 )
 from eyas.data.conversations import DataError
-from eyas.training.params import ParamsError, parse_params
+from eyas.params.full import ParamsError, parse_params
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -57,8 +57,8 @@ USABLE = {"more_itertools": 79, "boltons": 227, "networkx": 241, "sympy": 4066}
 FOUR = list(USABLE)  # the four packages of the first code data (params.yaml's default adds mlflow and dvc)
 MORE = {"mlflow": 2165, "dvc": 137}  # the other pinned packages data.code_packages may add
 SIX = FOUR + list(MORE)  # params.yaml's default
-# dependencies of eyas' requirements, pinned in the extra `code` (benchmarks/levers/data2x.yaml names the
-# first fourteen packages, benchmarks/levers/allcode.yaml all thirty-six)
+# dependencies of eyas' requirements, pinned in the extra `code` (dev/levers/data2x.yaml names the
+# first fourteen packages, dev/levers/allcode.yaml all thirty-six)
 EXTRA = {"dulwich": 1249, "sqlalchemy": 1140, "pydantic": 324, "rich": 311, "jinja2": 230, "werkzeug": 216,
          "git": 214, "fsspec": 199, "matplotlib": 1401, "pandas": 820, "scipy": 721, "fontTools": 645,
          "celery": 588, "sklearn": 501, "numpy": 346, "kombu": 286, "gunicorn": 262, "PIL": 248, "graphql": 207,

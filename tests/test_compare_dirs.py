@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from eyas.pipeline.compare import CompareError, compare_dirs, lock_params
+from eyas.tracking.compare import CompareError, compare_dirs, lock_params
 
 LOCK = """schema: '2.0'
 stages:
@@ -78,7 +78,7 @@ def test_metrics_dir_params_come_from_the_locks_not_the_edited_params_yaml(tmp_p
     lines = compare_dirs(["other"]).splitlines()
     assert "| `vocab.draft_vocab_size` | 512 |" in lines and "| params file | params.yaml |" in lines
 
-    # a lever run's directory brings its own params.yaml (benchmarks/h200_profile.sh results.tgz): its recipe keys
+    # a lever run's directory brings its own params.yaml (dev/gpu/h200_profile.sh results.tgz): its recipe keys
     (tmp_path / "lever").mkdir()
     (tmp_path / "lever" / "params.yaml").write_text(
         "data:\n  code_packages: [sympy, dvc]\ndistill:\n  max_prompt_tokens: 640\nextract:\n  max_length: 768\n"
@@ -305,3 +305,19 @@ def test_an_out_path_that_cannot_be_written_is_one_error_line(tmp_path, capsys):
     stdout, err = capsys.readouterr()
     assert target.read_text() == stdout and err == f"eyas compare: wrote {target}\n"
     assert list(target.parent.iterdir()) == [target]
+
+
+def test_every_param_that_differs_gets_a_row(tmp_path, monkeypatch):
+    """Beyond the recipe keys: a directory whose params differ in extract.aux_layers or eval.top_p shows
+    those rows; keys equal in every column only with all_params."""
+    monkeypatch.chdir(tmp_path)
+    for d, extra in (("a", ""), ("b", "extract:\n  aux_layers: [2, 5, 9]\neval:\n  top_p: 0.5\n")):
+        (tmp_path / d).mkdir()
+        (tmp_path / d / "params.yaml").write_text("train:\n  epochs: 2\n" + extra)
+        (tmp_path / d / "train_scratch.json").write_text(json.dumps({"val": {"acc_0": 0.5}}))
+    lines = compare_dirs(["a", "b"]).splitlines()
+    assert "| `extract.aux_layers` | – | 2, 5, 9 |" in lines and "| `eval.top_p` | – | 0.5 |" in lines
+    assert not [line for line in lines if line.startswith("| `train.warmup_ratio`")]
+    assert "| `train.epochs` | 2 | 2 |" in lines  # a recipe key: always its row
+    every = compare_dirs(["a", "b"], all_params=True).splitlines()
+    assert "| `extract.aux_layers` | – | 2, 5, 9 |" in every

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from eyas.training import params as config
-from eyas.training.params import (
+from eyas.params import full as config
+from eyas.params import schema
+from eyas.params.full import (
     DEFAULTS_FILE,
     Params,
     ParamsError,
@@ -49,7 +50,8 @@ def test_dvc_written_float_string_is_read_as_float(tmp_path):
     ({"train": {"ttt_length": 0}}, "'train.ttt_length' must be >= 1"),
     ({"train": {"eval_every": 0}}, "'train.eval_every' must be >= 1"),
     # every epoch's batches are planned before the first step: 10**25 epochs stalled at start-up
-    ({"train": {"epochs": 10 ** 25}}, r"^params\.yaml: 'train.epochs' must be in \[1, 1000\] .*, got 10000000000000000000000000$"),
+    ({"train": {"epochs": 10 ** 25}},
+     r"^params\.yaml: 'train.epochs' must be in \[1, 1000\] .*, got 10000000000000000000000000$"),
     ({"train": {"epochs": 0}}, r"'train.epochs' must be in \[1, 1000\]"),
     ({"stand_in": {"epochs": 1001}}, r"'stand_in.epochs' must be in \[1, 1000\]"),
     ({"train": {"grad_clip": -1.0}}, "'train.grad_clip' must be > 0"),
@@ -195,9 +197,12 @@ def test_flatten_and_hash():
 # ------------------------------------------------------------ params.yaml: the one source of defaults
 
 def _schema_keys(cls: type, prefix: str = "") -> dict[str, dataclasses.Field]:
-    """Every leaf field of the schema under its dotted key."""
+    """Every leaf field of the schema under its dotted key (``unread``, the sections a stage did not
+    load, is no key of the file)."""
     out = {}
     for f in dataclasses.fields(cls):
+        if f.name == "unread":
+            continue
         tp = typing.get_type_hints(cls)[f.name]
         if dataclasses.is_dataclass(tp):
             out[f"{prefix}{f.name}"] = f
@@ -222,12 +227,12 @@ def test_no_default_value_outside_params_yaml():
     with_default = [k for k, f in _schema_keys(Params).items()
                     if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING]
     assert with_default == [], \
-        f"eyas/training/params.py gives these fields defaults (params.yaml holds them): {with_default}"
+        f"eyas/params/ gives these fields defaults (params.yaml holds them): {with_default}"
 
 
 def test_repo_params_yaml_sets_every_schema_key_and_no_other():
     assert DEFAULTS_FILE == Path(__file__).resolve().parents[1] / "params.yaml"
-    raw = yaml.safe_load(DEFAULTS_FILE.read_text())  # read without eyas.training.params
+    raw = yaml.safe_load(DEFAULTS_FILE.read_text())  # read without eyas.params
     assert _yaml_keys(raw) == set(_schema_keys(Params))
     flat = flatten(default_params())  # the defaults are exactly the file's values
     assert flat == flatten(raw)
@@ -249,12 +254,28 @@ def test_a_key_missing_from_params_yaml_is_named(tmp_path, monkeypatch):
     del raw["train"]["nproc"], raw["seed"]
     defaults = tmp_path / "params.yaml"
     defaults.write_text(yaml.safe_dump(raw))
-    monkeypatch.setattr(config, "DEFAULTS_FILE", defaults)
+    monkeypatch.setattr(schema, "DEFAULTS_FILE", defaults)
     with pytest.raises(ParamsError, match=r"^params.yaml: missing key 'seed'"):
         parse_params({}, "params.yaml")
     with pytest.raises(ParamsError, match=r"missing key 'train.nproc'"):
         parse_params({"seed": 1}, "params.yaml")
     assert parse_params({"seed": 1, "train": {"nproc": 2}}).train.nproc == 2
-    monkeypatch.setattr(config, "DEFAULTS_FILE", tmp_path / "gone.yaml")
+    monkeypatch.setattr(schema, "DEFAULTS_FILE", tmp_path / "gone.yaml")
     with pytest.raises(ParamsError, match="gone.yaml: no such params file"):
         default_params()
+
+
+def test_a_stage_that_loads_some_sections_hashes_the_params_as_one_that_loads_all(tmp_path):
+    """The MLflow parent run is found by the params hash of whichever stage runs first: a float key
+    written as an int (``dvc exp run -S train.grad_clip=1`` writes ``1``) is ``1.0`` where its section
+    is loaded and ``1`` as read where it is not; both hash the same, and the loaded values are typed."""
+    from eyas.params import data, train
+    from eyas.params.schema import load_sections
+
+    f = tmp_path / "params.yaml"
+    f.write_text("train:\n  grad_clip: 1\n  step_decay: 1\neval:\n  temperatures: [0, 1]\n")
+    some, typed, every = load_sections(data, path=f), load_sections(train, path=f), config.load_params(f)
+    assert (typed.train.grad_clip, type(typed.train.grad_clip)) == (1.0, float)
+    assert some.unread["train"]["grad_clip"] == 1 and not hasattr(some, "train")
+    assert params_hash(some) == params_hash(typed) == params_hash(every)
+    assert flatten(some) == flatten(every)  # 1 == 1.0: the same values, every key

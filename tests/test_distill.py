@@ -12,7 +12,7 @@ from transformers import GenerationConfig
 from eyas.data.conversations import DataError, read_jsonl, write_jsonl
 from eyas.data.distill import Journal, fit_prompt, generate_batch, plan_prompts, regenerate, turn_prompts
 from eyas.eval.speculative import greedy_generate
-from eyas.training.params import ParamsError, load_params
+from eyas.params.full import ParamsError, load_params
 from stages import self_distill
 from tests.tiny import VOCAB, tiny_target
 
@@ -47,7 +47,7 @@ def test_batched_equals_unbatched_greedy(target, prompts, reference):
 
 
 def test_a_static_cache_gives_the_same_tokens(target, prompts, reference):
-    """transformers' preallocated cache (benchmarks/bench_generate.py times it on a GPU): the same
+    """transformers' preallocated cache (dev/bench/bench_generate.py times it on a GPU): the same
     left-padded batch decodes to the unbatched reference token for token."""
     assert generate_batch(target.model, prompts, 16, pad_id=0, stop_ids=[], cache_implementation="static") == reference
 

@@ -19,11 +19,11 @@ from safetensors.torch import load_file
 from eyas.drafter.model import DrafterConfig, Eagle3Drafter
 from eyas.export.eagle import save_drafter
 from eyas.features import FeatureStore, ShardWriter
-from eyas.pipeline.tracking import Tracker
+from eyas.params.full import default_params
+from eyas.tracking.runs import Tracker
 from eyas.training import distributed as D
 from eyas.training import launch
 from eyas.training.loop import train_drafter
-from eyas.training.params import default_params
 
 H, V, DV, AUX = 32, 128, 64, 3
 ROW = 24  # longest sample: the packed row length

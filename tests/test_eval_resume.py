@@ -18,9 +18,9 @@ import pytest
 import torch
 
 import stages.eval_accept_len as stage
+from eyas.params.full import default_params
 from eyas.pipeline.resume import Parts
-from eyas.pipeline.tracking import Tracker
-from eyas.training.params import default_params
+from eyas.tracking.runs import Tracker
 from tests.tiny import trained_drafter
 
 K = 3

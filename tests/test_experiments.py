@@ -1,8 +1,8 @@
 """DVC experiments, the queue and MLflow working together, with the REAL dvc and mlflow CLIs.
 
 A tiny three-stage pipeline in a temporary git + DVC repo (no model, trivial work) whose stage
-scripts use the real ``eyas.training.params`` (typed params), ``eyas.pipeline.tracking`` (MLflow store anchored at
-``$DVC_ROOT``, parent/child runs) and ``eyas.pipeline.plots`` (PNG artifacts)::
+scripts use the real ``eyas.params`` (typed params), ``eyas.tracking.runs`` (MLflow store anchored at
+``$DVC_ROOT``, parent/child runs) and ``eyas.tracking.plots`` (PNG artifacts)::
 
     prepare-data (params: data) -> train-scratch (params: lr) -> eval-accept-len@scratch
 
@@ -15,7 +15,7 @@ It shows (docs/dvc-mlflow.md §2 and §4):
       ``eyas compare`` puts them side by side;
   (c) an unknown key in params.yaml fails before any compute, naming the key's path;
   (d) ``dvc exp show --json`` lists the metrics of the baseline and both experiments.
-Plus unit tests of eyas.pipeline.plots, eyas.pipeline.compare and stages/training.finish_training's artifacts on an
+Plus unit tests of eyas.tracking.plots, eyas.tracking.compare and stages/training.finish_training's artifacts on an
 in-process store.
 
 Run: ``python -m pytest tests/test_experiments.py -q`` (about 2 minutes on 2 CPU cores; the
@@ -41,10 +41,13 @@ import yaml
 mlflow = pytest.importorskip("mlflow")
 from mlflow import MlflowClient  # noqa: E402
 
-from eyas.pipeline import compare as eyas_compare  # noqa: E402
-from eyas.pipeline import plots, tracking  # noqa: E402
-from eyas.training.params import parse_params  # noqa: E402
+from eyas.params.full import flatten, parse_params  # noqa: E402
+from eyas.pipeline import dvcfiles  # noqa: E402
+from eyas.tracking import compare as eyas_compare  # noqa: E402
+from eyas.tracking import plots  # noqa: E402
+from eyas.tracking import runs as tracking  # noqa: E402
 
+ROOT = Path(__file__).resolve().parents[1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 QUEUE_TIMEOUT_S = 240
 
@@ -90,8 +93,8 @@ PREPARE = '''\
 """Stage prepare-data: reads params `data`."""
 import json
 from pathlib import Path
-from eyas.training.params import load_params
-from eyas.pipeline.tracking import start_stage_run
+from eyas.params.full import load_params
+from eyas.tracking.runs import start_stage_run
 
 p = load_params()  # an unknown key or a wrong type fails HERE, before any compute
 print("COMPUTE prepare-data", flush=True)
@@ -107,9 +110,9 @@ TRAIN = '''\
 """Stage train-scratch: reads params `lr` (top level); a fake curve that depends on lr."""
 import json, math
 from pathlib import Path
-from eyas.training.params import load_params
-from eyas.pipeline.plots import ttt_curves_figure
-from eyas.pipeline.tracking import start_stage_run
+from eyas.params.full import load_params
+from eyas.tracking.plots import ttt_curves_figure
+from eyas.tracking.runs import start_stage_run
 
 p = load_params()
 print("COMPUTE train-scratch", flush=True)
@@ -135,9 +138,9 @@ EVALUATE = '''\
 """Stage eval-accept-len@<drafter>: reads out/model.json; no params."""
 import json, sys
 from pathlib import Path
-from eyas.training.params import load_params
-from eyas.pipeline.plots import accept_len_figure
-from eyas.pipeline.tracking import start_stage_run
+from eyas.params.full import load_params
+from eyas.tracking.plots import accept_len_figure
+from eyas.tracking.runs import start_stage_run
 
 name = sys.argv[1]
 p = load_params()
@@ -252,7 +255,7 @@ def test_exp_run_set_param_reruns_only_lr_stages(repo):
     assert yaml.safe_load((repo / "params.yaml").read_text())["lr"] == "5e-05"
     lock = yaml.safe_load((repo / "dvc.lock").read_text())
     assert lock["stages"]["train-scratch"]["params"]["params.yaml"]["lr"] == "5e-05"
-    # ... and eyas.training.params hands the stage a float
+    # ... and eyas.params hands the stage a float
     model = json.loads((repo / "out" / "model.json").read_text())
     assert model["lr"] == 5e-05 and model["lr_type"] == "float"
     assert json.loads((repo / "metrics" / "train.json").read_text())["lr"] == 5e-05
@@ -429,7 +432,7 @@ def test_exp_show_json_lists_metrics(repo, queued):
 
 
 # --------------------------------------------------------------------------------------------
-# Unit tests: eyas.pipeline.plots and eyas.pipeline.compare (in-process, no DVC)
+# Unit tests: eyas.tracking.plots and eyas.tracking.compare (in-process, no DVC)
 
 
 def test_plots_render_pngs(tmp_path):
@@ -506,8 +509,8 @@ def test_compare_renders_latest_pipelines_side_by_side(unit_store, monkeypatch):
 
     assert row("`lr`") == "| `lr` | 5e-05 | 0.001 |"
     assert not [line for line in lines if line.startswith("| `train.epochs`")]  # equal: folded
-    same = next(line for line in lines if line.startswith("Same in every column:"))
-    assert "`train.epochs=3`" in same and "`train_finetune.lr=0.0003`" in same
+    n = len(flatten(parse_params({}))) - 1  # every param but lr
+    assert f"{n} other params are the same in every column (`--all-params` lists them)." in lines
     full = eyas_compare.compare(all_params=True).splitlines()
     assert "| `train.epochs` | 3 | 3 |" in full and "| `train_finetune.lr` | 0.0003 | 0.0003 |" in full
     assert row("train-scratch val acc_0") == "| train-scratch val acc_0 | 0.47 | 0.41 |"
@@ -522,6 +525,56 @@ def test_compare_renders_latest_pipelines_side_by_side(unit_store, monkeypatch):
     from eyas.cli import main
     assert main(["compare", "--out", str(unit_store / "cmp.md")]) == 0
     assert (unit_store / "cmp.md").read_text() == text
+
+
+def test_compare_shows_every_param_that_differs(unit_store, monkeypatch):
+    """Experiments that differ in extract.aux_layers, data.* or eval.* (not only lr and train.*) get
+    those rows; with one column nothing differs and the rest is counted."""
+    monkeypatch.setenv("DVC_EXP_BASELINE_REV", "abcdef0123456789")
+    monkeypatch.setenv("DVC_STAGE", "train-scratch")
+    for name, raw in (("base", {}), ("aux", {"extract": {"aux_layers": [2, 5, 9]}, "data": {"val": 3},
+                                          "eval": {"chat_prompts": 4}})):
+        monkeypatch.setenv("DVC_EXP_NAME", name)
+        with tracking.start_stage_run("train-scratch", parse_params(raw)) as t:
+            t.log_metrics({"final/acc_0": 0.5})
+    lines = eyas_compare.compare().splitlines()
+    shown = [line.split(" |")[0][2:] for line in lines if line.startswith("| `")]
+    assert shown == ["`lr`", "`data.val`", "`eval.chat_prompts`", "`extract.aux_layers`"]
+    assert "| `extract.aux_layers` | [2, 5, 9] | None |" in lines
+    one = eyas_compare.compare(limit=1).splitlines()
+    assert [line for line in one if line.startswith("| `")] == ["| `lr` | 0.001 |"]
+    assert f"{len(flatten(parse_params({}))) - 1} other params not shown (`--all-params` lists them)." in one
+
+
+def test_compare_shows_a_figure_only_under_the_execution_that_made_it(unit_store, monkeypatch):
+    """The workspace's metrics files are logged onto every parent (team_tracking.sync_parent): the
+    committed fine-tune's figures were shown under an experiment of the default DAG, which never ran
+    the fine-tune. A reused stage's figure shows only where a stage that ran depends on it."""
+    for f in dvcfiles.PIPELINES:
+        (unit_store / f).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / f, unit_store / f)
+    metrics = unit_store / "metrics"
+    metrics.mkdir()
+    (metrics / "train_finetune.json").write_text(json.dumps({"val": {"acc_0": 0.61}}))
+    (metrics / "eval_finetune.json").write_text(json.dumps(
+        {"chat": {"accept_len": 1.7, "serving_verdict": {"worth_serving": True}}}))
+    (metrics / "train_scratch.json").write_text(json.dumps({"val": {"acc_0": 0.44}}))
+    # `dvc exp run` of a preset: the default DAG's train-scratch and eval ran, no fine-tune
+    _pipeline(monkeypatch, "quick", 1e-3, {"train-scratch": {"final/acc_0": 0.2},
+                                           "eval-accept-len@scratch": {"chat/accept_len": 1.1}})
+    # an eval-only change: train-scratch reused (its figure from the parent: eval-accept-len@scratch read it)
+    _pipeline(monkeypatch, "evalonly", 2e-3, {"eval-accept-len@scratch": {"chat/accept_len": 1.3}})
+    lines = eyas_compare.compare().splitlines()
+
+    def row(label):
+        return next(line for line in lines if line.startswith(f"| {label} |"))
+
+    assert row("train-finetune val acc_0") == "| train-finetune val acc_0 | – | – |"
+    assert row("finetune chat accept_len") == "| finetune chat accept_len | – | – |"
+    assert row(f"finetune chat {eyas_compare.WORTH}") == f"| finetune chat {eyas_compare.WORTH} | – | – |"
+    assert row("train-scratch val acc_0") == "| train-scratch val acc_0 | 0.44 | 0.2 |"
+    reused = row("stages reused (numbers from metrics/)")
+    assert reused == "| stages reused (numbers from metrics/) | train-scratch | – |"
 
 
 def test_compare_errors_without_store(unit_store, capsys):

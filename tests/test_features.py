@@ -23,8 +23,8 @@ from eyas.features import (
     estimate_split_bytes,
     quantize_fp8,
 )
+from eyas.params.full import ParamsError, parse_params
 from eyas.training.batches import PackedLoader
-from eyas.training.params import ParamsError, parse_params
 
 sys.path.insert(0, str(Path(__file__).parent))
 

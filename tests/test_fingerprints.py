@@ -19,9 +19,9 @@ import yaml
 from tiny import tiny_target, write_features
 
 from eyas.io import save_safetensors
+from eyas.params.full import ParamsError, load_params
 from eyas.pipeline import provenance
 from eyas.pipeline.provenance import StaleError
-from eyas.training.params import ParamsError, load_params
 
 REPO = Path(__file__).resolve().parents[1]
 PARAMS = {"seed": 0, "target": {"path": "./target"}, "vocab": {"draft_vocab_size": 16},
@@ -139,7 +139,7 @@ def test_yes_is_a_string_for_eyas_as_for_dvc(tmp_path):
 STAGE = """stages:
   check:
     cmd: >-
-      python -c "from eyas.training.params import load_params;
+      python -c "from eyas.params.full import load_params;
       print('override', load_params().train_finetune.gate_override)"
     params: [train_finetune, train]
 """

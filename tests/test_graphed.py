@@ -96,9 +96,9 @@ def test_training_stage_with_graphs_matches_eager(tmp_path, monkeypatch):
     against ``train.backend.cuda_graphs: false`` (eager): same train losses, val metrics and weights to bf16
     precision over 6 optimizer steps."""
     import eyas.training.graphed as graphed
-    from eyas.pipeline.tracking import Tracker
+    from eyas.params.full import default_params
+    from eyas.tracking.runs import Tracker
     from eyas.training.loop import new_drafter, train_drafter
-    from eyas.training.params import default_params
     from eyas.vocab.mapping import build_mapping, count_tokens
     from tests.tiny import tiny_target, write_features
 

@@ -118,7 +118,7 @@ def offline(hub_cache):
         # self-distill renders its prompts with the tokenizer at target.revision, not main's
         import tempfile
         from pathlib import Path
-        from eyas.training.params import load_params
+        from eyas.params.full import load_params
         from eyas.data.conversations import render_prompt
         from stages import self_distill
         ws = Path(tempfile.mkdtemp())

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
+from eyas.params.full import ParamsError, parse_params
 from eyas.target.hub import HubError, is_hub_id, snapshot
 from eyas.target.model import TargetError, load_tokenizer_and_config
-from eyas.training.params import ParamsError, parse_params
 
 BAD = [("org/name.git", "cannot end by '.git'"), ("org/na--me", "Cannot have -- or .."),
        ("org/..", "alphanumeric chars")]

@@ -17,9 +17,12 @@ from eyas.pipeline import stage_deps
 ROOT = Path(__file__).resolve().parents[1]
 
 # Lowest first. "ground": eyas.io (atomic files, hashes), eyas.features (the feature store),
-# eyas.yaml12 (params YAML read as DVC reads it) and eyas/__init__; "cli" sits on top.
-LAYERS = ("ground", "target", "data", "vocab", "drafter", "training", "export", "eval", "pipeline", "cli")
-GROUND = {"eyas", "eyas.io", "eyas.features", "eyas.yaml12"}
+# eyas.yaml12 (params YAML read as DVC reads it) and eyas/__init__; "params": the params schema, one module per
+# section; "pipeline": DVC (its files, the stage deps, presets, the team remote); "tracking": MLflow and
+# `eyas compare`; "cli" sits on top. eyas.urls (a URL's password masked) is ground too.
+LAYERS = ("ground", "params", "target", "data", "vocab", "drafter", "training", "export", "eval", "pipeline",
+          "tracking", "cli")
+GROUND = {"eyas", "eyas.io", "eyas.features", "eyas.yaml12", "eyas.urls"}
 
 
 def package_of(module: str) -> str:
@@ -118,8 +121,40 @@ def test_checker_flags_a_synthetic_upward_import_and_cycle():
 def test_checker_flags_an_upward_import_injected_into_a_copy(tmp_path):
     shutil.copytree(ROOT / "eyas", tmp_path / "eyas", ignore=shutil.ignore_patterns("__pycache__"))
     layers = tmp_path / "eyas" / "target" / "layers.py"
-    layers.write_text(layers.read_text() + "\n\ndef _injected():\n    from eyas.pipeline import tracking\n")
+    layers.write_text(layers.read_text() + "\n\ndef _injected():\n    from eyas.tracking import runs\n")
     graph = module_graph(tmp_path)
-    assert upward_imports(graph) == ["eyas.target.layers -> eyas.pipeline (target < pipeline)",  # its __init__
-                                     "eyas.target.layers -> eyas.pipeline.tracking (target < pipeline)"]
-    assert package_cycles(graph)  # tracking reaches target through the params schema's imports
+    assert upward_imports(graph) == ["eyas.target.layers -> eyas.tracking (target < tracking)",  # its __init__
+                                     "eyas.target.layers -> eyas.tracking.runs (target < tracking)"]
+    assert package_cycles(graph)  # tracking reaches target (its logged models load the target's config)
+
+
+# the product's folders: dev/ (the lab) may import from them, never the reverse
+PRODUCT_DIRS = ("eyas", "stages", "benchmarks", "scripts", "tests")
+
+
+def imports_of_the_lab(root: Path) -> list[str]:
+    """Every import of the lab's package ``dev`` (``import dev``, ``from dev.bench import x``) from a
+    Python file under :data:`PRODUCT_DIRS`, as ``'path: module'``."""
+    out = []
+    for d in PRODUCT_DIRS:
+        for f in sorted((root / d).rglob("*.py")):
+            mods = stage_deps._imported_modules(f, ".".join(f.relative_to(root).with_suffix("").parts))
+            out += [f"{f.relative_to(root)}: {m}" for m in sorted(mods) if m == "dev" or m.startswith("dev.")]
+    return out
+
+
+def test_the_product_imports_nothing_from_the_lab():
+    assert imports_of_the_lab(ROOT) == []
+    # the lab does import the product (so the check above is one way, not a ban on the name)
+    assert "benchmarks.bench_train" in stage_deps._imported_modules(ROOT / "dev" / "bench" / "peer_speculators.py",
+                                                                    "dev.bench.peer_speculators")
+
+
+def test_checker_flags_an_import_of_the_lab_injected_into_a_copy(tmp_path):
+    """Negative control: a product file that imports dev/, top level or inside a function."""
+    (tmp_path / "stages").mkdir()
+    (tmp_path / "benchmarks").mkdir()
+    (tmp_path / "stages" / "x.py").write_text("def f():\n    from dev.bench.common import RESULTS\n")
+    (tmp_path / "benchmarks" / "y.py").write_text("import dev\nimport devtools\n")
+    assert imports_of_the_lab(tmp_path) == ["stages/x.py: dev.bench.common", "stages/x.py: dev.bench.common.RESULTS",
+                                            "benchmarks/y.py: dev"]

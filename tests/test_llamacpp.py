@@ -42,10 +42,10 @@ from eyas.eval.oracle import accepted_draft_counts, per_prompt_walks, walk_metri
 from eyas.export.eagle import save_drafter
 from eyas.export.gguf import CONVERTER, ServeMismatchError, convert, require_served_as_trained, write_target_dir
 from eyas.features import FeatureStore, ShardWriter
-from eyas.pipeline.tracking import Tracker
+from eyas.params.full import default_params
 from eyas.target.model import load_target
+from eyas.tracking.runs import Tracker
 from eyas.training.loop import new_drafter, train_drafter
-from eyas.training.params import default_params
 from eyas.vocab.mapping import build_mapping, count_tokens
 from stages.eval_accept_len import fit_benchmarks
 

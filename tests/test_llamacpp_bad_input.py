@@ -14,10 +14,17 @@ import pytest
 from test_gguf import _tiny_drafter, _write_gguf
 
 from eyas.cli import main
-from eyas.eval.llamacpp import (EngineError, LlamaServer, agreement, prompt_decodes, request_metrics, serve_benchmark,
-                                server_binary)
+from eyas.eval.llamacpp import (
+    EngineError,
+    LlamaServer,
+    agreement,
+    prompt_decodes,
+    request_metrics,
+    serve_benchmark,
+    server_binary,
+)
+from eyas.params.full import default_params
 from eyas.target.model import embedded_target
-from eyas.training.params import default_params
 from stages.eval_accept_len import engine_part
 
 

@@ -26,12 +26,12 @@ from safetensors import safe_open
 from tiny import LAYERS, VOCAB, manifest_fields, tiny_target
 
 from eyas.features import TOKENS, FeatureError, FeatureStore
-from eyas.pipeline.tracking import Tracker
+from eyas.params.full import parse_params
 from eyas.target import layers
+from eyas.tracking.runs import Tracker
 from eyas.training.batches import PackedLoader
 from eyas.training.loop import new_drafter, train_drafter
 from eyas.training.online import OnlineLoader, TargetCapture, capture_for, loader_for, round_to_storage
-from eyas.training.params import parse_params
 from eyas.vocab.mapping import build_mapping, count_tokens
 from stages.extract import extract_split
 

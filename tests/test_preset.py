@@ -17,8 +17,8 @@ from dvc.utils.hydra import apply_overrides
 from dvc.utils.serialize import parse_yaml
 
 from eyas import yaml12
+from eyas.params.full import flatten
 from eyas.pipeline import preset
-from eyas.training.params import flatten
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -276,7 +276,16 @@ def _dvc_rewritten(tmp_path: Path) -> Path:
     return f
 
 
-@pytest.mark.parametrize("lever", ["code", "data2x"])
+# presets that replace the list with a shorter and with a longer one wrapped over two lines
+LIST_PRESETS = {
+    "six": "data:\n  code_prompts: 6800\n  code_packages: [more_itertools, boltons, networkx, sympy, mlflow, dvc]\n",
+    "fourteen": ("data:\n  max_conversations: 1840\n  code_prompts: 10700\n"
+                 "  code_packages: [more_itertools, boltons, networkx, sympy, mlflow, dvc, dulwich,\n"
+                 "                  sqlalchemy, pydantic, rich, jinja2, werkzeug, git, fsspec]\n"),
+}
+
+
+@pytest.mark.parametrize("lever", sorted(LIST_PRESETS))
 def test_a_lever_sets_a_list_that_dvc_wrote_in_block_style(tmp_path, lever):
     """The list is replaced whole, from after the key's colon to its last item, on the key's line and
     before the key's comment (its column kept where the value leaves room); no item line is left."""
@@ -284,7 +293,8 @@ def test_a_lever_sets_a_list_that_dvc_wrote_in_block_style(tmp_path, lever):
     before = f.read_text()
     key_line = next(line for line in before.splitlines() if line.startswith("  code_packages:"))
     assert f"{key_line}\n\n  - more_itertools\n  - boltons\n  - networkx\n  - sympy\n" in before  # DVC's layout
-    pre = ROOT / "benchmarks" / "levers" / f"{lever}.yaml"
+    pre = tmp_path / f"{lever}.yaml"
+    pre.write_text(LIST_PRESETS[lever])
     assert preset.main([str(pre), "--params", str(f), "--write", str(f)]) == 0
     after = f.read_text()
     packages = preset.load_preset(pre)["data"]["code_packages"]
@@ -445,7 +455,8 @@ def test_a_dotted_or_hyphenated_key_is_named_at_its_own_line(tmp_path, capsys):
     assert preset.main([str(pre), "--params", str(params)]) == 2
     assert capsys.readouterr().err == (f"eyas.pipeline.preset: error: {params}: line 2: key 'train.epochs' has a "
                                        f"dot in its name; params nest each section's keys:\ntrain:\n  epochs: 4\n")
-    merged = "train: &t {epochs: 2, eval_every: 10}\nstand_in:\n  <<: *t\n  lr.x: 1\n"  # a merge key shifts no key's place
+    # a merge key shifts no key's place
+    merged = "train: &t {epochs: 2, eval_every: 10}\nstand_in:\n  <<: *t\n  lr.x: 1\n"
     params, pre = _files(tmp_path, pre=merged)
     assert preset.main([str(pre), "--params", str(params)]) == 2
     assert capsys.readouterr().err.startswith(f"eyas.pipeline.preset: error: {pre}: line 4: key 'lr.x' has a dot")
@@ -594,3 +605,20 @@ def test_a_preset_and_params_given_as_pipes_are_read_once(tmp_path, capsys):
     piped = subprocess.run(run, cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert piped.returncode == 2 and re.search(r"unknown key 'train\.epochz' .*\(line 2 of /dev/fd/\d+\)\n$",
                                                piped.stderr), piped.stderr
+
+
+def test_eyas_preset_is_the_module(capsys, tmp_path):
+    """`eyas preset` hands its arguments (--help too) to eyas.pipeline.preset, whose `python -m` form stays."""
+    from eyas.cli import main
+
+    pre = ROOT / "presets" / "quick.yaml"
+    assert main(["preset", str(pre), "--params", str(ROOT / "params.yaml")]) == 0
+    via_eyas = capsys.readouterr().out
+    assert preset.main([str(pre), "--params", str(ROOT / "params.yaml")]) == 0
+    assert capsys.readouterr().out == via_eyas and via_eyas.startswith("-S data.max_conversations=60 ")
+    with pytest.raises(SystemExit) as e:
+        main(["preset", "--help"])
+    assert e.value.code == 0 and capsys.readouterr().out.startswith("usage: eyas preset [-h] [--params PARAMS]")
+    r = subprocess.run([sys.executable, "-m", "eyas.cli", "remote", "check", "-C", str(tmp_path)], capture_output=True,
+                       text=True, timeout=120, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 2 and f"{tmp_path}: not a DVC repository" in r.stderr

@@ -120,7 +120,7 @@ def test_the_default_trains_on_the_prompts_it_is_evaluated_on(tok):
     prompts (cut at eval.max_prompt_tokens, 256) are longer."""
     from eyas.data.code import code_conversations
     from eyas.data.conversations import humaneval_prompts, prompt_messages
-    from eyas.training.params import default_params
+    from eyas.params.full import default_params
     from stages.self_distill import prompt_budget
 
     p = default_params()

@@ -8,10 +8,10 @@ import pytest
 import torch
 from tiny import tiny_target, write_features
 
-from eyas.pipeline.tracking import Tracker
+from eyas.params.full import default_params
+from eyas.tracking.runs import Tracker
 from eyas.training.batches import PackedLoader, head_rows_for
 from eyas.training.loop import GateError, new_drafter, step0_gate, train_drafter
-from eyas.training.params import default_params
 from eyas.training.unroll import TTTUnroll, evaluate
 from eyas.vocab.mapping import VocabMapping, build_mapping, count_tokens
 from eyas.vocab.remap import naive_lm_head, remap_lm_head

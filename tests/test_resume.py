@@ -28,10 +28,10 @@ from transformers import get_cosine_schedule_with_warmup
 
 from eyas.features import PROGRESS, FeatureStore, ShardWriter
 from eyas.io import save_safetensors
-from eyas.pipeline.tracking import Tracker
+from eyas.params.full import default_params
+from eyas.tracking.runs import Tracker
 from eyas.training import checkpoint as ckpt
 from eyas.training.loop import NonFiniteLossError, new_drafter, train_drafter
-from eyas.training.params import default_params
 from eyas.vocab.mapping import build_mapping, count_tokens, save_mapping
 
 REPO = Path(__file__).resolve().parents[1]
@@ -49,7 +49,7 @@ def slow(*a, **k):
     return real(*a, **k)
 t.Trainer.train_step = slow
 # TODO: drop once stages/common.py imports plots
-import eyas.pipeline.plots, stages.common; stages.common.__dict__.setdefault("plots", eyas.pipeline.plots)
+import eyas.tracking.plots, stages.common; stages.common.__dict__.setdefault("plots", eyas.tracking.plots)
 from stages.train_scratch import main
 main()
 """
@@ -85,7 +85,7 @@ def _copy(ws: Path, dst: Path) -> Path:
 def _reference(ws: Path):
     """What train-scratch computes on ``ws`` without interruption (in-process, same seed)."""
     from eyas.io import load_safetensors
-    from eyas.training.params import load_params
+    from eyas.params.full import load_params
     from eyas.vocab.mapping import load_mapping
 
     p = load_params(ws / "params.yaml")

@@ -19,7 +19,7 @@ import torch
 import yaml
 
 from eyas.data.conversations import DataError, load_conversations, split_conversations
-from eyas.training.params import ParamsError, load_params
+from eyas.params.full import ParamsError, load_params
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -302,8 +302,8 @@ def test_trust_remote_code_off_unless_asked(tmp_path, monkeypatch):
     import transformers
     from tiny import tiny_target
 
+    from eyas.params.full import default_params
     from eyas.target.model import load_target
-    from eyas.training.params import default_params
 
     calls = []
 
@@ -329,7 +329,7 @@ def test_trust_remote_code_off_unless_asked(tmp_path, monkeypatch):
 
 
 def test_secrets_not_logged(monkeypatch):
-    from eyas.pipeline.tracking import MASK, MlflowTracker, redact
+    from eyas.tracking.runs import MASK, MlflowTracker, redact
 
     logged = []
 

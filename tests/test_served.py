@@ -75,8 +75,9 @@ def test_compare_shows_the_served_table(tmp_path, monkeypatch):
     of the served table and the serving verdict."""
     import json
 
-    from eyas.pipeline import compare, tracking
-    from eyas.training.params import parse_params
+    from eyas.params.full import parse_params
+    from eyas.tracking import compare
+    from eyas.tracking import runs as tracking
 
     root = tmp_path / "repo"
     root.mkdir()

@@ -32,8 +32,8 @@ import pytest
 from eyas.data.conversations import read_jsonl, write_jsonl
 from eyas.data.distill import Journal, plan_prompts
 from eyas.data.serving import ServerError, check_reply, parse_reply, regenerate_via_server, served_models
+from eyas.params.full import DistillServerParams, load_params
 from eyas.target.model import embedded_target
-from eyas.training.params import DistillServerParams, load_params
 from stages import self_distill
 
 ALIAS = "smollm2"

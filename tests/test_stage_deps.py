@@ -200,6 +200,35 @@ def test_matrix_params_section(pipeline, section):
         f.write_text(before)
 
 
+# a section's schema reruns only the stages that read the section (identify-inputs, which checks the whole
+# file and runs on every `dvc repro`, aside): the eval's schema only the evals, the kernel choices
+# (train.backend's schema) only the stages that read `train` (extract reads train.mode)
+SCHEMA_ROWS = {
+    "eyas/params/eval.py": EVALS,
+    "eyas/params/kernels.py": {"extract", "stand-in-drafter", "remap", "train-scratch", "train-finetune"},
+    "eyas/params/vocab.py": {"build-vocab"},
+}
+
+
+@pytest.mark.parametrize("module", sorted(SCHEMA_ROWS))
+def test_a_section_schema_is_a_dep_of_only_the_stages_that_read_it(module):
+    declared = stage_deps.declared_code_deps(STAGES)
+    assert {s for s, files in declared.items() if module in files} == SCHEMA_ROWS[module] | {"identify-inputs"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("module", sorted(SCHEMA_ROWS))
+def test_matrix_section_schema(pipeline, module):
+    """The real DVC: an edit to one section's schema puts only its readers out of date."""
+    f = pipeline / module
+    before = f.read_text()
+    try:
+        f.write_text(before + "\n# an edit\n")
+        assert _changed(pipeline) == SCHEMA_ROWS[module]
+    finally:
+        f.write_text(before)
+
+
 def _input_row(pipeline: Path, path: Path, want: set[str]) -> None:
     before = path.read_text()
     try:

@@ -18,7 +18,7 @@ def _calls_from_target_path() -> list[tuple[str, int, bool]]:
     """(file, line, passes ``revision=`` by keyword) for each loader call whose first argument reads
     ``*.target.path``."""
     out = []
-    for d in ("eyas", "stages", "benchmarks", "scripts"):
+    for d in ("eyas", "stages", "benchmarks", "scripts", "dev"):
         for f in sorted((ROOT / d).rglob("*.py")):
             for node in ast.walk(ast.parse(f.read_text(), str(f))):
                 if not isinstance(node, ast.Call):

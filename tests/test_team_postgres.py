@@ -4,7 +4,7 @@ to it; and the bad inputs (a database that refuses, a wrong password, a server t
 PostgreSQL is started by the test (tests/team_servers.py: initdb in a temporary directory, the
 ``postgres`` user when run as root), the server by ``scripts/mlflow_server.sh`` with
 ``EYAS_MLFLOW_BACKEND`` / ``EYAS_MLFLOW_ARTIFACTS``, the pipeline is tests/test_experiments.py's
-tiny one (eyas.pipeline.tracking in real stage processes). ``dvc queue start -j 2`` runs two experiments
+tiny one (eyas.tracking.runs in real stage processes). ``dvc queue start -j 2`` runs two experiments
 (marked ``slow``: two celery workers start);
 then every run is in PostgreSQL (counted there with SQL), FINISHED, every child under its
 experiment's parent, each parent carrying the numbers of the stage DVC skipped (prepare-data),
@@ -35,9 +35,10 @@ mlflow = pytest.importorskip("mlflow")
 psycopg2 = pytest.importorskip("psycopg2", reason="psycopg2 is absent (pip install -e '.[team]')")
 from mlflow import MlflowClient  # noqa: E402
 
-from eyas.pipeline import compare as eyas_compare  # noqa: E402
-from eyas.pipeline import team_tracking, tracking  # noqa: E402
-from eyas.training.params import parse_params  # noqa: E402
+from eyas.params.full import parse_params  # noqa: E402
+from eyas.tracking import compare as eyas_compare  # noqa: E402
+from eyas.tracking import runs as tracking  # noqa: E402
+from eyas.tracking import team as team_tracking  # noqa: E402
 from tests.test_experiments import DVC_YAML as QUEUE_DVC_YAML  # noqa: E402
 from tests.test_experiments import EVALUATE, LR_STAGES, PARAMS_YAML, PREPARE, TRAIN, ran_stages  # noqa: E402
 
@@ -150,7 +151,7 @@ def test_bad_database_inputs_name_the_url(pg, tmp_path):
     good = pg["url"]
     wrong = good.replace(f":{pg['password']}@", ":not-the-password@")
     shown_wrong = f"postgresql+psycopg2://{pg['user']}:***@127.0.0.1:{pg['port']}/{pg['db']}"
-    r = subprocess.run([sys.executable, "-m", "eyas.pipeline.team_tracking", "check-store", wrong], env=_env(),
+    r = subprocess.run([sys.executable, "-m", "eyas.tracking.team", "check-store", wrong], env=_env(),
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and shown_wrong in r.stderr and "wrong or missing password" in r.stderr, r.stderr
     assert "not-the-password" not in r.stderr

@@ -1,4 +1,4 @@
-"""eyas/pipeline/team_tracking.py without a store: which metrics files each stage declares, and the names a
+"""eyas/tracking/team.py without a store: which metrics files each stage declares, and the names a
 stage's numbers get on the parent run and the logged model. The logged model, the system metrics and
 the reused stages on the real MLflow server and PostgreSQL: tests/test_team_postgres.py.
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("mlflow")
-from eyas.pipeline import team_tracking  # noqa: E402
+from eyas.tracking import team as team_tracking  # noqa: E402
 
 EVAL_DOC = {"drafter": "scratch",
             "chat": {"accept_len": 1.9, "serving_verdict": {"worth_serving": True},
@@ -94,8 +94,8 @@ def test_a_store_url_mlflow_cannot_use_stops_the_stage_and_compare_before_anythi
     """Was: "answers" for foo://, a ValueError traceback for a port out of range, and `eyas compare`
     a traceback for both. Now StoreError / one `eyas compare: error:` line naming the URL."""
     from eyas.cli import main as cli_main
-    from eyas.pipeline import tracking
-    from eyas.training.params import parse_params
+    from eyas.params.full import parse_params
+    from eyas.tracking import runs as tracking
 
     _no_store_env(monkeypatch, tmp_path)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
@@ -111,8 +111,8 @@ def test_system_metrics_switch_that_mlflow_cannot_read_stops_before_any_run(monk
     created (a FAILED run left behind); now a StoreError naming the variable, and no run."""
     from mlflow import MlflowClient
 
-    from eyas.pipeline import tracking
-    from eyas.training.params import parse_params
+    from eyas.params.full import parse_params
+    from eyas.tracking import runs as tracking
 
     _no_store_env(monkeypatch, tmp_path)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
@@ -129,7 +129,7 @@ def test_system_metrics_switch_that_mlflow_cannot_read_stops_before_any_run(monk
 def test_a_relative_sqlite_store_is_anchored_at_the_repo_root(monkeypatch, tmp_path):
     """MLFLOW_TRACKING_URI=sqlite:///rel.db from a subdirectory (a queued experiment's temp dir):
     was a store in that directory, deleted with it; now <repo root>/rel.db, as the default is."""
-    from eyas.pipeline import tracking
+    from eyas.tracking import runs as tracking
 
     _no_store_env(monkeypatch, tmp_path)
     sub = tmp_path / ".dvc" / "tmp" / "exps" / "tmpx"

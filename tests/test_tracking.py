@@ -1,4 +1,4 @@
-"""Tests for eyas.pipeline.tracking with the real MLflow (sqlite stores in tmp dirs, no mocks).
+"""Tests for eyas.tracking.runs with the real MLflow (sqlite stores in tmp dirs, no mocks).
 
 Run: ``python -m pytest tests/test_tracking.py -q``
 """
@@ -17,8 +17,8 @@ mlflow = pytest.importorskip("mlflow")
 from mlflow import MlflowClient  # noqa: E402
 
 from eyas import io as eyas_files  # noqa: E402
-from eyas.pipeline import tracking  # noqa: E402
-from eyas.training.params import default_params, flatten, params_hash  # noqa: E402
+from eyas.params.full import default_params, flatten, params_hash  # noqa: E402
+from eyas.tracking import runs as tracking  # noqa: E402
 
 DVC_VARS = ("DVC_ROOT", "DVC_STAGE", "DVC_EXP_NAME", "DVC_EXP_BASELINE_REV")
 
@@ -310,8 +310,8 @@ def _worker(root: str, name: str, q) -> None:
         os.environ["DVC_EXP_NAME"] = name
         os.environ["DVC_EXP_BASELINE_REV"] = "d" * 40
         os.environ.pop("MLFLOW_TRACKING_URI", None)
-        from eyas.pipeline import tracking as tr
-        from eyas.training.params import default_params
+        from eyas.params.full import default_params
+        from eyas.tracking import runs as tr
 
         tr.ensure_store(tr.tracking_uri())
         with tr.start_stage_run("train-scratch", default_params()) as t:

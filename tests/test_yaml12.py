@@ -13,9 +13,9 @@ import yaml
 from dvc.utils.serialize import parse_yaml
 
 from eyas import yaml12
+from eyas.params.full import ParamsError, load_params
 from eyas.pipeline import preset
 from eyas.training import launch
-from eyas.training.params import ParamsError, load_params
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -214,7 +214,7 @@ def test_launch_refuses_an_nproc_the_stage_would_refuse_before_starting_processe
     ("eval_scratch.json", b'{"a": "\xe9"}', r"cannot read {p}: 'utf-8' codec can't decode byte 0xe9"),
 ])
 def test_compare_metrics_names_the_broken_file_beside_the_metrics(tmp_path, name, data, message):
-    from eyas.pipeline.compare import CompareError, compare_dirs
+    from eyas.tracking.compare import CompareError, compare_dirs
 
     d = tmp_path / "m"
     d.mkdir()

@@ -1,7 +1,8 @@
 """Which kernels the TTT unroll runs: one explicit, frozen choice made at the entry point.
 
-A :class:`Backend` is read once from ``params.yaml`` (``train.backend``, the schema field
-:attr:`eyas.training.params.TrainParams.backend`) by the stage that trains or evaluates, and passed down to
+A :class:`Backend` is built once from ``params.yaml``'s ``train.backend`` (its schema,
+:class:`eyas.params.kernels.KernelChoices`: :meth:`Backend.of`) by the stage that trains or evaluates,
+and passed down to
 everything that picks a kernel: :func:`eyas.training.loop.train_drafter` and :class:`eyas.training.unroll.TTTUnroll`
 (and through it :meth:`eyas.drafter.model.Eagle3Drafter.ttt_step`, :func:`eyas.drafter.attention.flex_ttt_attention`
 and :func:`eyas.drafter.head_loss.head_loss`). Nothing reads the environment for these choices. Code that
@@ -20,7 +21,7 @@ reference definitions the CPU tests check). On CUDA:
   plain eager torch everywhere: no Triton kernels and no CUDA graphs either, whatever their flags
   say (the debugging mode).
 - ``compile_layers``: with ``compile``, also compile the decoder layer's two halves around
-  attention (``false``: those stay eager; an ablation, benchmarks/README.md).
+  attention (``false``: those stay eager; an ablation, dev/README.md).
 - ``triton``: the Triton kernels of :mod:`eyas.drafter.kernels` for the head loss, the diagonal
   merge and the SwiGLU gating, when Triton is importable (``false``: their torch definitions,
   compiled).
@@ -28,11 +29,12 @@ reference definitions the CPU tests check). On CUDA:
   (:class:`eyas.training.graphed.GraphedTTT`) in a single process (DDP's and FSDP's hooks are not
   captured, so ``train.nproc`` > 1 trains without).
 
-This module imports no torch (the params schema imports it).
+This module imports no torch.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 ATTENTION = ("auto", "flex", "dense")
@@ -60,6 +62,19 @@ class Backend:
     def __post_init__(self):
         if self.attention not in ATTENTION:
             raise BackendError(f"attention must be one of {ATTENTION}, got {self.attention!r}")
+
+    @classmethod
+    def of(cls, choices) -> "Backend":
+        """The backend of ``choices``: params' ``train.backend`` (an :class:`eyas.params.kernels.KernelChoices`)
+        or a Backend (returned as is); read field by field, so the schema and this class name the same
+        five choices (tests/test_backend.py holds them equal).
+
+        Raises:
+            BackendError: ``attention`` is not one of :data:`ATTENTION`.
+        """
+        if isinstance(choices, cls):
+            return choices
+        return cls(**{f.name: getattr(choices, f.name) for f in dataclasses.fields(cls)})
 
     def flex_attention(self, x, head_dim: int) -> bool:
         """Whether TTT attention runs through :func:`eyas.drafter.attention.flex_ttt_attention` for an

@@ -1,10 +1,9 @@
-"""The pipeline: what ties the stages into one reproducible DVC + MLflow workflow.
+"""The pipeline: what ties the stages into one reproducible DVC workflow.
 
-Owns params presets (:mod:`eyas.pipeline.preset`), fingerprints of what an artifact was built from
-(:mod:`eyas.pipeline.provenance`), the code deps of each DVC stage (:mod:`eyas.pipeline.stage_deps`,
-``python3 -m eyas.pipeline.stage_deps``), MLflow runs and the metrics files DVC reads
-(:mod:`eyas.pipeline.tracking`: :func:`~eyas.pipeline.tracking.start_stage_run`), figures
-(:mod:`eyas.pipeline.plots`), ``eyas compare`` (:mod:`eyas.pipeline.compare`) and resumable parts of
-a long stage (:mod:`eyas.pipeline.resume`). It may import from every other package. This
-``__init__`` re-exports nothing.
+Owns the pipeline files and the code deps of each DVC stage (:mod:`eyas.pipeline.dvcfiles`,
+:mod:`eyas.pipeline.stage_deps`, ``python3 -m eyas.pipeline.stage_deps``), params presets
+(:mod:`eyas.pipeline.preset`, ``eyas preset``), fingerprints of what an artifact was built from
+(:mod:`eyas.pipeline.provenance`), resumable parts of a long stage (:mod:`eyas.pipeline.resume`) and a
+team's DVC remote (:mod:`eyas.pipeline.team_remote`, ``eyas remote``). MLflow runs and ``eyas compare``
+are :mod:`eyas.tracking`, above it. This ``__init__`` re-exports nothing.
 """

@@ -9,13 +9,13 @@ apply`` of another experiment) brings the committed ones back::
 
 Where DVC is not installed (e.g. a GPU machine without a registry), ``--write params.yaml``
 merges the preset into the file instead and the stages run in DAG order by hand
-(``scripts/gpu_profile.sh``): only the values the preset changes are rewritten (keys it adds go at
+(``dev/gpu/gpu_profile.sh``): only the values the preset changes are rewritten (keys it adds go at
 the end of their section), every other line keeps its comments, spelling and line ending; a symbolic
 link is written through to its file, whose mode, owner and group the new file keeps. A file that is
 read-only, has other hard links (they would keep the old params), lies under /dev or /proc (a
 device, or a stream of this process such as /dev/stdout) or exists and is not the ``--params``
 file and not empty (its contents would be lost) is refused. Either way the merged params
-pass the schema (eyas/training/params.py) first, so a misspelt preset key fails before any compute;
+pass the schema (eyas/params/) first, so a misspelt preset key fails before any compute;
 an error names the line of the key at fault, in the preset or, for a value it leaves alone, in the
 params file.
 DVC parses each ``-S`` value with Hydra's override grammar, not YAML, so values are written in it
@@ -48,7 +48,7 @@ from ruamel.yaml import YAML
 from ruamel.yaml.nodes import MappingNode, Node, SequenceNode
 
 from eyas import yaml12
-from eyas.training.params import ParamsError, flatten, key_lines, parse_params
+from eyas.params.full import ParamsError, flatten, key_lines, parse_params
 
 __all__ = ["load_preset", "merge", "set_args"]
 
@@ -146,7 +146,7 @@ def merge(base: dict, preset: dict, source: str) -> dict:
     """``base`` (a raw params mapping) with the preset's keys replaced, checked by the schema.
 
     Raises:
-        ParamsError: the merged params fail :func:`eyas.training.params.parse_params` (the message names
+        ParamsError: the merged params fail :func:`eyas.params.full.parse_params` (the message names
             ``source`` and the key), or the preset sets a section to a scalar.
     """
     out = copy.deepcopy(base)
@@ -488,8 +488,9 @@ def _replace(path: Path, text: str) -> None:
             os.close(dir_fd)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m eyas.pipeline.preset", description=__doc__.split("\n")[0])
+def main(argv: list[str] | None = None, prog: str = "python -m eyas.pipeline.preset") -> int:
+    """``eyas preset`` (and ``python -m eyas.pipeline.preset``); returns the exit status."""
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     ap.add_argument("preset", help="a preset file, e.g. presets/h200.yaml")
     ap.add_argument("--params", default="params.yaml", help="the params file the preset applies to")
     ap.add_argument("--write", default=None, help="write the merged params here instead of printing -S args")

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from eyas.drafter.backend import Backend
-from eyas.training.params import flatten
+from eyas.params.schema import flatten
 
 log = logging.getLogger(__name__)
 

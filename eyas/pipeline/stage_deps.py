@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python3 -m eyas.pipeline.stage_deps", description=__doc__.split("\n")[0])
     ap.add_argument("--root", default=".")
     ap.add_argument("--tradeoff", metavar="PIPELINE_JSON",
-                    help="per-file rerun cost from a measured run (benchmarks/results/pipeline_cpu.json)")
+                    help="per-file rerun cost from a measured run (dev/results/pipeline_cpu.json)")
     a = ap.parse_args(argv)
     root = Path(a.root)
     stages = dvcfiles.stages(root)

@@ -47,7 +47,7 @@ import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from eyas.pipeline.team_tracking import safe_uri
+from eyas.urls import safe_uri
 
 RUN_CACHE_DIR = "runs"  # where `dvc push --run-cache` puts the run-cache, beside `files/` (dvc/stage/cache.py)
 
@@ -295,8 +295,9 @@ def transfer(op: str, root: str | os.PathLike = ".", name: str | None = None) ->
     return r.returncode
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python3 -m eyas.pipeline.team_remote", description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None, prog: str = "python3 -m eyas.pipeline.team_remote") -> int:
+    """``eyas remote`` (and ``python3 -m eyas.pipeline.team_remote``); returns the exit status."""
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     ap.add_argument("op", choices=("check", "push", "pull"))
     ap.add_argument("-r", "--remote", default=None, help="remote name (default: the default remote)")
     ap.add_argument("--run-cache", action="store_true", help="check: also require the remote's run-cache")

@@ -1,7 +1,6 @@
 """Training: TTT batches, the unroll, the loop and what runs it.
 
-Owns the params schema (:mod:`eyas.training.params`: :func:`~eyas.training.params.load_params`;
-placed here, the lowest package that reads it), TTT batches and metrics
+Owns TTT batches and metrics
 (:mod:`eyas.training.batches`), the TTT unroll (:mod:`eyas.training.unroll`:
 :class:`~eyas.training.unroll.TTTUnroll`), the loop (:mod:`eyas.training.loop`:
 :func:`~eyas.training.loop.train_drafter`), the CUDA-graph step (:mod:`eyas.training.graphed`),

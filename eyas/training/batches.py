@@ -21,7 +21,6 @@ from safetensors import safe_open
 
 from eyas.drafter.model import Eagle3Drafter
 from eyas.features import FeatureError, FeatureStore, read_tensors
-from eyas.training.params import LOSS_TOKENS
 
 BATCH_KEYS = ("input_ids", "loss_mask", "aux_hidden", "final_hidden", "target_argmax")
 
@@ -111,12 +110,12 @@ def supervised(batch: Batch, loss_tokens: str) -> Batch:
     of the tokens extracted (docs/data-recipe.md).
 
     Raises:
-        ValueError: ``loss_tokens`` is not one of :data:`eyas.training.params.LOSS_TOKENS`.
+        ValueError: ``loss_tokens`` is not one of :data:`eyas.params.train.LOSS_TOKENS`.
     """
     if loss_tokens == "assistant":
         return batch
     if loss_tokens != "all":
-        raise ValueError(f"train.loss_tokens must be one of {LOSS_TOKENS}, got {loss_tokens!r}")
+        raise ValueError(f"train.loss_tokens must be one of ('assistant', 'all'), got {loss_tokens!r}")
     return dataclasses.replace(batch, loss_mask=batch.doc_ids >= 0)
 
 

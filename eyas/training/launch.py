@@ -53,7 +53,7 @@ def nproc_from_params(path: str | Path = "params.yaml", section: str = "train") 
     Raises:
         ValueError: the file is not valid YAML (:class:`eyas.yaml12.YamlError`, naming its line), the
             top level or ``section`` is not a mapping, or ``nproc`` is not an integer (the params
-            schema's type, :class:`eyas.training.params.TrainParams`: ``auto``, ``'8'`` or null would launch
+            schema's type, :class:`eyas.params.train.TrainParams`: ``auto``, ``'8'`` or null would launch
             processes whose stage then refuses the params); each names the file and key.
     """
     p = Path(path)

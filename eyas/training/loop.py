@@ -4,7 +4,7 @@ Used by train-scratch, train-finetune and the stand-in drafter stage. :func:`tra
 short loop over the named pieces of a :class:`Trainer` (setup, resume, step, log, checkpoint,
 finish); the computation is :class:`eyas.training.unroll.TTTUnroll` (loss and alignment) and the metrics
 are eyas/training/batches.py's; the kernels are ``tp.backend`` (eyas/drafter/backend.py). Logging goes through a
-:class:`eyas.pipeline.tracking.Tracker` (a no-op one when logging is off), so the loop has no logging
+:class:`eyas.tracking.runs.Tracker` (a no-op one when logging is off), so the loop has no logging
 branches.
 """
 
@@ -19,8 +19,10 @@ from typing import Callable, Iterator
 import torch
 from transformers import get_cosine_schedule_with_warmup
 
+from eyas.drafter.backend import Backend
 from eyas.drafter.model import Eagle3Drafter
 from eyas.features import FeatureStore
+from eyas.params.train import TrainParams
 from eyas.training import checkpoint as ckpt
 from eyas.training import distributed as dist_utils
 from eyas.training.batches import (
@@ -36,7 +38,6 @@ from eyas.training.batches import (
 )
 from eyas.training.graphed import GraphedTTT
 from eyas.training.online import loader_for
-from eyas.training.params import TrainParams
 from eyas.training.unroll import TTTUnroll, evaluate, supervised_counts
 
 log = logging.getLogger(__name__)
@@ -193,7 +194,7 @@ def clip_in_step(opt: torch.optim.Optimizer, max_norm: float) -> torch.Tensor:
     back (the hook ``torch.amp.GradScaler`` uses: ``pytorch/pytorch: torch/optim/adam.py``,
     ``_fused_adam``), so the gradients are not read and written once more only to be scaled
     (0.66 ms per step for the 8B drafter's 268M fp32 gradients on an H200:
-    ``benchmarks/results/profile_train.json``). The norm is over every parameter of every group
+    ``dev/results/profile_train.json``). The norm is over every parameter of every group
     that has a gradient, the set the scale applies to. Equal to clipping first up to float32
     rounding (tests/test_clip.py).
 
@@ -234,7 +235,7 @@ class Trainer:
                  device: torch.device, rank: int, world: int, val_loader):
         self.drafter, self.tp, self.lr, self.tracker = drafter, tp, lr, tracker
         self.device, self.rank, self.world, self.val_loader = device, rank, world, val_loader
-        self.backend = tp.backend
+        self.backend = Backend.of(tp.backend)
         drafter.to(device).train()
         self.head_rows = head_rows_for(lm_head, drafter).to(device)
         self.eval_unroll = TTTUnroll(drafter, self.head_rows, tp.ttt_length, tp.step_decay, self.backend)

@@ -29,7 +29,7 @@ rank's GPU under torchrun, so DDP/FSDP ranks each run their own target copy on t
 batches); :class:`TargetCapture` takes any loaded target, so a caller may place it on another GPU
 of the host. The capture of batch i+1 is launched before the drafter's step on batch i
 (:class:`OnlineLoader`, ``ahead``): CUDA runs it asynchronously, so with the target on another GPU
-the two can overlap (benchmarks/bench_online.py measures both placements). In-process was chosen
+the two can overlap (dev/bench/bench_online.py measures both placements). In-process was chosen
 because it needs no server, no transport and no second launcher, keeps a single seed and data
 position for resume, and an 8B target (16 GB bf16) fits beside a drafter on one H200.
 A separate capture process (SpecForge's layout, needed when the target spans many GPUs, as a 1T
@@ -249,6 +249,6 @@ def capture_for(p, store: FeatureStore, device=None) -> TargetCapture | None:
                                f"{made_for.get(k)!r}, the target loaded now has {target.identity.get(k)!r}: "
                                f"rerun `dvc repro extract`")
     # ahead=0: with the target on the drafter's own GPU, capturing on demand measured faster than one
-    # batch ahead (one H200, 8B shapes: 14.7k vs 13.2k tok/s, benchmarks/results/online_h200.json).
+    # batch ahead (one H200, 8B shapes: 14.7k vs 13.2k tok/s, dev/results/online_h200.json).
     return TargetCapture(target, store.manifest["aux_layers"], store.manifest["storage_dtype"],
                          p.train.batch_tokens, ahead=0)
