@@ -228,7 +228,6 @@ def test_graphed_batch_equals_generate_on_cuda(prompts):
     t = tiny_target()
     t.model.cuda()
     ref = generate_batch(t, prompts, 20, 0, [], decode="dynamic")
-    assert ref == [greedy_generate(t, p, max_new_tokens=20, stop_ids=[], decode="dynamic") for p in prompts]
     assert generate_batch(t, prompts, 20, 0, [], decode="auto") == ref  # auto: graphed on CUDA
     assert generate_batch(t, prompts, 20, 0, [], decode="static") == ref
     stops = [ref[1][3], ref[3][5]]
@@ -281,16 +280,18 @@ def test_graphed_sampling_equals_static_on_cuda(prompts):
 @pytest.mark.gpu
 @cuda
 def test_embedded_target_graphed_equals_dynamic_on_cuda():
-    """SmolLM2-135M on CUDA, float32: graphed batched greedy equals transformers' generate, and
-    the graphed chain eval equals the dynamic one, on chat prompts with the target's stop set."""
+    """SmolLM2-135M on CUDA, float32, chat prompts with the target's stop set: graphed batched
+    greedy equals transformers' generate, graphed unbatched greedy equals dynamic-cache greedy, and
+    graphed chain decoding (rejections rolled back) equals graphed greedy."""
     from eyas.target.model import load_target
 
     t = load_target("embedded", device=torch.device("cuda"))
     ps = _chat_prompts(t.tokenizer)
     ref = generate_batch(t, ps, 48, 0, t.stop_ids, decode="dynamic")
     assert generate_batch(t, ps, 48, 0, t.stop_ids, decode="graphed") == ref
-    for p, y in zip(ps, ref):
-        assert greedy_generate(t, p, max_new_tokens=48, stop_ids=t.stop_ids, decode="graphed") == y
+    for p in ps:
+        y = greedy_generate(t, p, max_new_tokens=48, stop_ids=t.stop_ids, decode="graphed")
+        assert y == greedy_generate(t, p, max_new_tokens=48, stop_ids=t.stop_ids, decode="dynamic")
         run = speculative_generate(t, OracleProposer(y), p, num_draft_tokens=4, max_new_tokens=48,
                                    stop_ids=t.stop_ids, aux_layer_ids=None, decode="graphed")
         assert run["tokens"] == y

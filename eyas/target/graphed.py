@@ -167,7 +167,6 @@ class StaticDecoder:
         if hasattr(self.cache, "early_initialization"):  # allocated now, on the main stream (not in a warm-up)
             self.cache.early_initialization(batch_size, hf_config.num_key_value_heads(c), hf_config.head_dim(c),
                                             self.dtype, self.device)
-        self._pointers = [x.cumulative_length for x in self.cache.layers if hasattr(x, "cumulative_length")]
         params = _forward_params(model)
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._cache_position = "cache_position" in params
@@ -210,8 +209,9 @@ class StaticDecoder:
         [B, T, n_aux*H] or None)."""
         model = self.model
         q = self.start + torch.arange(ids.shape[1], device=self.device)
-        for ptr in self._pointers:
-            ptr.copy_(self.start)
+        for layer in self.cache.layers:  # looked up each step: a layer's first write may rebind it
+            if hasattr(layer, "cumulative_length"):
+                layer.cumulative_length.copy_(self.start)
         kw = {self._cache_kw: self.cache, "attention_mask": self._mask(q), "position_ids": self._positions(q),
               "use_cache": True}
         if self._cache_position:
