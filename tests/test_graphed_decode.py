@@ -92,20 +92,26 @@ def test_choose():
     assert graphed.unsupported(sliding) is None
 
 
-def test_decoders_are_reused_while_long_enough(target):
+def test_decoders_are_reused_while_they_fit(target):
     m = target.model
     graphed.release(m)
     a = graphed.decoder(m, 2, 10, graphs=False)
     assert a.max_len == graphed.LEN_QUANTUM and graphed.decoder(m, 2, graphed.LEN_QUANTUM, graphs=False) is a
     b = graphed.decoder(m, 2, graphed.LEN_QUANTUM + 1, graphs=False)
     assert b is not a and b.max_len == 2 * graphed.LEN_QUANTUM
-    assert graphed.decoder(m, 1, 10, graphs=False) is not b  # another batch size, another cache
-    with pytest.raises(ValueError, match=r"columns 255\.\.256 outside the cache's 256"):
-        b.forward([[1, 2], [3, 4]], 255)
-    with pytest.raises(ValueError, match=r"ids of shape \(1, 2\), expected \[2, T >= 1\]"):
-        b.forward([[1, 2]], 0)
+    one = graphed.decoder(m, 1, 10, graphs=False)  # batch 1 is kept beside the wider one
+    assert one is not b and graphed.decoder(m, 2, 10, graphs=False) is b
+    wide = graphed.decoder(m, 4, 10, graphs=False)  # replaces the 2-row decoder, shorter though it is
+    assert wide.batch_size == 4 and wide.max_len == graphed.LEN_QUANTUM
+    assert graphed.decoder(m, 2, 10, graphs=False, more_rows=True) is wide  # a batch padded to 4 rows
+    assert graphed.decoder(m, 2, 10, graphs=False) is not wide
+    assert graphed.decoder(m, 1, 100, graphs=False) is one
+    with pytest.raises(ValueError, match=r"columns 127\.\.128 outside the cache's 128"):
+        one.forward([[1, 2]], 127)
+    with pytest.raises(ValueError, match=r"ids of shape \(2, 2\), expected \[1, T >= 1\]"):
+        one.forward([[1, 2], [3, 4]], 0)
     graphed.release(m)
-    assert graphed.decoder(m, 2, 10, graphs=False) is not a
+    assert graphed.decoder(m, 1, 10, graphs=False) is not one
 
 
 def test_static_batch_equals_generate(target, prompts, reference):

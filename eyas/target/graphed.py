@@ -284,23 +284,27 @@ class StaticDecoder:
         return _Graph(graph, static, outputs)
 
 
-# one decoder per (target, batch size, graphs), kept while the target lives, so that the prompts of
-# a stage reuse one cache and its captured graphs; a longer request replaces it
+# per target and graphs flag, at most two decoders: one of batch 1 (the eval's loops) and one wider
+# (batched greedy), kept while the target lives, so that the prompts of a stage reuse one cache and its
+# captured graphs; a request that does not fit replaces the decoder of its kind (freed first)
 _DECODERS: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()
 
 
-def decoder(model, batch_size: int, max_len: int, graphs: bool) -> StaticDecoder:
+def decoder(model, batch_size: int, max_len: int, graphs: bool, *, more_rows: bool = False) -> StaticDecoder:
     """The :class:`StaticDecoder` of ``model`` for ``batch_size`` rows holding at least ``max_len``
-    columns: the one kept from an earlier call when it is long enough, else a new one of ``max_len``
-    rounded up to a multiple of :data:`LEN_QUANTUM` (replacing the shorter one and its graphs).
-    Decoders live as long as the model (:func:`release` frees them sooner)."""
+    columns: the one kept from an earlier call when it fits (with ``more_rows``, one of more rows fits
+    too: the caller pads its batch to ``decoder.batch_size``), else a new one of ``max_len`` rounded up to
+    a multiple of :data:`LEN_QUANTUM`, replacing (and freeing before it allocates) the kept decoder of
+    its kind: one of batch 1 and one wider are kept per target, for as long as the target lives
+    (:func:`release` frees them sooner)."""
     model = _inner(model)
     mine = _DECODERS.setdefault(model, {})
-    d = mine.get((batch_size, graphs))
-    if d is None or d.max_len < max_len:
-        mine.pop((batch_size, graphs), None)  # free the shorter cache before allocating the next
-        d = mine[(batch_size, graphs)] = StaticDecoder(model, batch_size, -(-max_len // LEN_QUANTUM) * LEN_QUANTUM,
-                                                       graphs=graphs)
+    slot = (batch_size == 1, graphs)
+    d = mine.get(slot)
+    if d is None or d.max_len < max_len or not (d.batch_size == batch_size or more_rows and d.batch_size > batch_size):
+        mine.pop(slot, None)
+        d = None
+        d = mine[slot] = StaticDecoder(model, batch_size, -(-max_len // LEN_QUANTUM) * LEN_QUANTUM, graphs=graphs)
     return d
 
 
@@ -320,9 +324,10 @@ def greedy_batch(model, prompts_ids: list[list[int]], max_new_tokens: int, pad_i
     prefill of the left-padded prompts, then one (graphed) one-token step per new token for every
     row, until every row has generated a stop id or ``max_new_tokens``.
 
-    The batch is padded to a power of two with one-token prompts (so the decoders of a stage's
-    batches are few), and whether every row has stopped is read every ``check_every`` steps (a host
-    synchronisation; rows that stopped keep decoding and are cut at their stop id).
+    The batch is padded with one-token prompts to a power of two, or to the rows of a kept decoder
+    that has more (:func:`decoder`: a stage's batches share one cache and its graphs). Whether every
+    row has stopped is read every ``check_every`` steps (a host synchronisation); rows that stopped
+    keep decoding and are cut at their stop id.
 
     Args:
         model: a transformers causal LM. prompts_ids: non-empty id lists. max_new_tokens: >= 1.
@@ -334,9 +339,9 @@ def greedy_batch(model, prompts_ids: list[list[int]], max_new_tokens: int, pad_i
     """
     model = _inner(model)
     n, T0 = len(prompts_ids), max(len(p) for p in prompts_ids)
-    B = _pow2(n)
+    dec = decoder(model, _pow2(n), T0 + max_new_tokens, graphs, more_rows=True)
+    B = dec.batch_size
     rows = list(prompts_ids) + [[pad_id]] * (B - n)
-    dec = decoder(model, B, T0 + max_new_tokens, graphs)
     ids = torch.full((B, T0), pad_id, dtype=torch.int64)
     for i, p in enumerate(rows):
         ids[i, T0 - len(p):] = torch.tensor(p, dtype=torch.int64)
