@@ -21,6 +21,7 @@ import torch
 from eyas.data.distill import generate_batch
 from eyas.eval.sampling import sampled_generate
 from eyas.eval.speculative import NgramProposer, TargetCache, evaluate_prompts, greedy_generate, speculative_generate
+from eyas.eval.tree import tree_generate
 from eyas.target import graphed
 from eyas.target.graphed import StaticDecoder
 from tests.tiny import VOCAB, tiny_target, trained_drafter
@@ -188,6 +189,25 @@ def test_static_eagle_chain_feeds_the_same_features(tiny_greedy):
     assert m["lossless"] and m["settings"]["target_decode"] == "static"
 
 
+def test_static_tree_equals_dynamic(tiny_greedy, monkeypatch):
+    """Tree verification over the static cache (a tree mask over the step's own columns, positions
+    by depth, the accepted path's columns moved into place) commits what the dynamic cache's does;
+    with the columns left unmoved it does not."""
+    target, prompts, outputs = tiny_greedy
+    drafter = trained_drafter(target, prompts, outputs, ttt_length=4, steps=20)
+    kw = dict(topk=3, num_steps=4, num_draft_tokens=10, max_new_tokens=32, stop_ids=[], aux_layer_ids=None)
+    accepted = []
+    for p, y in zip(prompts[:2], outputs[:2]):
+        runs = {d: tree_generate(target, drafter, p, **kw, decode=d) for d in ("static", "dynamic")}
+        assert runs["static"]["tokens"] == runs["dynamic"]["tokens"] == y
+        for key in ("committed_per_step", "accepted_per_step", "tree_nodes_per_step"):
+            assert runs["static"][key] == runs["dynamic"][key]
+        accepted += runs["static"]["accepted_per_step"]
+    assert max(accepted) >= 2  # paths below the root's children accepted: columns really moved
+    monkeypatch.setattr(StaticDecoder, "move_columns", lambda self, start, cols: None)
+    assert [tree_generate(target, drafter, p, **kw, decode="static")["tokens"] for p in prompts[:2]] != outputs[:2]
+
+
 def test_static_sampling_equals_dynamic(target, prompts):
     """Speculative sampling with one seed draws the same tokens over either cache."""
     runs = [sampled_generate(target, NgramProposer(), prompts[1], num_draft_tokens=3, max_new_tokens=24, stop_ids=[],
@@ -270,6 +290,22 @@ def test_graphed_chain_equals_dynamic_on_cuda(tiny_greedy):
     m = evaluate_prompts(t, NgramProposer(), prompts, num_draft_tokens=3, max_new_tokens=32, stop_ids=[],
                          aux_layer_ids=None, timing_repeats=1)
     assert m["lossless"] and m["settings"]["target_decode"] == "graphed"
+
+
+@pytest.mark.gpu
+@cuda
+def test_graphed_tree_equals_dynamic_on_cuda(tiny_greedy):
+    """Tree verification on CUDA: one graph per tree size, the accepted path moved in the static
+    cache, the same tokens and steps as the dynamic cache."""
+    target, prompts, outputs = tiny_greedy
+    drafter = trained_drafter(target, prompts, outputs, ttt_length=4, steps=20).cuda()
+    t = tiny_target()
+    t.model.cuda()
+    kw = dict(topk=3, num_steps=4, num_draft_tokens=10, max_new_tokens=32, stop_ids=[], aux_layer_ids=None)
+    for p in prompts:
+        runs = {d: tree_generate(t, drafter, p, **kw, decode=d) for d in ("graphed", "dynamic")}
+        assert runs["graphed"]["tokens"] == runs["dynamic"]["tokens"]
+        assert runs["graphed"]["accepted_per_step"] == runs["dynamic"]["accepted_per_step"]
 
 
 @pytest.mark.gpu

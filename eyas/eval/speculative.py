@@ -260,6 +260,18 @@ def _crop(cache: DynamicCache, keep: int) -> None:
         cache.crop(-remove)
 
 
+def _select(cache: DynamicCache, n_done: int, rows: list[int]) -> None:
+    """Keep the cache's first ``n_done`` positions, then ``n_done + rows`` (in that order)."""
+    layers_ = getattr(cache, "layers", None)
+    if layers_ is None:
+        raise TypeError("tree verification needs a transformers DynamicCache with .layers (transformers >= 4.56)")
+    for layer in layers_:
+        if getattr(layer, "keys", None) is None or layer.keys.numel() == 0:
+            continue
+        idx = torch.cat([torch.arange(n_done), n_done + torch.tensor(rows, dtype=torch.long)]).to(layer.keys.device)
+        layer.keys, layer.values = layer.keys.index_select(-2, idx), layer.values.index_select(-2, idx)
+
+
 def _sync(model) -> None:
     """Wait for the model's device (CUDA work is asynchronous; host clocks need it finished)."""
     if next(model.parameters()).is_cuda:
@@ -275,6 +287,10 @@ class TargetCache:
       ``max_len`` positions; a roll-back moves the write column (the mask hides what lies past it,
       the next step overwrites it); ``"graphed"`` replays every step but the prefill from a CUDA graph.
 
+    A step may verify a draft tree in one forward (``tree``, eyas.eval.tree): each token sees the
+    cached prefix, its ancestors and itself, at the position of its depth; :meth:`keep` with
+    ``rows`` then keeps the accepted path (``DynamicCache`` rows selected, or static columns moved).
+
     Args:
         model: a transformers causal LM. decode: ``"dynamic"``, ``"static"`` or ``"graphed"``.
         max_len: the most positions the sequence will hold (the static cache's length).
@@ -288,22 +304,38 @@ class TargetCache:
             self.dec = graphed.decoder(model, 1, max_len, graphs=decode == "graphed")
             self.dec.reset()
 
-    def __call__(self, ids: list[int], aux_ids: list[int] | None = None, last_only: bool = False):
+    def __call__(self, ids: list[int], aux_ids: list[int] | None = None, last_only: bool = False, tree=None):
         """Run ``ids`` at the next positions: -> (logits [1, T', V], argmax [1, T'] int64, aux
         [1, T, n_aux*H] or None), T' = 1 with ``last_only`` else ``len(ids)``, on the model's device.
+        ``tree``: None, or ``(visible [T, T] bool, depth [T] ints)``
+        (:meth:`eyas.target.graphed.StaticDecoder.forward`).
         A graphed step's outputs are overwritten by the next step: clone what is kept."""
         first, self.n = self.n, self.n + len(ids)
         if self.decode != "dynamic":  # the prefill (first call) eager: prompts differ in length
-            return self.dec.forward([ids], first, aux_ids=aux_ids, last_only=last_only, graph=first > 0)
+            return self.dec.forward([ids], first, aux_ids=aux_ids, last_only=last_only, graph=first > 0, tree=tree)
+        kw = {}
+        if tree is not None:
+            device, dtype = next(self.model.parameters()).device, next(self.model.parameters()).dtype
+            visible = torch.cat([torch.ones(len(ids), first, dtype=torch.bool), torch.as_tensor(tree[0])], dim=1)
+            kw = {"attention_mask": graphed.additive_mask(visible, dtype)[None, None].to(device),
+                  "position_ids": (first + torch.as_tensor(tree[1]))[None].to(device)}
         with layers.capture_aux(self.model, aux_ids) as aux_of:  # id L: the pre-norm residual
-            out = _forward(self.model, ids, self.cache, last_only, output_hidden_states=bool(aux_ids))
+            out = _forward(self.model, ids, self.cache, last_only, output_hidden_states=bool(aux_ids), **kw)
         return out.logits, out.logits.argmax(-1), aux_of(out.hidden_states) if aux_ids else None
 
-    def keep(self, n: int) -> None:
-        """Keep the first ``n`` positions (drop the entries of rejected drafts)."""
+    def keep(self, n: int, rows: list[int] | None = None) -> None:
+        """Keep the first ``n`` positions (drop the entries of rejected drafts); with ``rows``, then
+        the last step's tokens ``rows`` (indices into that step, which started at ``n``), in order."""
+        if rows is None:
+            if self.decode == "dynamic":
+                _crop(self.cache, n)
+            self.n = n
+            return
         if self.decode == "dynamic":
-            _crop(self.cache, n)
-        self.n = n
+            _select(self.cache, n, rows)
+        else:
+            self.dec.move_columns(n, rows)
+        self.n = n + len(rows)
 
 
 def target_cache(model, decode: str, max_len: int) -> TargetCache:

@@ -131,10 +131,18 @@ def _forward_params(model) -> frozenset:
 
 
 class _Graph:
-    """One captured step: the graph, its static ids [B, T] and its outputs."""
+    """One captured step: the graph, its static inputs (ids [B, T], and for a tree step its
+    visibility [T, T] and depths [T]) and its outputs."""
 
-    def __init__(self, graph, ids, outputs):
-        self.graph, self.ids, self.outputs = graph, ids, outputs
+    def __init__(self, graph, inputs, outputs):
+        self.graph, self.inputs, self.outputs = graph, inputs, outputs
+
+
+def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A boolean visibility mask as the additive float mask transformers' attention adds to its
+    scores: 0 where ``allowed``, the dtype's minimum elsewhere (same shape)."""
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
+    return mask.masked_fill_(~allowed, torch.finfo(dtype).min)
 
 
 class StaticDecoder:
@@ -200,20 +208,29 @@ class StaticDecoder:
         """The additive mask [B, 1, T, max_len] of the query columns ``q`` [T] (module docstring)."""
         c = self._cols[None, None, :]
         qq = q[None, :, None]
-        allowed = ((c <= qq) & (c >= self.pad[:, None, None])) | (c == qq)
-        mask = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
-        return mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)[:, None]
+        return additive_mask(((c <= qq) & (c >= self.pad[:, None, None])) | (c == qq), self.dtype)[:, None]
 
-    def _step(self, ids: torch.Tensor, aux_ids: tuple | None, last_only: bool):
+    def _tree_mask(self, visible: torch.Tensor) -> torch.Tensor:
+        """The additive mask [B, 1, T, max_len] of a tree step: the columns before ``start`` (not
+        pads), and among the step's own columns those ``visible`` [T, T] marks for each query."""
+        T = visible.shape[0]
+        rel = self._cols - self.start                                                 # [max_len]
+        own = visible.gather(1, rel.clamp(0, T - 1).expand(T, -1)) & (rel >= 0) & (rel < T)  # [T, max_len]
+        prefix = (rel < 0)[None, None, :] & (self._cols[None, None, :] >= self.pad[:, None, None])
+        return additive_mask(prefix | own[None], self.dtype)[:, None]
+
+    def _step(self, ids: torch.Tensor, aux_ids: tuple | None, last_only: bool, tree=None):
         """The step (what a graph records): -> (logits [B, T or 1, V], argmax [B, T or 1], aux
-        [B, T, n_aux*H] or None)."""
+        [B, T, n_aux*H] or None). ``tree``: None, or (visible [T, T] bool, depth [T] int64), a
+        tree step (:meth:`forward`)."""
         model = self.model
         q = self.start + torch.arange(ids.shape[1], device=self.device)
+        mask, pos = (self._mask(q), self._positions(q)) if tree is None else \
+            (self._tree_mask(tree[0]), self._positions(self.start + tree[1]))
         for layer in self.cache.layers:  # looked up each step: a layer's first write may rebind it
             if hasattr(layer, "cumulative_length"):
                 layer.cumulative_length.copy_(self.start)
-        kw = {self._cache_kw: self.cache, "attention_mask": self._mask(q), "position_ids": self._positions(q),
-              "use_cache": True}
+        kw = {self._cache_kw: self.cache, "attention_mask": mask, "position_ids": pos, "use_cache": True}
         if self._cache_position:
             kw["cache_position"] = q
         if last_only and self._logits_to_keep:
@@ -224,7 +241,7 @@ class StaticDecoder:
         return logits, logits.argmax(-1), (aux_of(out.hidden_states) if aux_ids else None)
 
     @torch.no_grad()
-    def forward(self, ids, start: int, *, aux_ids=None, last_only: bool = False, graph: bool = True):
+    def forward(self, ids, start: int, *, aux_ids=None, last_only: bool = False, graph: bool = True, tree=None):
         """Run ``ids`` at the cache columns ``start .. start + T - 1`` of every row.
 
         Args:
@@ -234,6 +251,10 @@ class StaticDecoder:
             last_only: logits of the last column only.
             graph: replay (capturing on first use) the step's CUDA graph when the decoder has graphs;
                 False runs it eagerly (a prompt's prefill, whose length varies).
+            tree: None (a causal step: token t sees the columns before it), or ``(visible, depth)``
+                for a draft tree verified in one step: ``visible`` [T, T] bool, which of the step's
+                tokens each token sees (its ancestors and itself), ``depth`` [T] int64, each token's
+                position after ``start`` (the tokens before ``start`` are visible to all).
         Returns:
             ``(logits [B, T', V] in the model's dtype, argmax [B, T'] int64, aux [B, T, n_aux*H] or
             None)``, T' = 1 with ``last_only`` else T, on the model's device. A graph's outputs are its
@@ -248,40 +269,61 @@ class StaticDecoder:
         if not 0 <= start or start + ids.shape[1] > self.max_len:
             raise ValueError(f"StaticDecoder: columns {start}..{start + ids.shape[1] - 1} outside the cache's "
                              f"{self.max_len}")
+        inputs = [ids] if tree is None else [ids, torch.as_tensor(tree[0], dtype=torch.bool),
+                                             torch.as_tensor(tree[1], dtype=torch.int64)]
+        if tree is not None and (inputs[1].shape != (ids.shape[1],) * 2 or inputs[2].shape != (ids.shape[1],)):
+            raise ValueError(f"StaticDecoder: a tree of visibility {tuple(inputs[1].shape)} and depths "
+                             f"{tuple(inputs[2].shape)} for {ids.shape[1]} tokens")
         self.start.fill_(start)
-        key = (ids.shape[1], tuple(aux_ids) if aux_ids else None, last_only)
+        key = (ids.shape[1], tuple(aux_ids) if aux_ids else None, last_only, tree is not None)
         if not (self.graphs and graph):
-            return self._step(ids.to(self.device, non_blocking=True), key[1], last_only)
+            inputs = [x.to(self.device, non_blocking=True) for x in inputs]
+            return self._step(inputs[0], key[1], last_only, None if tree is None else inputs[1:])
         g = self._steps.get(key)
         if g is None:
-            g = self._steps[key] = self._capture(ids, key)
+            g = self._steps[key] = self._capture(inputs, key)
         else:
-            g.ids.copy_(ids, non_blocking=True)
+            for static, x in zip(g.inputs, inputs):
+                static.copy_(x, non_blocking=True)
         g.graph.replay()
         return g.outputs
 
-    def _capture(self, ids: torch.Tensor, key: tuple) -> _Graph:
-        static = ids.to(self.device).clone()
+    def _capture(self, inputs: list[torch.Tensor], key: tuple) -> _Graph:
+        static = [x.to(self.device).clone() for x in inputs]
+        args = (static[0], key[1], key[2], static[1:] or None)
         try:
             side = torch.cuda.Stream(self.device)
             side.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(side):
                 for _ in range(self.warmup):  # writes the same columns the step writes: harmless
-                    self._step(static, key[1], key[2])
+                    self._step(*args)
             torch.cuda.current_stream(self.device).wait_stream(side)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self._pool):
-                outputs = self._step(static, key[1], key[2])
+                outputs = self._step(*args)
         except Exception as e:
             raise GraphCaptureError(
                 f"capturing the target's decode step in a CUDA graph failed (batch {self.batch_size}, "
-                f"{key[0]} tokens per row, aux layers {key[1]}, last_only {key[2]}, cache {self.max_len} columns): "
-                f"{type(e).__name__}: {e}. decode 'static' runs the same step without graphs") from e
+                f"{key[0]} tokens per row, aux layers {key[1]}, last_only {key[2]}, tree {key[3]}, cache "
+                f"{self.max_len} columns): {type(e).__name__}: {e}. decode 'static' runs the same step without "
+                f"graphs") from e
         # graphs share one memory pool; each graph's outputs stay referenced here, so no later
         # capture reuses their memory, and steps never run concurrently
         self._pool = graph.pool()
         self.captures += 1
         return _Graph(graph, static, outputs)
+
+    @torch.no_grad()
+    def move_columns(self, start: int, cols: list[int]) -> None:
+        """After a tree step at ``start``: the keys and values of its columns ``start + cols[i]``
+        move to ``start + i`` in every row and layer (the accepted path, in order), as
+        ``DynamicCache`` rows are selected (eyas.eval.tree)."""
+        if not cols:
+            return
+        src = torch.tensor([start + c for c in cols], dtype=torch.int64).to(self.device, non_blocking=True)
+        for layer in self.cache.layers:
+            for t in (layer.keys, layer.values):
+                t[:, :, start:start + len(cols)] = t.index_select(2, src)
 
 
 # per target and graphs flag, at most two decoders: one of batch 1 (the eval's loops) and one wider
