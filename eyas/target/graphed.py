@@ -10,7 +10,7 @@ https://pytorch.org/docs/stable/notes/cuda.html#cuda-graphs; gpt-fast decodes th
 ``pytorch-labs/gpt-fast: generate.py``, with torch.compile's "reduce-overhead" mode).
 
 :class:`StaticDecoder` holds the cache and one graph per step shape (tokens per row, the aux layers
-read, whether only the last position's logits are kept). A step runs ``T`` tokens per row at the
+read, whether only the last position's logits are kept, a tree step or not). A step runs ``T`` tokens per row at the
 cache columns ``start .. start + T - 1``; its inputs are the token ids [B, T] and ``start``. Everything
 else is computed INSIDE the step, on the device, from two persistent buffers, so a replay needs no
 host work beyond copying the ids and the start column in:
@@ -30,7 +30,10 @@ host work beyond copying the ids and the start column in:
   4D, simply return as-is"), so the step holds no host synchronisation.
 
 Rolling back rejected draft tokens is moving ``start``: the columns past it are hidden by the mask
-until a later step overwrites them. The step is a plain eager function; with ``graphs=False`` (the
+until a later step overwrites them. A draft tree verified in one step (eyas/eval/tree.py) passes two
+more static inputs, which of the step's tokens each one sees ([T, T]) and their depths (positions
+``start + depth``); its accepted path is then moved into consecutive columns (:meth:`StaticDecoder.move_columns`).
+The step is a plain eager function; with ``graphs=False`` (the
 ``"static"`` decode, and the only one on a CPU) it runs as it is, so the CPU tests check the very code
 the graphs record against transformers' dynamic-cache decoding. Capture warms up on a side stream
 first (PyTorch's recipe); a capture that raises is re-raised as :class:`GraphCaptureError` naming the
@@ -51,8 +54,8 @@ import torch
 
 from eyas.target import hf_config, layers
 
-__all__ = ["DECODES", "GraphCaptureError", "StaticDecoder", "choose", "decoder", "greedy_batch", "release",
-           "unsupported"]
+__all__ = ["DECODES", "GraphCaptureError", "StaticDecoder", "additive_mask", "choose", "decoder", "greedy_batch",
+           "release", "unsupported"]
 
 DECODES = ("auto", "dynamic", "static", "graphed")
 # attention implementations that apply a 4D additive float mask as given (transformers
@@ -299,7 +302,8 @@ class StaticDecoder:
                     self._step(*args)
             torch.cuda.current_stream(self.device).wait_stream(side)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool):
+            # thread_local: CUDA work of other threads (a stage's writer, a tracker) may go on meanwhile
+            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
                 outputs = self._step(*args)
         except Exception as e:
             raise GraphCaptureError(
