@@ -9,9 +9,10 @@ Two parts (``--parts``), each a results file and a one-line summary per figure:
   :func:`eyas.data.distill.generate_batch` with ``decode="dynamic"`` (transformers ``generate``) and
   ``decode="graphed"``; prompts are chitchat's assistant turns (``distill.turns: all``) planned at the
   ``--max-prompt-tokens`` budget and sorted by length as :func:`eyas.data.distill.regenerate` sorts
-  them, ``--batches`` evenly spaced runs of them per batch size, the first one untimed (the graphed
-  decode's captures happen there). Figures: generated tokens per second, and how many replies are
-  identical token for token.
+  them, ``--batches`` evenly spaced runs of them per batch size, the longest one first and untimed
+  (the graphed decode's cache and captures are made there). Figures: generated tokens per second, and
+  how many replies are identical token for token. On a machine without the embedded target's package
+  (or chitchat's) a random Llama of its shape (random-id prompts) stands in; the results say which.
 - ``step`` -> ``decode_step.json``: one decode step at batch 1 after a ``--ctx``-token prompt (the
   forward and its argmax read on the host, as the eval's greedy loop does), and one verify step of
   k + 1 tokens with the aux hidden states an EAGLE-3 drafter reads, for the embedded target and an
@@ -34,40 +35,73 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from benchmarks.common import median, sync, timed, write_result  # noqa: E402
-from eyas.data.conversations import load_conversations  # noqa: E402
+from eyas.data.conversations import DataError, load_conversations  # noqa: E402
 from eyas.data.distill import generate_batch, plan_prompts  # noqa: E402
 from eyas.eval.speculative import TargetCache  # noqa: E402
 from eyas.target import graphed  # noqa: E402
-from eyas.target.model import load_target, load_tokenizer_and_config  # noqa: E402
+from eyas.target.model import TargetError, load_target, load_tokenizer_and_config, stop_token_ids  # noqa: E402
+
+
+def smollm(a):
+    """(model, tokenizer, name): the embedded target, or where its package is missing (a bare GPU
+    machine) a random Llama of its shape (the decode's speed depends on the shape only)."""
+    try:
+        tok, _ = load_tokenizer_and_config()
+        return load_target(dtype=a.dtype, device=torch.device(a.device), tokenizer=tok).model, tok, \
+            "SmolLM2-135M-Instruct (embedded)"
+    except (TargetError, ImportError) as e:  # ImportError: the gguf package transformers reads it with
+        print(f"the embedded target is not here ({e}): a random Llama of its shape", flush=True)
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                      num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=2048,
+                      tie_word_embeddings=True, eos_token_id=None, bos_token_id=None, pad_token_id=None)
+    model = LlamaForCausalLM(cfg).to(a.device, getattr(torch, a.dtype)).eval()
+    return model, None, "random SmolLM2-135M-shaped Llama"
+
+
+def distill_prompts(tok, a, need: int) -> tuple[list[list[int]], str]:
+    """Self-distill's prompts sorted by length: chitchat's assistant turns planned as the stage plans
+    them, or (no tokenizer or no chitchat package) random ids of 16..max_prompt_tokens tokens."""
+    if tok is not None:
+        try:
+            convs, _ = load_conversations("chitchat")
+            items, _ = plan_prompts(tok, convs[: max(50, need // 8)], turns="all",
+                                    max_prompt_tokens=a.max_prompt_tokens)
+            if len(items) >= need:
+                return sorted((it["prompt_ids"] for it in items), key=len), "chitchat, distill.turns all"
+        except DataError as e:
+            print(f"chitchat is not here ({e}): random prompts", flush=True)
+    g = torch.Generator().manual_seed(0)
+    lengths = torch.randint(16, a.max_prompt_tokens + 1, (need,), generator=g).sort().values.tolist()
+    return [torch.randint(100, 40000, (n,), generator=g).tolist() for n in lengths], "random ids"
 
 
 def selfdistill(a) -> dict:
-    tok, _ = load_tokenizer_and_config()
-    convs, _ = load_conversations("chitchat")
     need = max(a.batch_sizes) * a.batches
-    items, _ = plan_prompts(tok, convs[: max(50, need // 8)], turns="all", max_prompt_tokens=a.max_prompt_tokens)
-    prompts = sorted((it["prompt_ids"] for it in items), key=len)
-    if len(prompts) < need:
-        raise SystemExit(f"chitchat: {len(prompts)} prompts planned, {need} needed")
-    target = load_target(dtype=a.dtype, device=torch.device(a.device), tokenizer=tok)
-    stop_ids, pad = target.stop_ids, tok.pad_token_id if tok.pad_token_id is not None else target.stop_ids[0]
+    model, tok, name = smollm(a)
+    prompts, source = distill_prompts(tok, a, need)
+    stop_ids = stop_token_ids(tok, model.generation_config) if tok is not None else []
+    pad = tok.pad_token_id if tok is not None and tok.pad_token_id is not None else (stop_ids or [0])[0]
     doc = {"what": "self-distill batched greedy: transformers generate vs eyas' graphed decode, same prompts",
-           "model": "SmolLM2-135M-Instruct (embedded)", "dtype": a.dtype, "max_new_tokens": a.max_new_tokens,
+           "model": name, "prompts": source, "dtype": a.dtype, "max_new_tokens": a.max_new_tokens,
            "max_prompt_tokens": a.max_prompt_tokens, "timed_batches": a.batches - 1, "rows": []}
     fast = "graphed" if a.device == "cuda" else "static"  # off CUDA: the same loop without graphs
     for bs in a.batch_sizes:
         step = (len(prompts) - bs) // max(1, a.batches - 1)
-        batches = [prompts[k * step:k * step + bs] for k in range(a.batches)]
+        # the longest batch first, untimed: the graphed decode's cache and graphs then fit every batch
+        batches = [prompts[k * step:k * step + bs] for k in range(a.batches)][::-1]
         row, replies = {"batch_size": bs, "prompt_tokens_max": [len(b[-1]) for b in batches]}, {}
         for decode in ("dynamic", fast):
             sync()
             t0 = time.perf_counter()
-            generate_batch(target.model, batches[0], a.max_new_tokens, pad, stop_ids, decode=decode)  # warm-up
+            generate_batch(model, batches[0], a.max_new_tokens, pad, stop_ids, decode=decode)  # warm-up
             sync()
             warm = time.perf_counter() - t0
             out, t0 = [], time.perf_counter()
             for b in batches[1:]:
-                out += generate_batch(target.model, b, a.max_new_tokens, pad, stop_ids, decode=decode)
+                out += generate_batch(model, b, a.max_new_tokens, pad, stop_ids, decode=decode)
             sync()
             sec = time.perf_counter() - t0
             n = sum(len(r) for r in out)
@@ -77,7 +111,7 @@ def selfdistill(a) -> dict:
         row["speedup"] = round(row[fast]["tokens_per_second"] / row["dynamic"]["tokens_per_second"], 2)
         same = sum(x == y for x, y in zip(replies[fast], replies["dynamic"]))
         row["identical_replies"] = f"{same}/{len(replies['dynamic'])}"
-        graphed.release(target.model)  # the next batch size's cache in its own memory
+        graphed.release(model)  # the next batch size's cache in its own memory
         doc["rows"].append(row)
         print(f"self-distill batch {bs}: generate {row['dynamic']['tokens_per_second']:,.0f} tok/s, {fast} "
               f"{row[fast]['tokens_per_second']:,.0f} tok/s ({row['speedup']}x), identical replies "
@@ -150,7 +184,7 @@ def steps(a) -> dict:
            "ctx": a.ctx, "k": a.k, "bandwidth_tbs": a.bandwidth_tbs, "rows": []}
     for name in a.models:
         if name == "embedded":
-            model = load_target(dtype=a.dtype, device=torch.device(a.device)).model
+            model, _, _ = smollm(a)
         elif name == "8b":
             model = build_8b(a.device)
         else:
