@@ -269,8 +269,8 @@ def test_evaluate_prompts_metrics(target):
     assert t["repeats"] == 1 and t["num_ratios"] == 3 and t["device"] == "cpu" and t["torch_threads"] == 1
     assert all(v > 0 for v in t["step_ms"].values()) and set(t["step_ms"]) == {"plain_decode", "target_verify",
                                                                               "drafter"}
-    assert m["settings"] == {"mode": "chain", "num_draft_tokens": 3, "temperature": 0.0, "max_new_tokens": 20,
-                             "num_prompts": 3, "proposer": "EagleProposer", "stop_ids": []}
+    assert m["settings"] == {"mode": "chain", "target_decode": "dynamic", "num_draft_tokens": 3, "temperature": 0.0,
+                             "max_new_tokens": 20, "num_prompts": 3, "proposer": "EagleProposer", "stop_ids": []}
 
     # pooled vs per-prompt means, hand-checked through the n-gram proposer with given baselines
     base = [greedy_generate(target, p, max_new_tokens=20, stop_ids=[]) for p in ps]

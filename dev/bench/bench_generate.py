@@ -1,5 +1,6 @@
 """Self-distill's batched greedy generation on a GPU: transformers' ``generate`` with its default
-dynamic KV cache (:func:`eyas.data.distill.generate_batch`, what the stage runs) against the same call
+dynamic KV cache (:func:`eyas.data.distill.generate_batch` with ``decode="dynamic"``, what the stage
+ran before its graphed decode; benchmarks/bench_decode.py compares that one) against the same call
 with ``cache_implementation="static"`` (a cache preallocated to prompt + new tokens; transformers
 compiles the decode step for it, transformers docs "Caching" and "torch.compile" pages).
 
@@ -43,12 +44,12 @@ def run(cache, model, batches, max_new_tokens, pad_id, stop_ids) -> tuple[dict, 
     torch.cuda.reset_peak_memory_stats() if cuda else None
     sync()
     t0 = time.perf_counter()
-    generate_batch(model, batches[0], max_new_tokens, pad_id, stop_ids, cache)  # warm-up
+    generate_batch(model, batches[0], max_new_tokens, pad_id, stop_ids, cache, decode="dynamic")  # warm-up
     sync()
     warm = time.perf_counter() - t0
     replies, t0 = [], time.perf_counter()
     for b in batches[1:]:
-        replies += generate_batch(model, b, max_new_tokens, pad_id, stop_ids, cache)
+        replies += generate_batch(model, b, max_new_tokens, pad_id, stop_ids, cache, decode="dynamic")
     sync()
     sec = time.perf_counter() - t0
     tokens = sum(len(r) for r in replies)

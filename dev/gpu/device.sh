@@ -22,6 +22,9 @@
 #                     freezes it: no peer run)                                   -> train_lm_head.json
 #   extract           bench_extract.py, bf16 and fp8 aux states, 96 batches         -> extract.json
 #   eval              bench_eval.py (chain step vs decode), profile_eval_gpu.py     -> eval_step.json, eval_profile.json
+#   decode            bench_decode.py: the target's decode, transformers' vs eyas' graphed, same call: self-distill
+#                     tok/s at batch 64 and 256, the batch-1 decode/verify step of the 135M and an 8B-shaped
+#                     target                                                      -> decode_selfdistill.json, decode_step.json
 #   ddp               (2 GPUs) DDP weak scaling and multi-GPU extraction            -> ddp_w{1,2}.json, extract_{w1,w2,split}.json
 #   online            bench_online.py: train.mode online vs extract + train (2 GPUs: + target on cuda:1) -> online_h200.json
 #   scale N [PART]    (N = 2, 4 or 8 GPUs) PART ddp or fsdp: bench_ddp.py at W = 1, 2, .., N (weak scaling at
@@ -50,7 +53,7 @@ step() {  # step LIMIT_S CMD...: run CMD under its own time limit, then say how 
   local lim=$1 t0=$SECONDS rc; shift
   echo "=== [$(date +%T)] $*" | tee -a "$LOG"
   timeout "$lim" "$@" 2>&1 | grep -v "Warning\|warn(\|^$" | tee -a "$LOG" \
-    | grep "^eyas\|^peer\|^head loss\|^merge\|vs dense\|vs eager\|bare\|e2e\|Error\|passed\|failed\|skipped\|tok/s" \
+    | grep "^eyas\|^peer\|^head loss\|^merge\|vs dense\|vs eager\|bare\|e2e\|Error\|passed\|failed\|skipped\|tok/s\|^decode step" \
     | cut -c1-400
   rc=${PIPESTATUS[0]}
   echo "--- $((SECONDS - t0)) s (limit $lim s), exit $rc$([ "$rc" = 124 ] && echo ': time limit reached')" | tee -a "$LOG"
@@ -150,6 +153,9 @@ case "$recipe" in
       --profile 3 --skip-checks --out "$OUT/train_lm_head.json" ;;
   extract)
     step 150 python3 benchmarks/bench_extract.py --batches 96 --fp8 --out "$OUT/extract.json" ;;
+  decode)
+    step 200 python3 benchmarks/bench_decode.py --parts selfdistill --out-selfdistill "$OUT/decode_selfdistill.json"
+    step 200 python3 benchmarks/bench_decode.py --parts step --out-step "$OUT/decode_step.json" ;;
   eval)
     step 120 python3 benchmarks/bench_eval.py --out "$OUT/eval_step.json"
     step 240 python3 dev/bench/profile_eval_gpu.py ;;

@@ -27,7 +27,9 @@ target never made. The decoded ``content`` is kept for reading only.
 
 The core works on token ids (:func:`generate_batch`), so it is testable on a tokenizer-free tiny
 model: prompts are LEFT-padded into a batch (with the attention mask, so pads are invisible) and
-``model.generate`` decodes greedily; the result must equal unbatched greedy decoding
+decoded greedily, on a CPU by transformers' ``generate``, on CUDA by a static KV cache whose one-token
+steps replay a CUDA graph (:func:`eyas.target.graphed.greedy_batch`; ``generate`` there is bound by
+kernel launches); the result must equal unbatched greedy decoding
 (:func:`eyas.eval.speculative.greedy_generate`) token for token.
 """
 
@@ -61,7 +63,7 @@ def _trim(ids: list[int], stop_ids) -> list[int]:
 
 @torch.no_grad()
 def generate_batch(model, prompts_ids: list[list[int]], max_new_tokens: int, pad_id: int,
-                   stop_ids, cache_implementation: str | None = None) -> list[list[int]]:
+                   stop_ids, cache_implementation: str | None = None, decode: str = "auto") -> list[list[int]]:
     """Greedy continuations of several prompts in ONE batch (left padding + attention mask).
 
     Args:
@@ -72,17 +74,27 @@ def generate_batch(model, prompts_ids: list[list[int]], max_new_tokens: int, pad
             pad or EOS by convention).
         stop_ids: the ids that end a reply (:func:`eyas.target.model.stop_token_ids`; HF ``generate``
             takes a list as ``eos_token_id``); empty: every row runs ``max_new_tokens``.
-        cache_implementation: transformers' ``GenerationConfig.cache_implementation``: None, its
-            default dynamic KV cache (what self-distill runs); ``"static"``, a cache preallocated to
-            prompt + ``max_new_tokens`` whose decode step transformers compiles on CUDA
-            (benchmarks/bench_generate.py compares the two).
+        cache_implementation: with the ``"dynamic"`` decode, transformers'
+            ``GenerationConfig.cache_implementation``: None, its default dynamic KV cache;
+            ``"static"``, a cache preallocated to prompt + ``max_new_tokens`` whose decode step
+            transformers compiles on CUDA (benchmarks/bench_generate.py compares them).
+        decode: :func:`eyas.target.graphed.choose`: ``"auto"`` (the default) is ``"graphed"`` on
+            CUDA (:func:`eyas.target.graphed.greedy_batch`: a static KV cache, each decode step
+            replayed from a CUDA graph) and ``"dynamic"`` (transformers' ``generate``) elsewhere;
+            ``"static"`` is the graphed loop without graphs (any device).
     Returns:
         per prompt, in input order, the generated ids (prompt excluded), up to and including the
         first stop id when one was generated:
         the same contract as :func:`eyas.eval.speculative.greedy_generate`.
+    Raises:
+        ValueError: an empty prompt, ``max_new_tokens`` < 1, an unknown ``decode`` (or one the
+            target cannot run, :func:`eyas.target.graphed.choose`), ``cache_implementation`` with
+            a decode other than ``"dynamic"``.
+        eyas.target.graphed.GraphCaptureError: the CUDA graph capture failed.
     """
     from transformers import GenerationConfig
 
+    from eyas.target import graphed
     from eyas.target.model import Target
 
     model = model.model if isinstance(model, Target) else model
@@ -92,6 +104,12 @@ def generate_batch(model, prompts_ids: list[list[int]], max_new_tokens: int, pad
         raise ValueError("generate_batch: empty prompt")
     if max_new_tokens < 1:
         raise ValueError(f"generate_batch: max_new_tokens must be >= 1, got {max_new_tokens}")
+    if cache_implementation is not None and decode != "dynamic":
+        raise ValueError(f"generate_batch: cache_implementation {cache_implementation!r} is transformers' "
+                         f"generate's (decode 'dynamic'), not decode {decode!r}'s")
+    mode = graphed.choose(model, decode)
+    if mode != "dynamic":
+        return graphed.greedy_batch(model, prompts_ids, max_new_tokens, pad_id, stop_ids, graphs=mode == "graphed")
     T = max(len(p) for p in prompts_ids)
     ids = torch.full((len(prompts_ids), T), pad_id, dtype=torch.int64)
     att = torch.zeros((len(prompts_ids), T), dtype=torch.int64)
@@ -317,8 +335,11 @@ def regenerate(target, items: list[dict], *, max_new_tokens: int, batch_size: in
         ``prompts``, ``prompt_tokens``, ``generated_tokens`` (stop ids counted, resumed replies
         included), ``resumed``, ``seconds`` (this run's generation only), ``tokens_per_second``
         (this run's), ``truncated`` (``finish_reason: "length"``), ``dropped_empty``, ``kept``,
-        ``stop_ids``.
+        ``stop_ids``, ``decode`` (:func:`generate_batch`'s choice, :func:`eyas.target.graphed.choose`:
+        ``"graphed"`` on CUDA, ``"dynamic"`` elsewhere).
     """
+    from eyas.target import graphed
+
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     tok = target.tokenizer
@@ -350,7 +371,7 @@ def regenerate(target, items: list[dict], *, max_new_tokens: int, batch_size: in
     rows, stats = build_rows(tok, stop_ids, items, [gen[k] for k in range(len(items))])
     stats.update(resumed=resumed, seconds=round(seconds, 2),
                  tokens_per_second=round(new_tokens / seconds, 1) if seconds > 0 else None,
-                 max_new_tokens=max_new_tokens, batch_size=batch_size)
+                 max_new_tokens=max_new_tokens, batch_size=batch_size, decode=graphed.choose(target.model))
     return rows, stats
 
 

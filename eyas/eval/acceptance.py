@@ -1,9 +1,10 @@
 """One benchmark's acceptance metrics for a drafter and the n-gram floor, from real decoding of
 a timed subset and the exact chain oracle over every prompt.
 
-Real speculative decoding is the ground truth (lossless, wall-clock speedup), but on a GPU the
-target's one-token decode steps are launch-bound (a 135M target: ~28 ms per HF forward on an
-H200, whatever the batch), so decoding every prompt one at a time, twice, dominates the eval.
+Real speculative decoding is the ground truth (lossless, wall-clock speedup), but it costs one target
+forward per verify step and per greedy token, batch 1 (replayed from CUDA graphs on a GPU,
+eyas/target/graphed.py; transformers' own forward is launch-bound there, whatever the batch), so
+decoding every prompt one at a time, twice, dominates the eval.
 Under greedy verification the acceptance of a chain drafter is a function of the target's greedy
 output alone (eyas/eval/oracle.py), and greedy outputs can be made for many prompts in one
 batched ``generate`` (:func:`eyas.data.distill.generate_batch`, which equals unbatched greedy token for

@@ -28,11 +28,10 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 
 import torch
-from transformers import DynamicCache, TemperatureLogitsWarper, TopPLogitsWarper
+from transformers import TemperatureLogitsWarper, TopPLogitsWarper
 
 from eyas.drafter.model import Eagle3Drafter
-from eyas.eval.speculative import EagleProposer, _aux_layers, _crop, _forward, _model, as_proposer, stop_set
-from eyas.target import layers
+from eyas.eval.speculative import EagleProposer, _aux_layers, _model, as_proposer, stop_set, target_cache
 
 __all__ = ["SampledEagleProposer", "sampled_generate", "target_probs", "verify_chain_sampled"]
 
@@ -134,7 +133,7 @@ class SampledEagleProposer(EagleProposer):
 @torch.no_grad()
 def sampled_generate(target_model, drafter, prompt_ids: list[int], *, num_draft_tokens: int,
                      max_new_tokens: int, stop_ids: Sequence[int], aux_layer_ids: list[int] | None,
-                     temperature: float, top_p: float, generator: torch.Generator) -> dict:
+                     temperature: float, top_p: float, generator: torch.Generator, decode: str = "auto") -> dict:
     """Speculative sampling, chain drafts of ``num_draft_tokens`` (k), batch size 1.
 
     The loop of :func:`eyas.eval.speculative.speculative_generate` with the first token sampled from the
@@ -146,6 +145,8 @@ def sampled_generate(target_model, drafter, prompt_ids: list[int], *, num_draft_
             :class:`SampledEagleProposer`) or a deterministic :class:`~eyas.eval.speculative.Proposer`
             (n-gram: point-mass ``q``).
         temperature: > 0. top_p: in (0, 1]. generator: CPU ``torch.Generator`` (the seed).
+        decode: the target's KV cache and step (:class:`eyas.eval.speculative.TargetCache`): ``"auto"``
+            replays the verify step from a CUDA graph on CUDA.
         Others as :func:`eyas.eval.speculative.speculative_generate`.
     Returns:
         ``{"tokens", "committed_per_step", "accepted_per_step", "num_verify_steps"}`` as
@@ -166,13 +167,12 @@ def sampled_generate(target_model, drafter, prompt_ids: list[int], *, num_draft_
     aux_ids = _aux_layers(model, proposer, aux_layer_ids) if hs else None
     sampled = isinstance(proposer, SampledEagleProposer)
 
-    def target(ids: list[int], last_only: bool = False):
-        with layers.capture_aux(model, aux_ids) as aux_of:  # id L: the pre-norm residual
-            out = _forward(model, ids, cache, last_only, output_hidden_states=hs)
-        aux = aux_of(out.hidden_states) if hs else None
-        return target_probs(out.logits[0], temperature, top_p), aux
+    cache = target_cache(model, decode, len(prompt_ids) + max_new_tokens + k + 1)
 
-    cache = DynamicCache()
+    def target(ids: list[int], last_only: bool = False):
+        logits, _, aux = cache(ids, aux_ids, last_only)
+        return target_probs(logits[0], temperature, top_p), aux
+
     p, aux = target(prompt_ids, last_only=True)
     x = _sample(p[-1], generator)
     tokens, n_done = [x], len(prompt_ids)
@@ -190,7 +190,7 @@ def sampled_generate(target_model, drafter, prompt_ids: list[int], *, num_draft_
         committed_per_step.append(len(committed))
         accepted_per_step.append(min(accepted, len(committed)))
         n_done += len(committed)
-        _crop(cache, n_done)  # the entries of x_last and the accepted drafts stay
+        cache.keep(n_done)  # the entries of x_last and the accepted drafts stay
         x = committed[-1]
         proposer.accept(committed, aux[:, : len(committed)] if hs else None)
     result.update(tokens=tokens, committed_per_step=committed_per_step,

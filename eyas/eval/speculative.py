@@ -37,7 +37,7 @@ import torch
 from transformers import DynamicCache
 
 from eyas.drafter.model import Eagle3Drafter, KVCache
-from eyas.target import layers
+from eyas.target import graphed, layers
 
 # --- the accept rule and the one acceptance-length function ---------------------------------
 
@@ -260,16 +260,94 @@ def _crop(cache: DynamicCache, keep: int) -> None:
         cache.crop(-remove)
 
 
+def _select(cache: DynamicCache, n_done: int, rows: list[int]) -> None:
+    """Keep the cache's first ``n_done`` positions, then ``n_done + rows`` (in that order)."""
+    layers_ = getattr(cache, "layers", None)
+    if layers_ is None:
+        raise TypeError("tree verification needs a transformers DynamicCache with .layers (transformers >= 4.56)")
+    for layer in layers_:
+        if getattr(layer, "keys", None) is None or layer.keys.numel() == 0:
+            continue
+        idx = torch.cat([torch.arange(n_done), n_done + torch.tensor(rows, dtype=torch.long)]).to(layer.keys.device)
+        layer.keys, layer.values = layer.keys.index_select(-2, idx), layer.values.index_select(-2, idx)
+
+
 def _sync(model) -> None:
     """Wait for the model's device (CUDA work is asynchronous; host clocks need it finished)."""
     if next(model.parameters()).is_cuda:
         torch.cuda.synchronize()
 
 
+class TargetCache:
+    """The target's KV cache in the eval's loops (batch 1), run and rolled back the same way
+    whichever decode holds it (:func:`eyas.target.graphed.choose`):
+
+    - ``"dynamic"``: transformers' ``DynamicCache`` (the CPU path); a roll-back crops it;
+    - ``"static"`` / ``"graphed"``: one row of a :class:`eyas.target.graphed.StaticDecoder` for
+      ``max_len`` positions; a roll-back moves the write column (the mask hides what lies past it,
+      the next step overwrites it); ``"graphed"`` replays every step but the prefill from a CUDA graph.
+
+    A step may verify a draft tree in one forward (``tree``, eyas.eval.tree): each token sees the
+    cached prefix, its ancestors and itself, at the position of its depth; :meth:`keep` with
+    ``rows`` then keeps the accepted path (``DynamicCache`` rows selected, or static columns moved).
+
+    Args:
+        model: a transformers causal LM. decode: ``"dynamic"``, ``"static"`` or ``"graphed"``.
+        max_len: the most positions the sequence will hold (the static cache's length).
+    """
+
+    def __init__(self, model, decode: str, max_len: int):
+        self.model, self.decode, self.n = model, decode, 0
+        if decode == "dynamic":
+            self.cache = DynamicCache()
+        else:
+            self.dec = graphed.decoder(model, 1, max_len, graphs=decode == "graphed")
+            self.dec.reset()
+
+    def __call__(self, ids: list[int], aux_ids: list[int] | None = None, last_only: bool = False, tree=None):
+        """Run ``ids`` at the next positions: -> (logits [1, T', V], argmax [1, T'] int64, aux
+        [1, T, n_aux*H] or None), T' = 1 with ``last_only`` else ``len(ids)``, on the model's device.
+        ``tree``: None, or ``(visible [T, T] bool, depth [T] ints)``
+        (:meth:`eyas.target.graphed.StaticDecoder.forward`).
+        A graphed step's outputs are overwritten by the next step: clone what is kept."""
+        first, self.n = self.n, self.n + len(ids)
+        if self.decode != "dynamic":  # the prefill (first call) eager: prompts differ in length
+            return self.dec.forward([ids], first, aux_ids=aux_ids, last_only=last_only, graph=first > 0, tree=tree)
+        kw = {}
+        if tree is not None:
+            device, dtype = next(self.model.parameters()).device, next(self.model.parameters()).dtype
+            visible = torch.cat([torch.ones(len(ids), first, dtype=torch.bool), torch.as_tensor(tree[0])], dim=1)
+            kw = {"attention_mask": graphed.additive_mask(visible, dtype)[None, None].to(device),
+                  "position_ids": (first + torch.as_tensor(tree[1]))[None].to(device)}
+        with layers.capture_aux(self.model, aux_ids) as aux_of:  # id L: the pre-norm residual
+            out = _forward(self.model, ids, self.cache, last_only, output_hidden_states=bool(aux_ids), **kw)
+        return out.logits, out.logits.argmax(-1), aux_of(out.hidden_states) if aux_ids else None
+
+    def keep(self, n: int, rows: list[int] | None = None) -> None:
+        """Keep the first ``n`` positions (drop the entries of rejected drafts); with ``rows``, then
+        the last step's tokens ``rows`` (indices into that step, which started at ``n``), in order."""
+        if rows is None:
+            if self.decode == "dynamic":
+                _crop(self.cache, n)
+            self.n = n
+            return
+        if self.decode == "dynamic":
+            _select(self.cache, n, rows)
+        else:
+            self.dec.move_columns(n, rows)
+        self.n = n + len(rows)
+
+
+def target_cache(model, decode: str, max_len: int) -> TargetCache:
+    """:class:`TargetCache` of the decode :func:`eyas.target.graphed.choose` picks for ``decode``."""
+    return TargetCache(model, graphed.choose(model, decode), max_len)
+
+
 @torch.no_grad()
 def speculative_generate(target_model, drafter, prompt_ids: list[int], *, num_draft_tokens: int,
                          max_new_tokens: int, stop_ids: Sequence[int],
-                         aux_layer_ids: list[int] | None, return_features: bool = False) -> dict:
+                         aux_layer_ids: list[int] | None, return_features: bool = False,
+                         decode: str = "auto") -> dict:
     """Greedy speculative decoding, chain drafts of ``num_draft_tokens`` (k), batch size 1.
 
     Args:
@@ -279,6 +357,9 @@ def speculative_generate(target_model, drafter, prompt_ids: list[int], *, num_dr
         stop_ids: ids that end the output (kept as its last token); [] = run to ``max_new_tokens``.
         aux_layer_ids: HF ``hidden_states`` indices (ascending) whose concatenation feeds the
             drafter, [1, T, n_aux*H]; None = the drafter's own (or the EAGLE-3 default).
+        decode: the target's KV cache and step (:class:`TargetCache`, :func:`eyas.target.graphed.choose`):
+            ``"auto"`` replays the verify step from a CUDA graph on CUDA, transformers' dynamic
+            cache elsewhere.
     Returns:
         ``{"tokens": generated ids (prompt excluded, the stop token included if hit),
         "committed_per_step", "accepted_per_step": per verify step (an accepted count never
@@ -297,6 +378,7 @@ def speculative_generate(target_model, drafter, prompt_ids: list[int], *, num_dr
     Raises:
         ValueError: empty prompt. TypeError: ``stop_ids`` not a sequence of ints (:func:`stop_set`).
         eyas.target.layers.LayerIdError: aux ids disagree with the drafter's.
+        eyas.target.graphed.GraphCaptureError: the CUDA graph capture failed.
     """
     model, proposer, k = _model(target_model), as_proposer(drafter), num_draft_tokens
     stop = stop_set(stop_ids)
@@ -309,18 +391,18 @@ def speculative_generate(target_model, drafter, prompt_ids: list[int], *, num_dr
     hs = proposer.needs_features
     aux_ids = _aux_layers(model, proposer, aux_layer_ids) if hs else None
 
+    # the verify step writes k + 1 positions past the committed ones
+    cache = target_cache(model, decode, len(prompt_ids) + max_new_tokens + k + 1)
+
     def target(ids: list[int], last_only: bool = False):
         """Run ``ids`` through the target at the next positions of ``cache``: -> (argmax ids
         [len(ids)] (only the last with ``last_only``), aux [1, len(ids), n_aux*H] or None)."""
-        with layers.capture_aux(model, aux_ids) as aux_of:  # id L: the pre-norm residual
-            out = _forward(model, ids, cache, last_only, output_hidden_states=hs)
-        aux = aux_of(out.hidden_states) if hs else None
-        return out.logits[0].argmax(-1).tolist(), aux
+        _, greedy, aux = cache(ids, aux_ids, last_only)
+        return greedy[0].tolist(), aux
 
     clock = time.perf_counter
     t_start = clock()
     # 1. prefill: the target reads the prompt and emits the first new token x_n
-    cache = DynamicCache()
     greedy, aux = target(prompt_ids, last_only=True)
     x = greedy[-1]
     tokens, n_done = [x], len(prompt_ids)  # n_done: positions the target's cache holds
@@ -349,11 +431,11 @@ def speculative_generate(target_model, drafter, prompt_ids: list[int], *, num_dr
         # these tokens); the entries for rejected drafts are not. The last committed token
         # (bonus) has not been read yet: it is the next x_last.
         n_done += len(committed)
-        _crop(cache, n_done)
+        cache.keep(n_done)
         x = committed[-1]
         proposer.accept(committed, aux[:, : len(committed)] if hs else None)
-        if fed is not None:
-            fed.append(aux[:, : len(committed)])
+        if fed is not None:  # a copy: a graphed step's aux buffer is rewritten by the next step
+            fed.append(aux[:, : len(committed)].clone())
     result.update(tokens=tokens, committed_per_step=committed_per_step,
                   accepted_per_step=accepted_per_step, num_verify_steps=len(committed_per_step))
     if fed is not None:
@@ -362,16 +444,15 @@ def speculative_generate(target_model, drafter, prompt_ids: list[int], *, num_dr
 
 
 def _greedy_timed(model, prompt_ids: list[int], max_new_tokens: int,
-                  stop: frozenset[int]) -> tuple[list[int], list[float]]:
+                  stop: frozenset[int], decode: str = "auto") -> tuple[list[int], list[float]]:
     """Plain greedy decoding -> (generated ids, host seconds per forward: [0] the prefill, then
     one per decode step). Each forward ends with its argmax on the host (``int``), so the times
-    are the device's too."""
-    cache, out, ids, seconds = DynamicCache(), [], list(prompt_ids), []
+    are the device's too. ``decode``: :class:`TargetCache`."""
+    cache, out, ids, seconds = target_cache(model, decode, len(prompt_ids) + max_new_tokens), [], list(prompt_ids), []
     clock = time.perf_counter
     while len(out) < max_new_tokens:
         t0 = clock()
-        logits = _forward(model, ids, cache, last_only=True).logits
-        ids = [int(logits[0, -1].argmax())]
+        ids = [int(cache(ids, last_only=True)[1][0, -1])]
         seconds.append(clock() - t0)
         out += ids
         if ids[0] in stop:
@@ -381,16 +462,18 @@ def _greedy_timed(model, prompt_ids: list[int], max_new_tokens: int,
 
 @torch.no_grad()
 def greedy_generate(target_model, prompt_ids: list[int], *, max_new_tokens: int,
-                    stop_ids: Sequence[int]) -> list[int]:
-    """Plain greedy decoding with the target, one token per forward over a ``DynamicCache``: the
-    independent reference speculative output must equal. Stops after the first generated id in
-    ``stop_ids`` (as HF ``generate`` with ``generation_config.eos_token_id`` a list does) or at
-    ``max_new_tokens``. Returns the generated ids (the stop token included).
+                    stop_ids: Sequence[int], decode: str = "auto") -> list[int]:
+    """Plain greedy decoding with the target, one token per forward (on the CPU over a
+    ``DynamicCache``; ``decode``: :class:`TargetCache`): the independent reference speculative
+    output must equal. Stops after the first generated id in ``stop_ids`` (as HF ``generate`` with
+    ``generation_config.eos_token_id`` a list does) or at ``max_new_tokens``. Returns the
+    generated ids (the stop token included).
 
     Raises:
         TypeError: ``stop_ids`` not a sequence of ints (:func:`stop_set`).
+        ValueError: a ``decode`` :func:`eyas.target.graphed.choose` refuses.
     """
-    return _greedy_timed(_model(target_model), prompt_ids, max_new_tokens, stop_set(stop_ids))[0]
+    return _greedy_timed(_model(target_model), prompt_ids, max_new_tokens, stop_set(stop_ids), decode)[0]
 
 
 def _median(xs: list[float]) -> float | None:
@@ -444,7 +527,8 @@ def _timing_report(greedy_s, spec_s, greedy_steps, spec_runs, outputs, model, re
 def evaluate_prompts(target, drafter, prompts: list[list[int]], *, num_draft_tokens: int,
                      max_new_tokens: int, stop_ids: Sequence[int], aux_layer_ids: list[int] | None,
                      timing_repeats: int = 1, baseline: list[list[int]] | None = None,
-                     features_out: list | None = None, greedy_out: list | None = None) -> dict:
+                     features_out: list | None = None, greedy_out: list | None = None,
+                     decode: str = "auto") -> dict:
     """Speculative decoding over ``prompts`` (token ids), checked against plain greedy decoding,
     and its wall-clock speedup measured so that load on the machine cannot fake it.
 
@@ -478,6 +562,9 @@ def evaluate_prompts(target, drafter, prompts: list[list[int]], *, num_draft_tok
         features_out: a list to extend with each prompt's ``features``
             (:func:`speculative_generate` ``return_features``), in prompt order.
         greedy_out: a list to extend with the greedy reference outputs, in prompt order.
+        decode: the target's KV cache and step for both decoders (:class:`TargetCache`); ``"auto"``:
+            CUDA graphs on CUDA where the target allows them, transformers' dynamic cache elsewhere
+            (:func:`eyas.target.graphed.choose`); the choice is ``settings.target_decode``.
     Returns: the metrics dict; ``accept_len`` pools every verify step (sum committed / sum
         steps, as SGLang's ``update_spec_metrics`` accumulates it: module docstring);
         ``per_position_accept_rate[i]`` is the fraction of verify steps whose draft token i+1 was
@@ -500,11 +587,15 @@ def evaluate_prompts(target, drafter, prompts: list[list[int]], *, num_draft_tok
                          "pass timing_repeats=0 with it")
     if baseline is not None and len(baseline) != len(prompts):
         raise ValueError(f"baseline has {len(baseline)} outputs for {len(prompts)} prompts")
-    skw = dict(num_draft_tokens=k, max_new_tokens=max_new_tokens, stop_ids=stop, aux_layer_ids=aux_layer_ids)
+    mode = graphed.choose(model, decode)
+    if mode != "dynamic" and prompts:  # one static cache long enough for every prompt: captured once
+        graphed.decoder(model, 1, max(map(len, prompts)) + max_new_tokens + k + 1, graphs=mode == "graphed")
+    skw = dict(num_draft_tokens=k, max_new_tokens=max_new_tokens, stop_ids=stop, aux_layer_ids=aux_layer_ids,
+               decode=mode)
     timed = timing_repeats > 0
     if prompts and timed:  # warm-up: one verify step and one drafter cycle, a few decode steps
         speculative_generate(model, proposer, prompts[0], **dict(skw, max_new_tokens=k + 2))
-        _greedy_timed(model, prompts[0], k + 2, stop)
+        _greedy_timed(model, prompts[0], k + 2, stop, mode)
 
     n = len(prompts)
     runs: list = [None] * n
@@ -519,7 +610,7 @@ def evaluate_prompts(target, drafter, prompts: list[list[int]], *, num_draft_tok
                 _sync(model)
                 t0 = time.perf_counter()
                 if method == "greedy":
-                    out, steps = _greedy_timed(model, p, max_new_tokens, stop)
+                    out, steps = _greedy_timed(model, p, max_new_tokens, stop, mode)
                 else:
                     run = speculative_generate(model, proposer, p, **skw,
                                                return_features=features_out is not None and r == 0)
@@ -562,7 +653,7 @@ def evaluate_prompts(target, drafter, prompts: list[list[int]], *, num_draft_tok
         "speculative_seconds": sum(map(sum, spec_s)) if timed else None,
         "greedy_seconds": sum(map(sum, greedy_s)) if timed else None,
         **timing,
-        "settings": {"mode": "chain", "num_draft_tokens": k, "temperature": 0.0,
+        "settings": {"mode": "chain", "target_decode": mode, "num_draft_tokens": k, "temperature": 0.0,
                      "max_new_tokens": max_new_tokens, "num_prompts": len(prompts),
                      "proposer": type(proposer).__name__, "stop_ids": sorted(stop)},
     }

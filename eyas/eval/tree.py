@@ -26,7 +26,9 @@ ancestors and itself); transformers 5.x uses a 4D ``attention_mask`` as given
 (``masking_utils._preprocess_mask_arguments``). The greedy walk descends from the root to the
 child whose token is the target's argmax at the current node, the bonus token being the argmax
 where it stops (EAGLE ``evaluate_posterior``, ``eagle/model/utils.py``); the KV cache then keeps
-the prefix, the root and the accepted path, in order. Sampled trees need a multi-draft rejection
+the prefix, the root and the accepted path, in order (:class:`eyas.eval.speculative.TargetCache`: rows
+of transformers' dynamic cache selected, or, on CUDA, columns of the static cache whose tree steps
+replay a CUDA graph moved). Sampled trees need a multi-draft rejection
 rule (SpecInfer's recursive rejection sampling, SGLang ``tree_speculative_sampling_target_only``)
 and are not implemented: the sampled numbers are chain (eyas/eval/sampling.py).
 """
@@ -37,13 +39,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-from transformers import DynamicCache
 
 from eyas.drafter.model import Eagle3Drafter, KVCache
-from eyas.eval.speculative import EagleProposer, _aux_layers, _forward, _model, stop_set
-from eyas.target import layers
+from eyas.eval.speculative import EagleProposer, _aux_layers, _model, stop_set, target_cache
+from eyas.target import graphed
 
-__all__ = ["DraftTree", "EagleTreeProposer", "tree_attention_mask", "tree_generate", "verify_tree_greedy"]
+__all__ = ["DraftTree", "EagleTreeProposer", "tree_attention_mask", "tree_generate", "tree_visibility",
+           "verify_tree_greedy"]
 
 
 @dataclass
@@ -115,21 +117,24 @@ class EagleTreeProposer(EagleProposer):
         return DraftTree(tree_tokens, tree_parents)
 
 
-def tree_attention_mask(tree: DraftTree, n_done: int, dtype: torch.dtype, device) -> torch.Tensor:
-    """The verify forward's mask [1, 1, m + 1, n_done + m + 1] (rows: root, nodes): 0.0 where a
-    query may attend (the cached prefix, its ancestors, itself), the dtype's minimum elsewhere."""
+def tree_visibility(tree: DraftTree) -> torch.Tensor:
+    """Which of the verified tokens (root, then the m nodes) each one sees: [m + 1, m + 1] bool,
+    its ancestors and itself."""
     m = len(tree.tokens)
     allowed = torch.zeros(m + 1, m + 1, dtype=torch.bool)
     allowed[:, 0] = True
-    allowed[0, 0] = True
     for j, par in enumerate(tree.parents):
         allowed[j + 1, j + 1] = True
         if par >= 0:
             allowed[j + 1] |= allowed[par + 1]
-    full = torch.cat([torch.ones(m + 1, n_done, dtype=torch.bool), allowed], dim=1)
-    mask = torch.zeros(full.shape, dtype=dtype)
-    mask[~full] = torch.finfo(dtype).min
-    return mask[None, None].to(device)
+    return allowed
+
+
+def tree_attention_mask(tree: DraftTree, n_done: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """The verify forward's mask [1, 1, m + 1, n_done + m + 1] (rows: root, nodes): 0.0 where a
+    query may attend (the cached prefix, its ancestors, itself), the dtype's minimum elsewhere."""
+    full = torch.cat([torch.ones(len(tree.tokens) + 1, n_done, dtype=torch.bool), tree_visibility(tree)], dim=1)
+    return graphed.additive_mask(full, dtype)[None, None].to(device)
 
 
 def verify_tree_greedy(tree: DraftTree, target_greedy: list[int],
@@ -164,22 +169,10 @@ def verify_tree_greedy(tree: DraftTree, target_greedy: list[int],
         cur = nxt
 
 
-def _keep(cache: DynamicCache, n_done: int, rows: list[int]) -> None:
-    """Keep the cache's first ``n_done`` positions, then ``n_done + rows`` (in that order)."""
-    layers = getattr(cache, "layers", None)
-    if layers is None:
-        raise TypeError("tree verification needs a transformers DynamicCache with .layers (transformers >= 4.56)")
-    for layer in layers:
-        if getattr(layer, "keys", None) is None or layer.keys.numel() == 0:
-            continue
-        idx = torch.cat([torch.arange(n_done), n_done + torch.tensor(rows, dtype=torch.long)]).to(layer.keys.device)
-        layer.keys, layer.values = layer.keys.index_select(-2, idx), layer.values.index_select(-2, idx)
-
-
 @torch.no_grad()
 def tree_generate(target_model, drafter: Eagle3Drafter, prompt_ids: list[int], *, topk: int, num_steps: int,
                   num_draft_tokens: int, max_new_tokens: int, stop_ids: Sequence[int],
-                  aux_layer_ids: list[int] | None) -> dict:
+                  aux_layer_ids: list[int] | None, decode: str = "auto") -> dict:
     """Greedy speculative decoding with static draft trees, batch size 1.
 
     Args:
@@ -187,6 +180,8 @@ def tree_generate(target_model, drafter: Eagle3Drafter, prompt_ids: list[int], *
             ``attention_mask`` and ``position_ids``. drafter: an Eagle3Drafter on its device.
         topk, num_steps, num_draft_tokens: SGLang's tree parameters (module docstring;
             ``num_draft_tokens`` counts the root, as SGLang's does).
+        decode: the target's KV cache and step (:class:`eyas.eval.speculative.TargetCache`): ``"auto"``
+            replays each tree's verify step from a CUDA graph on CUDA (one graph per tree size).
         Others as :func:`eyas.eval.speculative.speculative_generate`.
     Returns:
         ``{"tokens", "committed_per_step", "accepted_per_step", "num_verify_steps",
@@ -198,29 +193,24 @@ def tree_generate(target_model, drafter: Eagle3Drafter, prompt_ids: list[int], *
     if not prompt_ids:
         raise ValueError("tree_generate: empty prompt")
     aux_ids = _aux_layers(model, proposer, aux_layer_ids)
-    device = next(model.parameters()).device
-    dtype = next(model.parameters()).dtype
     result = {"tokens": [], "committed_per_step": [], "accepted_per_step": [], "num_verify_steps": 0,
               "tree_nodes_per_step": []}
     if max_new_tokens <= 0:
         return result
-    cache = DynamicCache()
-    with layers.capture_aux(model, aux_ids) as aux_of:  # id L: the pre-norm residual
-        out = _forward(model, prompt_ids, cache, last_only=True, output_hidden_states=True)
-    x = int(out.logits[0, -1].argmax())
-    proposer.prefill(prompt_ids + [x], aux_of(out.hidden_states))
+    # a tree writes num_draft_tokens positions past the committed ones
+    cache = target_cache(model, decode, len(prompt_ids) + max_new_tokens + num_draft_tokens)
+    _, greedy, aux = cache(prompt_ids, aux_ids, last_only=True)
+    x = int(greedy[0, -1])
+    proposer.prefill(prompt_ids + [x], aux)
     tokens, n_done = [x], len(prompt_ids)
     while len(tokens) < max_new_tokens and x not in stop:
         tree = proposer.propose_tree(topk, num_steps, num_draft_tokens)
-        pos = torch.tensor([[n_done] + [n_done + dd for dd in tree.depths()]], device=device)
-        with layers.capture_aux(model, aux_ids) as aux_of:
-            out = _forward(model, [x] + tree.tokens, cache, output_hidden_states=True, position_ids=pos,
-                           attention_mask=tree_attention_mask(tree, n_done, dtype, device))
-        path, committed = verify_tree_greedy(tree, out.logits[0].argmax(-1).tolist(), stop)
+        _, greedy, aux = cache([x] + tree.tokens, aux_ids, tree=(tree_visibility(tree), [0] + tree.depths()))
+        path, committed = verify_tree_greedy(tree, greedy[0].tolist(), stop)
         committed = committed[: max_new_tokens - len(tokens)]
         rows = [0] + [j + 1 for j in path]  # the root and the accepted nodes: the tokens the target read
-        _keep(cache, n_done, rows[: len(committed)])
-        aux = aux_of(out.hidden_states)[:, rows[: len(committed)]]
+        aux = aux[:, rows[: len(committed)]]  # read before the roll-back: a copy (index list)
+        cache.keep(n_done, rows[: len(committed)])
         tokens += committed
         result["committed_per_step"].append(len(committed))
         result["accepted_per_step"].append(min(len(path), len(committed)))
