@@ -133,7 +133,9 @@ class LlamaServer:
         model: the target's GGUF. draft: an eagle3 GGUF (eyas.export.gguf.convert) or None.
         k: ``--spec-draft-n-max``; ``--spec-draft-p-min 0`` so every step drafts k tokens, as eyas'
             chain does (llama.cpp's default stops a draft at a low-probability token).
-        threads: ``-t`` (CPU threads). ctx: ``-c``, the context length in tokens.
+        threads: ``-t`` (CPU threads). ctx: ``-c``, the context length in tokens (shared by the slots).
+        slots: ``-np``, the requests decoded together (llama-server's continuous batching); 1 for every
+            speculative figure (batch 1), more to serve many prompts at once (self-distill).
         backend: ``cpu`` or ``cuda`` (:data:`BACKENDS`). On ``cuda`` every layer of the target and of
             the drafter is offloaded (``-ngl 999``, ``-ngld 999``) and the start is checked in the log:
             llama.cpp's CUDA build falls back to the CPU, silently, where it finds no device or
@@ -148,10 +150,10 @@ class LlamaServer:
     """
 
     def __init__(self, model: Path, draft: Path | None, *, k: int, threads: int, ctx: int, log: Path,
-                 backend: str = "cpu", startup_s: float = 300.0):
+                 backend: str = "cpu", slots: int = 1, startup_s: float = 300.0):
         self.backend = backend
         self.cmd = [str(server_binary(backend)), "-m", str(model), "--host", "127.0.0.1", "--port", str(_free_port()),
-                    "-c", str(ctx), "-np", "1", "-t", str(threads), "--no-webui", "--metrics"]
+                    "-c", str(ctx), "-np", str(slots), "-t", str(threads), "--no-webui", "--metrics"]
         if backend == "cuda":
             self.cmd += ["-ngl", "999"]
         if draft is not None:
