@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import statistics
 import sys
 import time
@@ -25,6 +26,15 @@ def env() -> dict:
     return {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor(),
             "torch": torch.__version__, "cuda": torch.version.cuda,
             "transformers": transformers.__version__, "python": sys.version.split()[0]}
+
+
+def device_tag() -> str:
+    """``h100``/``h200``/... from the GPU's name (the first letter-and-digits word), ``cuda`` when it has
+    none, ``cpu`` without a GPU."""
+    if not torch.cuda.is_available():
+        return "cpu"
+    m = re.search(r"\b([A-Z]\d{2,4})\b", torch.cuda.get_device_name())
+    return m.group(1).lower() if m else "cuda"
 
 
 def sync():

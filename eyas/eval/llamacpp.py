@@ -153,7 +153,9 @@ class LlamaServer:
         model: the target's GGUF. draft: an eagle3 GGUF (eyas.export.gguf.convert) or None.
         k: ``--spec-draft-n-max``; ``--spec-draft-p-min 0`` so every step drafts k tokens, as eyas'
             chain does (llama.cpp's default stops a draft at a low-probability token).
-        threads: ``-t`` (CPU threads). ctx: ``-c``, the context length in tokens.
+        threads: ``-t`` (CPU threads). ctx: ``-c``, the context length in tokens (shared by the slots).
+        slots: ``-np``, the requests decoded together (llama-server's continuous batching); 1 for every
+            speculative figure (batch 1), more to serve many prompts at once (self-distill).
         backend: ``cpu`` or ``cuda`` (:data:`BACKENDS`). On ``cuda`` the target and the drafter are
             put on the first CUDA device by name, every layer (``-dev CUDA0 -ngl 999``, ``-devd CUDA0
             -ngld 999``): llama.cpp's CUDA build otherwise falls back to the CPU, silently, where it
@@ -168,13 +170,15 @@ class LlamaServer:
     """
 
     def __init__(self, model: Path, draft: Path | None, *, k: int, threads: int, ctx: int, log: Path,
-                 backend: str = "cpu", startup_s: float = 300.0):
+                 backend: str = "cpu", slots: int = 1, startup_s: float = 300.0):
         self.backend = backend
         exe = server_binary(backend)
-        # -lv 4: llama.cpp's own INFO lines (the layers offloaded) and the speculative statistics (draft
-        # calls and their time) at each request's end
         self.cmd = [str(exe), "-m", str(model), "--host", "127.0.0.1", "--port", str(_free_port()),
-                    "-c", str(ctx), "-np", "1", "-t", str(threads), "--no-webui", "--metrics", "-lv", "4"]
+                    "-c", str(ctx), "-np", str(slots), "-t", str(threads), "--no-webui", "--metrics"]
+        if draft is not None or slots == 1:  # not for many slots at once: its trace lines are per token and slot
+            # -lv 4: llama.cpp's own INFO lines (the layers offloaded) and the speculative statistics (draft
+            # calls and their time) at each request's end
+            self.cmd += ["-lv", "4"]
         self.device, self.offload = "cpu", []
         if backend == "cuda":
             self.device = cuda_device(exe)
