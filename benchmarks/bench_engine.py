@@ -71,10 +71,10 @@ from eyas.eval.oracle import accepted_draft_counts, per_prompt_walks, walk_metri
 from eyas.export.eagle import save_drafter  # noqa: E402
 from eyas.export.gguf import convert, write_target_dir  # noqa: E402
 from eyas.features import FeatureStore, ShardWriter  # noqa: E402
-from eyas.pipeline.tracking import Tracker  # noqa: E402
-from eyas.target.model import Target, load_target, load_tokenizer_and_config  # noqa: E402
-from eyas.training.loop import new_drafter, train_drafter  # noqa: E402
 from eyas.params.full import default_params  # noqa: E402
+from eyas.target.model import Target, load_target, load_tokenizer_and_config  # noqa: E402
+from eyas.tracking.runs import Tracker  # noqa: E402
+from eyas.training.loop import new_drafter, train_drafter  # noqa: E402
 from eyas.vocab.mapping import build_mapping, count_tokens  # noqa: E402
 from stages.eval_accept_len import fit_benchmarks  # noqa: E402
 

@@ -48,8 +48,8 @@ from eyas.data.distill import plan_prompts, regenerate  # noqa: E402
 from eyas.data.serving import regenerate_via_server  # noqa: E402
 from eyas.eval.llamacpp import LlamaServer, build_info  # noqa: E402
 from eyas.export.gguf import OUTTYPES, convert, write_target_dir  # noqa: E402
-from eyas.target.model import embedded_target, load_target, load_tokenizer_and_config  # noqa: E402
 from eyas.params.full import default_params  # noqa: E402
+from eyas.target.model import embedded_target, load_target, load_tokenizer_and_config  # noqa: E402
 
 DEFAULTS = {  # per backend: prompts, reply tokens, HF batch, server concurrencies, turns, prompt budget
     "cpu": {"prompts": 32, "max_new_tokens": 64, "batch_size": 16, "concurrency": [1, 4], "turns": "last",
