@@ -19,9 +19,9 @@
 #   bash dev/gpu/engine_gpu.sh run PART     carry .devcarry/b: part.ab (the rest: tail -c +46000001 ...) and
 #                                           chitchat.tar.xz (the chitchat-dataset wheel's contents). The call right after
 #                                           park-build (a machine stays warm 30 s). PART tests: the GPU tests (-m gpu)
-#                                           and bench_engine.py on the embedded target (CUDA and CPU); PART bench:
-#                                           bench_engine.py at the 1B shape, bench_distill_backends.py on CUDA,
-#                                           bench_decode.py's selfdistill part.
+#                                           and bench_engine.py on the embedded target (CUDA and CPU); PART bench
+#                                           (the call after): bench_engine.py at the 1B shape, dev/bench/
+#                                           bench_distill_backends.py on CUDA, bench_decode.py's selfdistill part.
 #
 # llama-src.tar.xz: tar cJf .devcarry/s/llama-src.tar.xz with llama_cpp_python-0.3.36/{PKG-INFO,CHANGELOG.md,
 # vendor/llama.cpp} of the sdist, less vendor/llama.cpp/{models,docs,media,benches,tests,examples} and
@@ -43,9 +43,6 @@ step() {  # step LIMIT_S CMD...: run CMD under its own time limit (its output to
 deps() {  # the carried wheels eyas imports here
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/eyas-deps "$1"/*.whl >>"$LOG" 2>&1
   export PYTHONPATH=/tmp/eyas-deps:$PWD
-}
-results() {  # results FILE...: bring result files back (at most 8 files come back from a call)
-  for f in "$@"; do [ -f "$f" ] && cp "$f" "$OUT"/; done
 }
 case "${1:-}" in
   build)
@@ -102,14 +99,13 @@ PY
     [ -d /tmp/eyas-deps/chitchat_dataset ] || tar xJf .devcarry/b/chitchat.tar.xz -C /tmp/eyas-deps
     case "${2:-}" in
       tests)
-        step 420 python3 -m pytest -q -m gpu tests -p no:cacheprovider -x
-        step 150 python3 benchmarks/bench_engine.py --shape embedded --backends cuda cpu --threads 14
-        results benchmarks/results/engine_embedded_*.json ;;
+        step 330 python3 -m pytest -q -m gpu tests -p no:cacheprovider
+        step 240 python3 benchmarks/bench_engine.py --shape embedded --backends cuda cpu --threads 14 \
+          --out "$OUT"/engine_embedded.json ;;
       bench)
-        step 200 python3 benchmarks/bench_engine.py --shape 1b --backends cuda
-        step 150 python3 benchmarks/bench_distill_backends.py --backend cuda
-        step 200 python3 benchmarks/bench_decode.py --parts selfdistill --out-selfdistill "$OUT"/decode_selfdistill.json
-        results benchmarks/results/engine_1b_*.json benchmarks/results/distill_backends_*.json ;;
+        step 240 python3 benchmarks/bench_engine.py --shape 1b --backends cuda --out "$OUT"/engine_1b.json
+        step 150 python3 dev/bench/bench_distill_backends.py --backend cuda --out distill_backends_gpu.json
+        step 190 python3 benchmarks/bench_decode.py --parts selfdistill --out-selfdistill "$OUT"/decode_selfdistill.json ;;
       *) echo "run: PART is tests or bench"; exit 2 ;;
     esac ;;
   *) echo "usage: bash dev/gpu/engine_gpu.sh build|park-build|run tests|run bench"; exit 2 ;;
