@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import shutil
 import threading
 import traceback
 from pathlib import Path
@@ -134,28 +135,35 @@ def _run(tiny, device, tracker=None, **kw) -> tuple:
 
 
 class _Steps(Tracker):
-    def __init__(self, corrupt: Path | None = None):
-        self.rows, self.corrupt = [], corrupt
+    """Records the per-step metrics; at step 1 cuts ``corrupt`` short or raises ``fail``."""
+
+    def __init__(self, corrupt: Path | None = None, fail: Exception | None = None):
+        self.rows, self.corrupt, self.fail = [], corrupt, fail
 
     def log_metrics(self, metrics, step=None):
         if "train/loss" in metrics:
             self.rows.append(metrics)
             if self.corrupt is not None and step == 1:
                 _truncate(self.corrupt)
+            if self.fail is not None and step == 1:
+                raise self.fail
 
 
 def test_train_drafter_reports_useful_tokens_and_stops_its_thread(tiny, tmp_path):
     """max_steps inside the first epoch: the run returns with no thread alive; ms/step and useful
     tok/s are logged each step and summed into the result (16 samples of 48 tokens, 2 per batch:
-    96 useful tokens a step). A shard cut short mid-run: FeatureError naming it, no thread left."""
+    96 useful tokens a step). A step that raises, and a shard cut short mid-run (FeatureError
+    naming it): no thread left while the exception is still held."""
     rec = _Steps()
     res, _ = _run(tiny, "cpu", rec, epochs=1, max_steps=3)
     assert res.steps == 3 and res.useful_tokens == 3 * 96 and not _ours()
+    with pytest.raises(KeyError, match="a failing step"):
+        _run(tiny, "cpu", _Steps(fail=KeyError("a failing step")), epochs=1)
+    assert not _ours()
     assert [round(r["train/useful_tokens_per_second"] * r["train/ms_per_step"] / 1e3) for r in rec.rows] == [96] * 3
     assert res.step_seconds == pytest.approx(sum(r["train/ms_per_step"] for r in rec.rows) / 1e3)
     head, train, val = tiny
     copy = tmp_path / "train"
-    import shutil
     shutil.copytree(train.root, copy)
     bad = copy / train.manifest["shards"][1]["file"]
     with pytest.raises(FeatureError, match=f"{bad}: cannot read"):
