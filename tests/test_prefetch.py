@@ -188,6 +188,6 @@ def test_pinned_batches_train_as_unpinned_ones(tiny, monkeypatch):
         assert seen == [depth > 0] * 10
         runs[depth] = ([c["loss"] for c in res.curve if c["split"] == "train"],
                        torch.cat([p.detach().float().flatten() for p in d.parameters() if p.requires_grad]))
-    assert runs[2][0] == pytest.approx(runs[0][0], rel=1e-5)
-    assert float((runs[2][1] - runs[0][1]).norm()) <= 1e-5 * float(runs[0][1].norm())
+    assert runs[2][0] == pytest.approx(runs[0][0], rel=1e-4)  # a copy read before it landed: far off
+    assert float((runs[2][1] - runs[0][1]).norm()) <= 1e-4 * float(runs[0][1].norm())
     assert not _ours()
