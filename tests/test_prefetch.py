@@ -94,8 +94,8 @@ def test_a_bad_shard_raises_in_the_consumer_naming_the_file(tmp_path):
 
 
 def test_stopping_early_leaves_no_thread(tmp_path):
-    """A consumer that breaks after two batches, one that raises, and a slow producer stopped while
-    it packs: the thread is joined when the generator closes."""
+    """A consumer that breaks after two batches (the producer blocked on the full queue) and one
+    that raises: the thread is joined when the generator closes."""
     loader = PackedLoader(_store(tmp_path / "s"), batch_tokens=24, seed=3)
     with contextlib.closing(prefetch(loader.batches(0), 2, pin=False)) as it:
         for i, _ in enumerate(it):
