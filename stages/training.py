@@ -39,6 +39,11 @@ def finish_training(stage: str, drafter: Eagle3Drafter, result: TrainResult, out
         "train_tokens": result.train_tokens,
         "seconds": round(result.seconds, 1),
         "tokens_per_second": round(result.train_tokens / max(result.seconds, 1e-9), 1),
+        # the training steps alone (batch wait, copy, step; no val, no checkpoints) and the tokens of
+        # real samples they trained on, without padding: the throughput figure of record
+        "ms_per_step": round(1e3 * result.step_seconds / max(result.steps, 1), 2),
+        "useful_tokens": result.useful_tokens,
+        "useful_tokens_per_second": round(result.useful_tokens / max(result.step_seconds, 1e-9), 1),
         **(extra or {}),
     }
     write_json(METRICS / f"{name}.json", metrics)

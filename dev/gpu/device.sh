@@ -7,7 +7,7 @@
 #   gpu-tests         the `gpu`-marked tests (python3 -m pytest -m gpu); 2 GPUs for the NCCL ones
 #   kernels           Triton kernels' GPU tests, then bench_kernels.py            -> kernels.json
 #   train 2048|8192   eyas' TTT step (lm_head trainable and frozen; batch on the GPU, in pageable and in
-#                     pinned host memory), then the peer's (its train_epoch loop body and its real
+#                     pinned host memory, and pinned by the prefetch thread), then the peer's (its train_epoch loop body and its real
 #                     Trainer.train_epoch, log_freq 1000 and 1), in the SAME call  -> train_<T>.json, peer_<T>.json,
 #                     gpu_eyas_<T>.csv, gpu_peer_<T>.csv (SM clock, power, temperature, utilisation every 0.5 s)
 #   specforge 2048|8192  the second peer, SpecForge's EAGLE-3 trainer (peer_specforge.py: one document of T
@@ -120,13 +120,13 @@ case "$recipe" in
   train)
     T=${1:?usage: device.sh train 2048|8192}
     case "$T" in  # each piece's limit (s); the flex/graph checks at 2048 only
-      2048) checks=(); eyas_s=210; peer_s=240 ;;
-      8192) checks=(--skip-checks); eyas_s=190; peer_s=320 ;;
+      2048) checks=(); eyas_s=260; peer_s=240 ;;
+      8192) checks=(--skip-checks); eyas_s=230; peer_s=320 ;;
       *) echo "train: tokens per step must be 2048 or 8192, got $T" >&2; exit 2 ;;
     esac
     gpu_log "eyas_$T"
     step "$eyas_s" python3 benchmarks/bench_train.py --tokens "$T" --ttt 7 --warmup 4 --steps 12 --modes graphs \
-      --batch-on device host-pinned host --profile 3 "${checks[@]}" --out "$OUT/train_$T.json"
+      --batch-on device host-pinned host host-prefetched --profile 3 "${checks[@]}" --out "$OUT/train_$T.json"
     gpu_log_stop
     # the peer compiles for 60-90 s before its first timed step: it gets the longer limit
     if peer_wheels; then

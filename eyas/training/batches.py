@@ -11,16 +11,22 @@ over many batches and ranks are exact.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
+import queue
 import random
+import threading
+import time
 from dataclasses import dataclass
 from typing import Iterator
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 from eyas.drafter.model import Eagle3Drafter
 from eyas.features import FeatureError, FeatureStore, read_tensors
+
+log = logging.getLogger(__name__)
 
 BATCH_KEYS = ("input_ids", "loss_mask", "aux_hidden", "final_hidden", "target_argmax")
 
@@ -46,9 +52,26 @@ class Batch:
     doc_ids: torch.Tensor        # int64
     sample_ids: list             # (shard, index) of each packed sample, for error messages
 
-    def to(self, device) -> "Batch":
-        kw = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in self.__dict__.items()}
+    def to(self, device, non_blocking: bool = False) -> "Batch":
+        """The batch on ``device``. ``non_blocking`` from pinned memory: each copy is queued on the
+        current CUDA stream (kernels issued after it on that stream see the data) and the host
+        returns at once; PyTorch keeps the pinned block from reuse until the copy is done."""
+        kw = {k: (v.to(device, non_blocking=non_blocking) if isinstance(v, torch.Tensor) else v)
+              for k, v in self.__dict__.items()}
         return Batch(**kw)
+
+    def pin_memory(self) -> "Batch":
+        """The batch with every tensor in page-locked host memory (needs CUDA)."""
+        return Batch(**{k: (v.pin_memory() if isinstance(v, torch.Tensor) else v) for k, v in self.__dict__.items()})
+
+    def is_pinned(self) -> bool:
+        """Every tensor is in page-locked host memory (False for tensors on a GPU)."""
+        return all(getattr(self, k).is_pinned() for k in TENSOR_FIELDS)
+
+    def useful_tokens(self) -> int:
+        """Tokens of real samples (doc id >= 0): the batch without the padding of :func:`pack` and
+        :func:`pad_batch`."""
+        return int((self.doc_ids >= 0).sum())
 
 
 def pack(rows: list[list[dict]], sample_ids: list) -> Batch:
@@ -142,12 +165,14 @@ class PackedLoader:
     schedules are too.
     """
 
+    # batches a background thread packs ahead of the training step (:func:`prefetch`)
+    prefetch_depth = 2
+
     def __init__(self, store: FeatureStore, batch_tokens: int, seed: int, shuffle: bool = True):
         self.store, self.seed, self.shuffle = store, seed, shuffle
         self.lengths = []
-        for s in store.manifest["shards"]:
-            with safe_open(str(store.root / s["file"]), framework="pt") as f:
-                off = f.get_tensor("offsets")
+        for si, s in enumerate(store.manifest["shards"]):
+            off = self.read_shard(si, ())["offsets"]
             self.lengths.append((off[1:] - off[:-1]).tolist())
             empty = [i for i, n in enumerate(self.lengths[-1]) if n < 1]
             if empty:  # nothing to train on, and a zero-length row breaks packing and online capture
@@ -203,6 +228,20 @@ class PackedLoader:
             plans = plans[rank::world][: len(plans) // world] if even else plans[rank::world]
         return plans
 
+    def read_shard(self, si: int, keys: tuple[str, ...]) -> dict[str, torch.Tensor]:
+        """``keys`` and ``offsets`` of shard ``si`` (:func:`eyas.features.read_tensors`).
+
+        Raises:
+            FeatureError: naming the shard's file when it cannot be read (truncated, not
+                safetensors, a tensor missing).
+        """
+        path = self.store.root / self.store.manifest["shards"][si]["file"]
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                return read_tensors(f, keys + ("offsets",))
+        except (SafetensorError, OSError) as e:
+            raise FeatureError(f"{path}: cannot read this feature shard ({e}); rerun `dvc repro extract`") from e
+
     def sample(self, loaded: dict[int, dict], si: int, i: int, keys: tuple[str, ...]) -> dict[str, torch.Tensor]:
         """Sample ``i`` of shard ``si``: its ``keys`` sliced from the shard's tensors (fp8 hidden
         states dequantised), the shard read into ``loaded`` (shard index -> tensors) on first use;
@@ -210,12 +249,64 @@ class PackedLoader:
         if si not in loaded:
             if len(loaded) >= 2:
                 loaded.pop(next(iter(loaded)))
-            path = self.store.root / self.store.manifest["shards"][si]["file"]
-            with safe_open(str(path), framework="pt") as f:
-                loaded[si] = read_tensors(f, keys + ("offsets",))
+            loaded[si] = self.read_shard(si, keys)
         t = loaded[si]
         a, b = int(t["offsets"][i]), int(t["offsets"][i + 1])
         return {k: t[k][a:b] for k in keys}
+
+
+def prefetch(batches: Iterator[Batch], depth: int, pin: bool, join_timeout_s: float = 30.0) -> Iterator[Batch]:
+    """``batches``, produced by a daemon thread up to ``depth`` batches ahead of the consumer.
+
+    The same batches in the same order (the thread only runs the iterator). ``pin``: each batch
+    is put in page-locked memory (:meth:`Batch.pin_memory`, so the training step's copy is an
+    asynchronous DMA: ``Batch.to(device, non_blocking=True)``), as ``torch.utils.data.DataLoader``'s
+    ``pin_memory`` thread does (``pytorch/pytorch: torch/utils/data/_utils/pin_memory.py``); pass it
+    for a CUDA device only. An exception of ``batches`` is raised in the consumer, the same object
+    with its traceback (e.g. :class:`eyas.features.FeatureError` naming a shard). Closing the
+    generator (the consumer stops early, ``contextlib.closing``) stops the thread and joins it for
+    up to ``join_timeout_s`` seconds (it finishes the batch it is packing); a warning names a
+    thread still alive then.
+
+    Raises:
+        ValueError: ``depth`` < 1.
+    """
+    if depth < 1:
+        raise ValueError(f"prefetch depth must be >= 1, got {depth}")
+    q: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def produce():
+        try:
+            for b in batches:
+                b = b.pin_memory() if pin else b
+                if stop.is_set():
+                    return
+                q.put((b, None))
+            q.put((None, None))  # the end
+        except BaseException as e:  # noqa: BLE001 - handed to the consumer, raised there
+            q.put((None, e))
+
+    thread = threading.Thread(target=produce, name="eyas-prefetch", daemon=True)
+    thread.start()
+    try:
+        while True:
+            b, err = q.get()
+            if err is not None:
+                raise err
+            if b is None:
+                return
+            yield b
+    finally:
+        stop.set()
+        deadline = time.monotonic() + join_timeout_s
+        while thread.is_alive() and time.monotonic() < deadline:
+            while not q.empty():  # a producer blocked on a full queue wakes, sees stop and returns
+                q.get_nowait()
+            thread.join(0.05)
+        if thread.is_alive():
+            log.warning("prefetch thread %s still packing a batch %.0f s after the consumer stopped",
+                        thread.name, join_timeout_s)
 
 
 def counts_from_stats(stats: torch.Tensor) -> dict[str, float]:

@@ -74,7 +74,10 @@ class GraphedTTT:
         # misses and the mask is built INSIDE the graph, from the static doc_ids
         self._load(batch)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
+        # thread_local: the loader's thread (eyas.training.batches.prefetch) may pin a batch meanwhile;
+        # pin_memory queries CUDA events, which "global" mode forbids in every thread during a capture
+        # (pytorch/pytorch PR #146924); nothing of that thread touches the captured stream
+        with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
             self.loss, self.stats = self._body()
         self.captures += 1
 

@@ -10,6 +10,7 @@ branches.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -32,6 +33,7 @@ from eyas.training.batches import (
     counts_from_stats,
     head_rows_for,
     pad_batch,
+    prefetch,
     static_shape,
     summarise,
     supervised,
@@ -179,9 +181,11 @@ class TrainResult:
     final_val: dict   # val metrics after training
     final_train: dict  # train metrics averaged over the last epoch
     steps: int
-    train_tokens: int
+    train_tokens: int  # tokens of the packed batches, their row padding included
     seconds: float
     curve: list       # rows for the DVC plots file: step, split, metrics
+    useful_tokens: int  # tokens of real samples (Batch.useful_tokens): no padding
+    step_seconds: float  # wall time of the steps: waiting for the batch, its copy, the step (no val, no checkpoints)
 
 
 def clip_in_step(opt: torch.optim.Optimizer, max_norm: float) -> torch.Tensor:
@@ -242,6 +246,8 @@ class Trainer:
         self.model = None  # the training module once built; under FSDP evaluation gathers its shards
         self.fsdp = world > 1 and tp.strategy == "fsdp"
         self.step, self.tokens, self.t0 = 0, 0, time.time()
+        self.useful_tokens, self.step_seconds = 0, 0.0
+        self.asked_at = time.perf_counter()  # when the loop asked for the current step's batch
         self.curve: list[dict] = []
         self.step0: dict = {}
         self.last_epoch_counts: dict = {}
@@ -294,6 +300,7 @@ class Trainer:
         # order); JSON null -> NaN
         row = lambda kv: {k: (math.nan if v is None else v) for k, v in zip(*kv)}
         self.step0, self.curve, self.tokens = row(x["step0"]), [row(r) for r in x["curve"]], x["tokens"]
+        self.useful_tokens, self.step_seconds = x["useful_tokens"], x["step_seconds"]
         self.last_epoch_counts = x["last_epoch_counts"]
         self.t0 = time.time() - x["seconds"]
         # the metrics the killed run had logged up to this checkpoint (step-0 val, gate, curves):
@@ -304,16 +311,25 @@ class Trainer:
 
     def batches(self, train_loader) -> Iterator[tuple[int, int, Batch]]:
         """(epoch, batch index in the epoch, batch) from the resume point to the last step; the
-        last epoch's counts (``final_train``) restart at every epoch boundary."""
+        last epoch's counts (``final_train``) restart at every epoch boundary.
+
+        Packed by a background thread ``train_loader.prefetch_depth`` batches ahead (0: in this
+        thread), in pinned memory on CUDA (:func:`eyas.training.batches.prefetch`); the batches
+        and their order are the loader's. Close the generator when stopping early
+        (``contextlib.closing``): that stops the thread."""
+        depth = train_loader.prefetch_depth
         for epoch in range(self.start_epoch, self.tp.epochs):
             if epoch != self.start_epoch or not self.resumed:
                 self.last_epoch_counts = {}
             start = self.start_batch if epoch == self.start_epoch else 0
-            for b_i, batch in enumerate(train_loader.batches(epoch, start=start, rank=self.rank, world=self.world),
-                                        start):
-                if self.step >= self.total:
-                    break
-                yield epoch, b_i, batch
+            self.asked_at = time.perf_counter()
+            it = train_loader.batches(epoch, start=start, rank=self.rank, world=self.world)
+            with contextlib.closing(prefetch(it, depth, pin=self.device.type == "cuda") if depth else it) as it:
+                for b_i, batch in enumerate(it, start):
+                    if self.step >= self.total:
+                        break
+                    yield epoch, b_i, batch
+                    self.asked_at = time.perf_counter()
 
     # --- step -------------------------------------------------------------------------------
     def train_step(self, batch: Batch, epoch: int) -> None:
@@ -324,7 +340,8 @@ class Trainer:
                 samples and the last good checkpoint.
         """
         tp, world = self.tp, self.world
-        batch = supervised(batch.to(self.device), tp.loss_tokens)
+        useful = batch.useful_tokens()  # from the host's doc ids, before the copy: no sync
+        batch = supervised(batch.to(self.device, non_blocking=batch.is_pinned()), tp.loss_tokens)
         norms = None
         if world > 1:  # normalise by the GLOBAL supervised count: DDP's mean is then exact
             n_glob = dist_utils.all_reduce_sum(supervised_counts(batch, tp.ttt_length))
@@ -357,14 +374,20 @@ class Trainer:
         self.sched.step()
         self.step += 1
         self.tokens += int(batch.input_ids.numel())
-        if world > 1:
-            counts = dist_utils.all_reduce_counts(counts)
+        if world > 1:  # every rank's useful tokens ride along with the counts' reduction
+            counts = dist_utils.all_reduce_counts({**counts, "useful_tokens": useful})
+            useful = int(counts.pop("useful_tokens"))
             metrics = summarise(counts, tp.ttt_length)
         add_counts(self.last_epoch_counts, counts)
-        loss_f = loss_g.item()
-        self.tracker.log_metrics({"train/loss": loss_f, "train/grad_norm": grad_norm.item(),
+        loss_f, grad_norm_f = loss_g.item(), grad_norm.item()  # the step's end: the host waits for the device
+        step_s = time.perf_counter() - self.asked_at
+        self.useful_tokens += useful
+        self.step_seconds += step_s
+        self.tracker.log_metrics({"train/loss": loss_f, "train/grad_norm": grad_norm_f,
                                   "train/lr": self.sched.get_last_lr()[0],
-                                  **{f"train/{k}": v for k, v in metrics.items()}}, step=self.step)
+                                  **{f"train/{k}": v for k, v in metrics.items()},
+                                  "train/ms_per_step": step_s * 1e3,
+                                  "train/useful_tokens_per_second": useful / step_s}, step=self.step)
         self.curve.append({"step": self.step, "split": "train", "loss": loss_f, **metrics})
 
     # --- log --------------------------------------------------------------------------------
@@ -393,6 +416,8 @@ class Trainer:
                 extra={"step0": [list(self.step0), list(self.step0.values())],
                        "curve": [[list(r), list(r.values())] for r in self.curve],
                        "tokens": self.tokens,
+                       "useful_tokens": self.useful_tokens,
+                       "step_seconds": self.step_seconds,
                        "last_epoch_counts": self.last_epoch_counts,
                        "seconds": time.time() - self.t0,
                        "mlflow_history": self.tracker.history()},
@@ -416,7 +441,8 @@ class Trainer:
             dist_utils.barrier()
         final_train = summarise(self.last_epoch_counts, self.tp.ttt_length) if self.last_epoch_counts else {}
         return TrainResult(step0_val=self.step0, final_val=val, final_train=final_train, steps=self.step,
-                           train_tokens=tokens, seconds=seconds, curve=self.curve)
+                           train_tokens=tokens, seconds=seconds, curve=self.curve,
+                           useful_tokens=self.useful_tokens, step_seconds=self.step_seconds)
 
 
 def train_drafter(drafter: Eagle3Drafter, *, train_store: FeatureStore, val_store: FeatureStore,
@@ -473,13 +499,14 @@ def train_drafter(drafter: Eagle3Drafter, *, train_store: FeatureStore, val_stor
     t.build(train_loader)
     if found is not None:
         t.resume(checkpoint_dir, fp, found, code)
-    for epoch, b_i, batch in t.batches(train_loader):
-        t.train_step(batch, epoch)
-        if t.step % tp.eval_every == 0 and t.step < t.total:
-            val = t.log_val()
-            if t.rank == 0:  # a line per val point: long CPU runs otherwise print nothing for minutes
-                acc = val.get("acc_0")
-                log.info("step %d of %d: val acc_0 %s", t.step, t.total, "n/a" if acc is None else f"{acc:.4f}")
-        if checkpoint_dir is not None and every > 0 and t.step % every == 0 and t.step < t.total:
-            t.checkpoint(checkpoint_dir, fp, epoch, b_i + 1, code)
+    with contextlib.closing(t.batches(train_loader)) as batches:  # an exception stops the loader's thread
+        for epoch, b_i, batch in batches:
+            t.train_step(batch, epoch)
+            if t.step % tp.eval_every == 0 and t.step < t.total:
+                val = t.log_val()
+                if t.rank == 0:  # a line per val point: long CPU runs otherwise print nothing for minutes
+                    acc = val.get("acc_0")
+                    log.info("step %d of %d: val acc_0 %s", t.step, t.total, "n/a" if acc is None else f"{acc:.4f}")
+            if checkpoint_dir is not None and every > 0 and t.step % every == 0 and t.step < t.total:
+                t.checkpoint(checkpoint_dir, fp, epoch, b_i + 1, code)
     return t.finish()

@@ -153,6 +153,10 @@ class OnlineLoader(PackedLoader):
     the training step's CUDA graph capture (eyas/training/graphed.py).
     """
 
+    # no background thread (eyas.training.batches.prefetch): the capture runs the target, and GPU work
+    # from a second thread could land in the training step's graph capture; ``ahead`` overlaps it instead
+    prefetch_depth = 0
+
     def __init__(self, store: FeatureStore, batch_tokens: int, seed: int, shuffle: bool = True, *,
                  capture: Capture, ahead: int | None = None):
         """Args:
