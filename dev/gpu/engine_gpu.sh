@@ -16,6 +16,13 @@
 #                                           stripped: the script then builds only the CUDA one), libgomp.so.1 and the wheels.
 #                                           Parks part.aa in $HOME/gg for the next call, builds llama-server-cuda and,
 #                                           meanwhile, runs bench_decode.py's step part (no GGUF needed).
+#   bash dev/gpu/engine_gpu.sh tiny         carry .devcarry/f: llama-src.tar.xz, the CPU build and the wheels (as park-build),
+#                                           and a tiny random Llama (target.gguf, f16, the embedded tokenizer) with an
+#                                           eyas drafter trained on its greedy replies (drafter.gguf) and eyas' own figures
+#                                           (smoke.json: prompts, eyas' acceptance per k, per-prompt steps at k = 4), made on
+#                                           a workstation by bench_engine.py's recipe. One call: builds llama-server-cuda,
+#                                           meanwhile runs the GPU tests that need no embedded GGUF, then serves the tiny
+#                                           pair on CUDA (k = 1..8) and on the CPU (k = 4): engine_tiny_gpu.json.
 #   bash dev/gpu/engine_gpu.sh run PART     carry .devcarry/b: part.ab (the rest: tail -c +46000001 ...) and
 #                                           chitchat.tar.xz (the chitchat-dataset wheel's contents). The call right after
 #                                           park-build (a machine stays warm 30 s). PART tests: the GPU tests (-m gpu)
@@ -89,6 +96,19 @@ PY
     step 300 python3 benchmarks/bench_decode.py --parts step --out-step "$OUT"/decode_step.json
     wait $build || { tail -30 "$LOG"; exit 1; }
     "$bin"/llama-server-cuda --list-devices | tee -a "$LOG" ;;
+  tiny)
+    deps .devcarry/f
+    bin=$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')
+    xz -dc .devcarry/f/llama-server.xz > "$bin"/llama-server && chmod 755 "$bin"/llama-server \
+      && cp .devcarry/f/llama-server.eyas-build.json "$bin"/ || exit 1
+    ldconfig -p | grep -q libgomp.so.1 || { cp .devcarry/f/libgomp.so.1 /usr/local/lib/ && ldconfig; }
+    mkdir -p "$HOME"/src && tar xJf .devcarry/f/llama-src.tar.xz -C "$HOME"/src
+    step 480 bash scripts/build_llama_server.sh --cuda --sources "$HOME"/src/llama_cpp_python-0.3.36 &
+    build=$!
+    step 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_graphed_decode.py tests/test_prefetch.py \
+      tests/test_graphed.py tests/test_triton_ttt.py tests/test_head_loss.py tests/test_clip.py
+    wait $build || { tail -30 "$LOG"; exit 1; }
+    step 120 python3 dev/gpu/serve_tiny.py .devcarry/f "$OUT"/engine_tiny_gpu.json ;;
   run)
     deps .devcarry/a 2>/dev/null || true  # installed by park-build on this machine
     export PYTHONPATH=/tmp/eyas-deps:/tmp/site:$PWD
@@ -108,5 +128,5 @@ PY
         step 190 python3 benchmarks/bench_decode.py --parts selfdistill --out-selfdistill "$OUT"/decode_selfdistill.json ;;
       *) echo "run: PART is tests or bench"; exit 2 ;;
     esac ;;
-  *) echo "usage: bash dev/gpu/engine_gpu.sh build|park-build|run tests|run bench"; exit 2 ;;
+  *) echo "usage: bash dev/gpu/engine_gpu.sh build|park-build|tiny|run tests|run bench"; exit 2 ;;
 esac

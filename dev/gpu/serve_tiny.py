@@ -1,0 +1,53 @@
+"""The engine on a GPU with a tiny pair (dev/gpu/engine_gpu.sh ``tiny``): a target GGUF and an eyas drafter GGUF made
+on a workstation, with eyas' own figures (``smoke.json``), served by llama-server-cuda over a k sweep and by the CPU
+build at k = 4; the agreement of each with eyas' loop, of the two backends with each other, and the CUDA build
+refusing a start with no GPU visible.
+
+    python3 dev/gpu/serve_tiny.py DIR OUT.json
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from eyas.eval.llamacpp import EngineError, LlamaServer, agreement, serve_benchmark  # noqa: E402
+
+
+def main(d: Path, out: Path) -> None:
+    ref = json.loads((d / "smoke.json").read_text())
+    prompts, n_new = ref["prompts"], max(len(y) for y in ref["outputs"])
+    kw = {"max_new_tokens": n_new, "log_dir": Path("/tmp/serve_tiny")}
+    cuda = serve_benchmark(d / "target.gguf", d / "drafter.gguf", prompts, k=4, threads=4, backend="cuda",
+                           k_sweep=list(range(1, 9)), **kw)
+    cpu = serve_benchmark(d / "target.gguf", d / "drafter.gguf", prompts, k=4, threads=14, backend="cpu", **kw)
+    doc = {"eyas_accept": ref["eyas_accept"], "backends": {}}
+    for name, e in (("cuda", cuda), ("cpu", cpu)):
+        a = agreement(e["per_prompt"], ref["eyas_per_prompt_k4"])
+        doc["backends"][name] = {**{k: v for k, v in e.items() if k != "per_prompt"}, "agreement": a}
+        print(f"tiny {name} on {e['device']}: accept {e['accept_len']:.3f} (eyas {ref['eyas_accept']['4']:.3f}), "
+              f"{e['tokens_per_second']:.1f} tok/s vs {e['tokens_per_second_plain']:.1f} plain ({e['speedup']:.2f}x), "
+              f"plain {e['plain_ms_per_token']:.2f} ms/token, draft {e['draft_ms_per_step']} ms/step, verify "
+              f"{e['verify_ms_per_step']} ms/step, lossless {e['lossless']}; agreement {a['ok']} "
+              f"({a['exact']}/{a['compared']} exact)", flush=True)
+    if cuda.get("k_sweep"):
+        rows = {k: (round(v["accept_len"], 2), round(v["speedup"], 2)) for k, v in cuda["k_sweep"]["rows"].items()}
+        print("tiny cuda sweep (accept, speedup):", rows, "recommended", cuda["k_sweep"]["recommended_k"])
+    doc["cuda_vs_cpu"] = agreement(cuda["per_prompt"], cpu["per_prompt"])
+    print("tiny cuda vs cpu:", {k: doc["cuda_vs_cpu"][k] for k in ("compared", "exact", "ok")}, flush=True)
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    try:
+        with LlamaServer(d / "target.gguf", None, k=4, threads=4, ctx=256, log=Path("/tmp/no_gpu.log"), backend="cuda"):
+            doc["no_gpu_refused"] = False
+    except EngineError as err:
+        doc["no_gpu_refused"] = str(err).splitlines()[0][:300]
+    print("tiny no GPU visible:", doc["no_gpu_refused"], flush=True)
+    out.write_text(json.dumps(doc, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), Path(sys.argv[2]))
