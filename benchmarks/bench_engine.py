@@ -220,7 +220,8 @@ def main() -> None:
     tdir = write_target_dir(target.model, target.tokenizer, work / "target", weights=True)
     pool = ThreadPoolExecutor(1)  # the converter runs on the CPU while the GPU generates, captures, trains
     target_job = pool.submit(convert, tdir, work / "target.gguf", outtype=a.outtype)
-    target.model.float()  # eyas' side in fp32 on the GGUF's weights
+    if a.outtype != "f32":  # eyas' side in fp32 on the GGUF's weights (the embedded target is fp32 already:
+        target.model.float()  # transformers refuses .float() on a model it de-quantised)
     lap("target_seconds")
     prompts = prompts_for(target.tokenizer, a.prompts)
     stop_ids = target.stop_ids
