@@ -95,7 +95,7 @@ DEFAULTS = {  # per shape: GGUF type, prompts, reply tokens, CPU prompts, traini
     "tiny": {"outtype": "f32", "prompts": 4, "max_new_tokens": 32, "cpu_prompts": 4, "epochs": 20, "draft_vocab": 512},
     "embedded": {"outtype": "f32", "prompts": 16, "max_new_tokens": 96, "cpu_prompts": 8, "epochs": 60,
                  "draft_vocab": 2048},
-    "1b": {"outtype": "bf16", "prompts": 16, "max_new_tokens": 96, "cpu_prompts": 4, "epochs": 60,
+    "1b": {"outtype": "bf16", "prompts": 16, "max_new_tokens": 96, "cpu_prompts": 2, "epochs": 60,
            "draft_vocab": 8192},
     "8b": {"outtype": "bf16", "prompts": 16, "max_new_tokens": 96, "cpu_prompts": 2, "epochs": 60,
            "draft_vocab": 32000},
@@ -220,7 +220,8 @@ def main() -> None:
     tdir = write_target_dir(target.model, target.tokenizer, work / "target", weights=True)
     pool = ThreadPoolExecutor(1)  # the converter runs on the CPU while the GPU generates, captures, trains
     target_job = pool.submit(convert, tdir, work / "target.gguf", outtype=a.outtype)
-    target.model.float()  # eyas' side in fp32 on the GGUF's weights
+    if a.outtype != "f32":  # eyas' side in fp32 on the GGUF's weights (the embedded target is fp32 already:
+        target.model.float()  # transformers refuses .float() on a model it de-quantised)
     lap("target_seconds")
     prompts = prompts_for(target.tokenizer, a.prompts)
     stop_ids = target.stop_ids
@@ -259,15 +260,14 @@ def main() -> None:
     drafter_job = pool.submit(convert, work / "drafter", work / "drafter.gguf", outtype=a.outtype,
                               target_model_dir=tdir)
     lap("train_seconds")
-    # eyas' chain oracle at the largest k: a k-chain is the first k drafts of a longer one, so each k's
-    # counts are these capped at k
+    # eyas' chain oracle at the largest k: a k-chain is the first k drafts of a longer one, and each walk
+    # takes min(count, k) at every step (eyas.eval.oracle.chain_walk)
     ks = sorted(set(a.k_sweep) | set(a.cpu_k_sweep) | {a.k})
     with torch.no_grad():
         counts = [accepted_draft_counts(target, drafter, p, y, num_draft_tokens=ks[-1], aux_layer_ids=aux)
                   for p, y in zip(prompts, outputs)]
-    capped = {k: [[min(x, k) for x in cs] for cs in counts] for k in ks}
-    eyas_accept = {str(k): walk_metrics(capped[k], outputs, k)["accept_len"] for k in ks}
-    eyas_per_prompt = per_prompt_walks(capped[a.k], outputs, a.k)
+    eyas_accept = {str(k): walk_metrics(counts, outputs, k)["accept_len"] for k in ks}
+    eyas_per_prompt = per_prompt_walks(counts, outputs, a.k)
     lap("eyas_oracle_seconds")
     target_job.result()
     drafter_job.result()
@@ -316,7 +316,8 @@ def main() -> None:
            "embed_std": None if a.shape == "embedded" else a.embed_std, "prompts": len(prompts),
            "prompt_tokens": [len(p) for p in prompts], "max_new_tokens": a.max_new_tokens,
            "new_tokens_eyas": sum(len(y) for y in outputs), "k": a.k,
-           "drafter": {"aux_layers": aux, "draft_vocab": mapping.draft_vocab_size, "coverage": vinfo.get("coverage"), "ttt_length": a.ttt, "epochs": a.epochs,
+           "drafter": {"aux_layers": aux, "draft_vocab": mapping.draft_vocab_size, "coverage": vinfo.get("coverage"),
+                       "ttt_length": a.ttt, "epochs": a.epochs,
                        "steps": tr.steps, "train_tokens": tr.train_tokens, "train_seconds": round(tr.seconds, 1),
                        "final_val": tr.final_val},
            "eyas_accept_len": eyas_accept, "backends": served, "skipped_backends": skipped,
