@@ -432,3 +432,30 @@ def test_stage_warns_when_the_budget_drops_prompts(tmp_path, capsys):
     assert warned == ["self-distill train: WARNING 4 of 5 prompts dropped: even their last user turn is longer than "
                       "the prompt budget of 3 tokens (distill.max_prompt_tokens; 0 = extract.max_length - "
                       "distill.max_new_tokens), so the drafter never trains on prompts like them"]
+
+
+@pytest.mark.parametrize("decode", ["dynamic", "static"])
+def test_generate_batch_empty_stop_ids_mean_none_and_no_pad_comes_back(decode):
+    """``stop_ids=[]`` stops nothing, whatever the model's own generation_config says: with its eos set to
+    a token the greedy replies generate, every reply still equals unbatched greedy decoding without stop
+    ids, full length, and no pad id fills a row (negative control: before the fix the dynamic decode took
+    the model's eos, stopped row 0 there and returned pads after it)."""
+    from tests.tiny import VOCAB, tiny_target
+
+    t = tiny_target()
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, VOCAB, (8,), generator=g).tolist() for _ in range(3)]
+    ref = [greedy_generate(t, p, max_new_tokens=24, stop_ids=[]) for p in prompts]
+    pad = next(i for i in range(VOCAB) if all(i not in r for r in ref))  # an id no reply holds
+    t.model.generation_config.eos_token_id = ref[0][5]
+    out = generate_batch(t.model, prompts, 24, pad_id=pad, stop_ids=[], decode=decode)
+    assert out == ref
+    assert all(len(o) == 24 and pad not in o for o in out)
+    assert t.model.generation_config.eos_token_id == ref[0][5]  # the model's config is left as it was
+
+
+def test_generate_batch_refuses_stop_ids_none_by_name():
+    from tests.tiny import tiny_target
+
+    with pytest.raises(ValueError, match=r"stop_ids is None: pass the target's stop set .* or \[\]"):
+        generate_batch(tiny_target().model, [[1, 2, 3]], 4, pad_id=0, stop_ids=None)

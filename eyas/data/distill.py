@@ -73,7 +73,8 @@ def generate_batch(model, prompts_ids: list[list[int]], max_new_tokens: int, pad
         pad_id: the id written into pad positions (masked out; any id works, the tokenizer's
             pad or EOS by convention).
         stop_ids: the ids that end a reply (:func:`eyas.target.model.stop_token_ids`; HF ``generate``
-            takes a list as ``eos_token_id``); empty: every row runs ``max_new_tokens``.
+            takes a list as ``eos_token_id``); empty: none, every row runs ``max_new_tokens`` (the
+            model's own ``generation_config`` eos is not used either way).
         cache_implementation: with the ``"dynamic"`` decode, transformers'
             ``GenerationConfig.cache_implementation``: None, its default dynamic KV cache;
             ``"static"``, a cache preallocated to prompt + ``max_new_tokens`` whose decode step
@@ -87,9 +88,9 @@ def generate_batch(model, prompts_ids: list[list[int]], max_new_tokens: int, pad
         first stop id when one was generated:
         the same contract as :func:`eyas.eval.speculative.greedy_generate`.
     Raises:
-        ValueError: an empty prompt, ``max_new_tokens`` < 1, an unknown ``decode`` (or one the
-            target cannot run, :func:`eyas.target.graphed.choose`), ``cache_implementation`` with
-            a decode other than ``"dynamic"``.
+        ValueError: ``stop_ids`` is None (say ``[]`` for none), an empty prompt, ``max_new_tokens`` < 1, an
+            unknown ``decode`` (or one the target cannot run, :func:`eyas.target.graphed.choose`),
+            ``cache_implementation`` with a decode other than ``"dynamic"``.
         eyas.target.graphed.GraphCaptureError: the CUDA graph capture failed.
     """
     from transformers import GenerationConfig
@@ -98,6 +99,9 @@ def generate_batch(model, prompts_ids: list[list[int]], max_new_tokens: int, pad
     from eyas.target.model import Target
 
     model = model.model if isinstance(model, Target) else model
+    if stop_ids is None:
+        raise ValueError("generate_batch: stop_ids is None: pass the target's stop set (Target.stop_ids), or [] "
+                         "for none")
     if not prompts_ids:
         return []
     if any(len(p) == 0 for p in prompts_ids):
@@ -122,7 +126,14 @@ def generate_batch(model, prompts_ids: list[list[int]], max_new_tokens: int, pad
     gc = GenerationConfig(do_sample=False, num_beams=1, max_new_tokens=max_new_tokens,
                           pad_token_id=pad_id, eos_token_id=list(stop_ids) or None,
                           cache_implementation=cache_implementation)
-    out = model.generate(input_ids=ids.to(dev), attention_mask=att.to(dev), generation_config=gc)
+    # generate fills the fields a passed config leaves unset from the model's own generation_config
+    # (transformers generation/utils.py, _prepare_generation_config): its eos would stop a row that
+    # `stop_ids` does not stop, and the pads after it would come back as tokens; a blank one meanwhile
+    saved, model.generation_config = model.generation_config, GenerationConfig()
+    try:
+        out = model.generate(input_ids=ids.to(dev), attention_mask=att.to(dev), generation_config=gc)
+    finally:
+        model.generation_config = saved
     gen = out[:, T:].tolist()
     stop = set(stop_ids)
     return [_trim(g, stop) for g in gen]
