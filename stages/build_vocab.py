@@ -13,6 +13,7 @@ import torch
 from eyas.features import FeatureStore
 from eyas.io import write_json
 from eyas.pipeline.provenance import check, record
+from eyas.pipeline.runlock import hold
 from eyas.pipeline.tracking import start_stage_run
 from eyas.training.params import load_params
 from eyas.vocab.mapping import build_mapping, count_tokens, save_mapping, validate_mapping
@@ -20,6 +21,7 @@ from stages.common import FEATURES, METRICS, VOCAB
 
 
 def main() -> None:
+    hold("build-vocab")  # one run of this stage at a time in this workspace (eyas/pipeline/runlock.py)
     p = load_params()
     with start_stage_run("build-vocab", p) as tracker:
         check(FEATURES / "train", p, reader="build-vocab")

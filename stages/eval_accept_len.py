@@ -57,6 +57,7 @@ from eyas.io import sha256_file, write_json
 from eyas.pipeline.plots import accept_len_figure
 from eyas.pipeline.provenance import check, digest, sha256_cached, target_identity
 from eyas.pipeline.resume import Parts, code_digest
+from eyas.pipeline.runlock import hold
 from eyas.pipeline.team_tracking import log_acceptance
 from eyas.pipeline.tracking import start_stage_run
 from eyas.target.model import embedded_target, load_target
@@ -68,11 +69,14 @@ WORK = Path(".eyas", "work")
 
 
 def main(name: str) -> None:
+    hold(f"eval-accept-len@{name}")  # one run of this stage at a time in this workspace (eyas/pipeline/runlock.py)
     p = load_params()
     e = p.eval
     with start_stage_run(f"eval-accept-len@{name}", p) as tracker:
         # stale drafter: refuse (eyas/pipeline/provenance.py)
         check(f"models/{name}", p, reader=f"eval-accept-len@{name}")
+        for a in (CONVERSATIONS, TARGET_GGUF):  # its prompts and the target llama.cpp serves
+            check(a, p, reader=f"eval-accept-len@{name}")
         target = load_target(p.target.path, p.target.gguf_file, p.target.dtype, p.target.trust_remote_code,
                              revision=p.target.revision)
         drafter = load_drafter(f"models/{name}", num_target_layers=target.num_layers)

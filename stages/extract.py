@@ -28,7 +28,9 @@ from tqdm import tqdm
 from eyas import features
 from eyas.data.conversations import DataError, read_jsonl, render_with_loss_mask
 from eyas.io import save_safetensors, write_json
+from eyas.pipeline.provenance import check
 from eyas.pipeline.provenance import record as fingerprint
+from eyas.pipeline.runlock import hold
 from eyas.pipeline.tracking import start_stage_run
 from eyas.target import layers
 from eyas.target.model import load_target, load_tokenizer_and_config
@@ -183,8 +185,10 @@ def publish(work: Path, dest: Path) -> None:
 
 
 def main() -> None:
+    hold("extract")  # one run of this stage at a time in this workspace (eyas/pipeline/runlock.py)
     p = load_params()
     with start_stage_run("extract", p) as tracker:
+        check(DISTILLED, p, reader="extract")  # replies of another target or other conversations: refused
         # size the output before the weights load: render every split with the tokenizer
         tokenizer, cfg = load_tokenizer_and_config(p.target.path, p.target.gguf_file, p.target.trust_remote_code,
                                                    revision=p.target.revision)

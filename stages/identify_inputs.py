@@ -14,10 +14,12 @@ from __future__ import annotations
 import logging
 
 from eyas.pipeline.provenance import identify_inputs
+from eyas.pipeline.runlock import hold
 from eyas.training.params import load_params
 
 
 def main() -> None:
+    hold("identify-inputs")  # one run of this stage at a time in this workspace (eyas/pipeline/runlock.py)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     ids = identify_inputs(load_params())
     t = ids["target"]

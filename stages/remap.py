@@ -22,6 +22,7 @@ from eyas.features import FeatureStore, check_compatible
 from eyas.io import write_json
 from eyas.pipeline.provenance import FILE as FINGERPRINT
 from eyas.pipeline.provenance import check, record
+from eyas.pipeline.runlock import hold
 from eyas.pipeline.tracking import start_stage_run
 from eyas.target.model import pick_device
 from eyas.training.batches import head_rows_for
@@ -48,6 +49,7 @@ def with_vocab(src: Eagle3Drafter, mapping: VocabMapping, lm_head) -> Eagle3Draf
 
 
 def main() -> None:
+    hold("remap")  # one run of this stage at a time in this workspace (eyas/pipeline/runlock.py)
     p = load_params()
     with start_stage_run("remap", p) as tracker:
         source = Path(p.remap.source)  # a directory (eyas.training.params checks it)

@@ -16,6 +16,7 @@ from eyas.export.load import load_drafter
 from eyas.features import FeatureStore, check_compatible
 from eyas.pipeline.provenance import check, record
 from eyas.pipeline.resume import code_digest
+from eyas.pipeline.runlock import hold
 from eyas.pipeline.tracking import start_stage_run
 from eyas.target.model import pick_device
 from eyas.training.loop import step0_gate, train_drafter
@@ -26,6 +27,7 @@ from stages.training import finish_training
 
 
 def main() -> None:
+    hold("train-finetune")  # one run of this stage at a time in this workspace (eyas/pipeline/runlock.py)
     p = load_params()
     f = p.train_finetune
     with start_stage_run("train-finetune", p) as tracker:

@@ -14,6 +14,7 @@ from pathlib import Path
 from eyas.features import FeatureStore
 from eyas.pipeline.provenance import check, record
 from eyas.pipeline.resume import code_digest
+from eyas.pipeline.runlock import hold
 from eyas.pipeline.tracking import start_stage_run
 from eyas.target.model import pick_device
 from eyas.training.loop import new_drafter, train_drafter
@@ -25,6 +26,7 @@ from stages.training import finish_training
 
 
 def main() -> None:
+    hold("train-scratch")  # one run of this stage at a time in this workspace (eyas/pipeline/runlock.py)
     p = load_params()
     with start_stage_run("train-scratch", p) as tracker:
         inputs = [FEATURES / "train", FEATURES / "val", VOCAB]
