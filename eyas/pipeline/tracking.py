@@ -438,7 +438,7 @@ class MlflowTracker(Tracker):
             log.warning("MLflow spool %s could not be sent: %s", self.spool.path, e)
             back = False
         if back:
-            log.warning("MLflow store %s answers again: what %s kept meanwhile was sent to run %s",
+            log.info("MLflow store %s answers again: what %s kept meanwhile was sent to run %s",
                         _safe(self.uri), self.stage or "the stage", self.run_id)
             self.spool = None
 
