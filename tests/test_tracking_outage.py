@@ -199,3 +199,26 @@ def test_a_spool_of_a_run_the_store_lacks_is_kept(sqlite_repo):
     assert r.returncode == 1 and r.stdout.strip().endswith("0 spool(s) sent, 1 kept"), r.stdout + r.stderr
     assert f"has no run {t.run_id}" in r.stderr
     assert spool.is_dir()
+
+
+def test_the_store_back_mid_run_gets_the_spool_and_logging_goes_on_live(sqlite_repo, monkeypatch):
+    db = sqlite_repo / "mlflow.db"
+    t = tracking.start_stage_run("train-scratch", default_params())
+    t.log_metrics({"train/loss": 3.0}, step=1)
+    t.flush()
+    away = db.rename(sqlite_repo / "elsewhere.db")
+    t.log_metrics({"train/loss": 2.0}, step=2)
+    t.flush()
+    assert t.offline
+    away.rename(db)
+    t.flush()  # within REPROBE_S of the outage: not tried yet
+    assert t.offline
+    monkeypatch.setattr(tracking, "REPROBE_S", 0)
+    t.log_metrics({"train/loss": 1.0}, step=3)
+    t.flush()  # tried: it answers, the spool goes, this flush is live
+    assert not t.offline and not (sqlite_repo / ".eyas/mlflow-spool" / t.run_id).exists()
+    t.close()
+    client = MlflowClient(tracking_uri=f"sqlite:///{db}")
+    assert sorted((m.step, m.value) for m in client.get_metric_history(t.run_id, "train/loss")) == \
+        [(1, 3.0), (2, 2.0), (3, 1.0)]
+    assert client.get_run(t.run_id).info.status == "FINISHED"
