@@ -222,3 +222,40 @@ def test_the_store_back_mid_run_gets_the_spool_and_logging_goes_on_live(sqlite_r
     assert sorted((m.step, m.value) for m in client.get_metric_history(t.run_id, "train/loss")) == \
         [(1, 3.0), (2, 2.0), (3, 1.0)]
     assert client.get_run(t.run_id).info.status == "FINISHED"
+
+
+def test_a_stage_started_during_an_outage_runs_offline_and_its_run_is_created_at_sync(sqlite_repo, monkeypatch,
+                                                                                       caplog):
+    """A store that does not answer at a stage's start stops the stage there (a wrong URL or password
+    is not an outage), unless runs of this workspace already kept calls for it during an outage: then
+    the stage runs, its run kept whole in a spool (its creation included), created with its parent
+    when the spool is sent."""
+    from eyas.pipeline.team_tracking import StoreError
+
+    down = f"http://127.0.0.1:{team_servers.free_port()}"  # nothing listens there
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", down)
+    p = default_params()
+    with pytest.raises(StoreError, match="does not answer"):  # no outage seen here: refused
+        tracking.start_stage_run("build-vocab", p)
+    earlier = sqlite_repo / ".eyas/mlflow-spool/earlier-run"  # what an earlier stage kept for this store
+    earlier.mkdir(parents=True)
+    (earlier / "meta.json").write_text(f'{{"store": "{down}", "run_id": "earlier-run", "host": "elsewhere"}}\n')
+    with caplog.at_level(logging.WARNING, logger="eyas.pipeline.tracking"):
+        t = tracking.start_stage_run("build-vocab", p)
+        assert t.offline and t.run_id.startswith("offline-")
+        t.log_metrics({"coverage": 0.5}, step=0)
+        t.log_dict({"a": 1}, "vocab_report.json")
+        t.close()
+    assert len([r for r in caplog.records if "goes on without it" in r.getMessage()]) == 1
+    spool = sqlite_repo / ".eyas/mlflow-spool" / t.run_id
+    uri = f"sqlite:///{sqlite_repo / 'mlflow.db'}"  # the store it is sent to
+    client = MlflowClient(tracking_uri=uri)
+    meta = tracking.sync(client, spool, uri)
+    assert meta and not spool.exists()
+    run = client.get_run(meta["run_id"])
+    assert run.info.status == "FINISHED" and run.info.run_name == "build-vocab"
+    assert run.data.metrics["coverage"] == 0.5 and run.data.tags["dvc.stage"] == "build-vocab"
+    assert run.data.params["vocab.draft_vocab_size"] == str(p.vocab.draft_vocab_size)
+    assert "vocab_report.json" in {a.path for a in client.list_artifacts(meta["run_id"])}
+    parent = client.get_run(run.data.tags["mlflow.parentRunId"])
+    assert parent.info.status == "FINISHED" and parent.data.tags["eyas.pipeline_key"] == tracking.pipeline_key(p)

@@ -27,7 +27,10 @@ answering mid-run (the server killed, its database gone, a sqlite file moved awa
 once; what the run cannot send is kept in a spool under ``.eyas/mlflow-spool/`` in the repository
 root (:class:`Spool`) and sent when the store answers again (:func:`sync`: at a later flush, at the
 stage's end, at the next stage's start, or ``python3 -m eyas.pipeline.tracking sync``); the stage
-writes its outputs and metrics files and exits as it would have. MLflow's HTTP client retries 7 times
+writes its outputs and metrics files and exits as it would have. A stage that starts while the store
+is away stops before any compute (a wrong URL or password is not an outage), unless runs of this
+workspace already kept calls for that store (:func:`pending_spools`): then it runs offline, its run
+created when its spool is sent. MLflow's HTTP client retries 7 times
 with a 120 s timeout per request by default; a stage sets ``MLFLOW_HTTP_REQUEST_MAX_RETRIES`` and
 ``MLFLOW_HTTP_REQUEST_TIMEOUT`` (:data:`HTTP_SETTINGS`) unless the user did, so a dead server costs
 a stage seconds once, not minutes per call (a training run lost to an MLflow outage:
@@ -52,6 +55,7 @@ import shutil
 import socket
 import subprocess
 import time
+import uuid
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -159,8 +163,9 @@ def _client(uri: str):
     return MlflowClient(tracking_uri=uri)
 
 
-def _get_or_create_experiment(client, uri: str) -> str:
-    """The id of the experiment (``$MLFLOW_EXPERIMENT_NAME``, else ``eyas``), created if missing.
+def _get_or_create_experiment(client, uri: str, name: str | None = None) -> str:
+    """The id of the experiment ``name`` (default ``$MLFLOW_EXPERIMENT_NAME``, else ``eyas``), created
+    if missing.
 
     For sqlite stores the experiment gets an ABSOLUTE ``artifact_location`` under the repo
     root: MLflow fixes it when the experiment is created, and one first created from inside a
@@ -169,7 +174,7 @@ def _get_or_create_experiment(client, uri: str) -> str:
     """
     from mlflow.exceptions import MlflowException
 
-    name = _experiment_name()
+    name = name or _experiment_name()
     exp = client.get_experiment_by_name(name)
     if exp is not None:
         if exp.lifecycle_stage == "deleted":
@@ -403,15 +408,15 @@ class MlflowTracker(Tracker):
         if self.spool is not None:
             self.spool.add({"op": "lost", "what": what, "error": "the store was away"})
 
-    def _send(self, op: dict, fn, *args, **kwargs) -> None:
-        """``fn(*args, **kwargs)`` against the store, or ``op`` into the spool when the store is away
-        (or fails now)."""
+    def _send(self, op: dict, method: str, *args, **kwargs) -> None:
+        """``self.client.<method>(*args, **kwargs)`` against the store, or ``op`` into the spool when the
+        store is away (or fails now)."""
         if self.spool is not None:
             self.spool.add(op)
             return
         try:
             self._check_db()
-            _retry(fn, *args, **kwargs)
+            _retry(getattr(self.client, method), *args, **kwargs)
         except Exception as e:  # noqa: BLE001 - MlflowException, requests' and sqlalchemy's errors alike
             self.outage(e)
             self.spool.add(op)
@@ -433,11 +438,14 @@ class MlflowTracker(Tracker):
         if not store_answers(self.uri):
             return
         try:
+            self.client = self.client or _client(self.uri)
             back = sync(self.client, self.spool.path, self.uri)
         except (OSError, ValueError) as e:  # the spool itself unreadable: it stays for a later sync
             log.warning("MLflow spool %s could not be sent: %s", self.spool.path, e)
-            back = False
-        if back:
+            back = None
+        if back:  # a run created now (a stage started offline) has its ids from here on
+            self.run_id, self.parent_run_id = back["run_id"], back["parent_run_id"]
+            self.experiment_id = back["experiment_id"]
             log.info("MLflow store %s answers again: what %s kept meanwhile was sent to run %s",
                         _safe(self.uri), self.stage or "the stage", self.run_id)
             self.spool = None
@@ -451,7 +459,7 @@ class MlflowTracker(Tracker):
         flat = redact(flatten(params)) if params else {}
         items = [(k, _str_value(v, MAX_PARAM_VAL_LENGTH)) for k, v in flat.items()]
         for chunk in _chunks(items, MAX_PARAMS_TAGS_PER_BATCH):
-            self._send({"op": "params", "params": chunk}, self.client.log_batch, self.run_id,
+            self._send({"op": "params", "params": chunk}, "log_batch", self.run_id,
                        params=[Param(k, v) for k, v in chunk])
 
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
@@ -479,7 +487,7 @@ class MlflowTracker(Tracker):
         buf, self._buffer = self._buffer, []
         for chunk in _chunks(buf, MAX_METRICS_PER_BATCH):
             op = {"op": "metrics", "metrics": [[m.key, m.value, m.timestamp, m.step] for m in chunk]}
-            self._send(op, self.client.log_batch, self.run_id, metrics=chunk)
+            self._send(op, "log_batch", self.run_id, metrics=chunk)
         self._last_flush = time.monotonic()
 
     def history(self) -> list:
@@ -514,7 +522,7 @@ class MlflowTracker(Tracker):
         if not name.endswith((".json", ".yaml", ".yml")):
             name += ".json"
         obj = json.loads(json.dumps(obj, default=_jsonable))
-        self._send({"op": "dict", "obj": obj, "name": name}, self.client.log_dict, self.run_id, obj, name)
+        self._send({"op": "dict", "obj": obj, "name": name}, "log_dict", self.run_id, obj, name)
 
     def log_figure(self, fig: Any, name: str) -> None:
         """Store a matplotlib figure as an image artifact ``name`` (``.png`` if no suffix)."""
@@ -534,7 +542,7 @@ class MlflowTracker(Tracker):
 
         items = [(k, _str_value(v, MAX_TAG_VAL_LENGTH)) for k, v in redact(tags).items()]
         for chunk in _chunks(items, MAX_PARAMS_TAGS_PER_BATCH):
-            self._send({"op": "tags", "tags": chunk}, self.client.log_batch, self.run_id,
+            self._send({"op": "tags", "tags": chunk}, "log_batch", self.run_id,
                        tags=[RunTag(k, v) for k, v in chunk])
 
     def close(self, status: str = "FINISHED") -> None:
@@ -563,7 +571,7 @@ class MlflowTracker(Tracker):
             end = int(time.time() * 1000)
             for run_id in filter(None, (self.run_id, self.parent_run_id)):
                 self._send({"op": "terminate", "run_id": run_id, "status": status, "end_time": end},
-                           self.client.set_terminated, run_id, status, end_time=end)
+                           "set_terminated", run_id, status, end_time=end)
             if self.spool is not None:
                 log.info("MLflow: %d calls of %s kept in %s (the store %s is away): sent when it answers "
                          "(`python3 -m eyas.pipeline.tracking sync`)", self.spool.count, self.stage or "the stage",
@@ -655,6 +663,14 @@ class Spool:
                         spool.path, e)
         return spool
 
+    def set_create(self, create: dict) -> None:
+        """Record that the run itself is to be created when the spool is sent (a stage that started
+        while the store was away): ``create`` holds the experiment, the parent's key, tags, name and
+        params, and the run's tags, name and start time."""
+        meta = json.loads((self.path / "meta.json").read_text())
+        meta["create"] = create
+        (self.path / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+
     def add(self, op: dict) -> None:
         try:
             with open(self.path / "ops.jsonl", "a") as fh:
@@ -705,29 +721,53 @@ def _apply(client, spool: Path, meta: dict, op: dict) -> None:
             client.log_artifacts(run_id, str(f), artifact_path=op.get("artifact_path") or f.name)
         else:
             client.log_artifact(run_id, str(f), artifact_path=op.get("artifact_path"))
-    elif kind == "terminate":
-        client.set_terminated(op["run_id"], op["status"], end_time=op["end_time"])
+    elif kind == "terminate":  # a run created at sync: its placeholders stand for the ids it got
+        rid = {meta.get("offline_id"): run_id, f"{meta.get('offline_id')}-parent": meta.get("parent_run_id")}.get(
+            op["run_id"], op["run_id"])
+        client.set_terminated(rid, op["status"], end_time=op["end_time"])
     elif kind != "lost":
         raise ValueError(f"{spool}: unknown spooled call {kind!r}")
 
 
-def sync(client, spool: str | os.PathLike, uri: str) -> bool:
+def _create_run(client, uri: str, spool: Path, meta: dict) -> dict:
+    """Create the run (and, if missing, its parent) a spool of a stage started offline stands for;
+    record their ids in its ``meta.json`` (the placeholder as ``offline_id``); returns the new meta."""
+    c = meta["create"]
+    exp_id = _get_or_create_experiment(client, uri, c["experiment"])
+    parent = _find_or_create_parent(client, exp_id, c["pipeline_key"], c["parent_tags"], c["parent_name"],
+                                    c["parent_params"])
+    run = client.create_run(exp_id, start_time=c["start_time"], run_name=c["run_name"],
+                            tags={**c["tags"], "mlflow.parentRunId": parent, "eyas.started_offline": "true"})
+    meta = {**meta, "offline_id": meta["run_id"], "run_id": run.info.run_id, "parent_run_id": parent,
+            "experiment_id": exp_id}
+    (spool / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+    return meta
+
+
+def sync(client, spool: str | os.PathLike, uri: str) -> dict | None:
     """Send what ``spool`` (a :class:`Spool` directory) holds to the store, in order, from where an
     earlier sync stopped; then tag the run ``eyas.telemetry.late`` (how many calls came late, since
     when, the first error) and, where something could not be kept, ``eyas.telemetry.lost``, and remove
-    the spool. Returns True when all of it was sent; False (the spool kept, the rest for a later
-    sync) when the store failed again. A call the store refuses while it answers (the run deleted
-    meanwhile, a value it rejects) is counted as lost, not retried forever.
+    the spool. A spool of a stage that started while the store was away creates its run (and the
+    parent, if missing) first. Returns the spool's meta (the run's id in the store as ``run_id``) when
+    all of it was sent; None (the spool kept, the rest for a later sync) when the store failed again.
+    A call the store refuses while it answers (the run deleted meanwhile, a value it rejects) is
+    counted as lost, not retried forever.
     """
     spool = Path(spool)
     meta = json.loads((spool / "meta.json").read_text())
+    if "create" in meta and "offline_id" not in meta:
+        try:
+            meta = _create_run(client, uri, spool, meta)
+        except Exception:  # noqa: BLE001 - away again: the spool stays
+            return None
     try:
         client.get_run(meta["run_id"])
     except Exception as e:  # noqa: BLE001 - away again, or a store without the run (a sqlite file replaced)
         if store_answers(uri):
             log.warning("MLflow store %s has no run %s (%s): the calls kept in %s stay there", _safe(uri),
                         meta["run_id"], _safe(_one_line(e)), spool)
-        return False
+        return None
     lines = (spool / "ops.jsonl").read_text().splitlines() if (spool / "ops.jsonl").is_file() else []
     sent_file = spool / "sent"
     sent = int(sent_file.read_text() or 0) if sent_file.is_file() else 0
@@ -739,7 +779,7 @@ def sync(client, spool: str | os.PathLike, uri: str) -> bool:
         except Exception as e:  # noqa: BLE001 - the store again, or a call it refuses
             if not store_answers(uri):
                 sent_file.write_text(str(i))
-                return False
+                return None
             lost.append(f"{op['op']} ({_safe(_one_line(e))})")
         sent_file.write_text(str(i + 1))
     from mlflow.entities import RunTag
@@ -754,7 +794,7 @@ def sync(client, spool: str | os.PathLike, uri: str) -> bool:
     except Exception:  # noqa: BLE001 - the calls are in; the note is not worth a second spool
         log.warning("MLflow: run %s got the calls of %s but not the tag saying they came late", meta["run_id"], spool)
     shutil.rmtree(spool, ignore_errors=True)
-    return True
+    return meta
 
 
 def _ended(spool: Path, run_id: str) -> bool:
@@ -818,11 +858,24 @@ def _dvc_tags(params: Any) -> dict[str, str]:
     }
 
 
-def _get_or_create_parent(client, experiment_id: str, params: Any, flat: dict) -> str:
-    """Find the parent run by tag ``eyas.pipeline_key``; create it (with the params) if none."""
+def _parent_fields(params: Any) -> tuple[str, dict[str, str], str]:
+    """The parent run of this pipeline execution: (its :func:`pipeline_key`, its tags, its name)."""
+    key = pipeline_key(params)
+    tags = {**_dvc_tags(params), "eyas.pipeline_key": key}
+    exp_name = os.environ.get("DVC_EXP_NAME")
+    if exp_name:
+        name = exp_name
+    else:
+        rev = tags["dvc.baseline_rev"]
+        name = f"workspace-{rev[:7]}" if rev else "workspace"
+    return key, tags, name
+
+
+def _find_or_create_parent(client, experiment_id: str, key: str, tags: dict, name: str, flat: dict) -> str:
+    """Find the parent run by tag ``eyas.pipeline_key`` = ``key``; create it (``tags``, ``name``, the
+    params ``flat``) if none."""
     from mlflow.entities import Param
 
-    key = pipeline_key(params)
     found = client.search_runs(
         [experiment_id],
         filter_string=f"tags.`eyas.pipeline_key` = '{key}'",
@@ -831,18 +884,16 @@ def _get_or_create_parent(client, experiment_id: str, params: Any, flat: dict) -
     )
     if found:
         return found[0].info.run_id
-    tags = {**_dvc_tags(params), "eyas.pipeline_key": key}
-    exp_name = os.environ.get("DVC_EXP_NAME")
-    if exp_name:
-        name = exp_name
-    else:
-        rev = tags["dvc.baseline_rev"]
-        name = f"workspace-{rev[:7]}" if rev else "workspace"
     run = client.create_run(experiment_id, tags=tags, run_name=name)
     items = [Param(k, _str_value(v, MAX_PARAM_VAL_LENGTH)) for k, v in flat.items()]
     for chunk in _chunks(items, MAX_PARAMS_TAGS_PER_BATCH):
         _retry(client.log_batch, run.info.run_id, params=chunk)
     return run.info.run_id
+
+
+def _get_or_create_parent(client, experiment_id: str, params: Any, flat: dict) -> str:
+    """Find the parent run by tag ``eyas.pipeline_key``; create it (with the params) if none."""
+    return _find_or_create_parent(client, experiment_id, *_parent_fields(params), flat)
 
 
 def _pid_alive(pid: int) -> bool:
@@ -924,12 +975,17 @@ def start_stage_run(stage: str, params: Any, stage_params: dict | None = None) -
     for k, v in HTTP_SETTINGS.items():  # MLflow's own variables, unless the user set them
         os.environ.setdefault(k, v)
     uri = tracking_uri()
-    from eyas.pipeline.team_tracking import check_store, start_system_metrics, wants_system_metrics
-    check_store(uri)  # a server or PostgreSQL that refuses: StoreError naming the URL, before any compute
+    from eyas.pipeline.team_tracking import StoreError, check_store, start_system_metrics, wants_system_metrics
     stage_tag = running_stage() or stage
     system_metrics = wants_system_metrics(stage_tag)  # a bad MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING: before any run
     pipeline_flat = redact(flatten(params))
     flat = redact({**flatten(params), **(flatten(stage_params) if stage_params else {})})
+    try:
+        check_store(uri)  # a server or PostgreSQL that refuses: StoreError naming the URL, before any compute
+    except StoreError as e:
+        if not pending_spools(uri):  # never answered here: a wrong URL or password, said before any compute
+            raise
+        return _start_offline(stage, stage_tag, params, flat, pipeline_flat, uri, e)  # an outage goes on
     with _store_lock(uri):
         client = _client(uri)
         experiment_id = _get_or_create_experiment(client, uri)
@@ -963,6 +1019,40 @@ def start_stage_run(stage: str, params: Any, stage_params: dict | None = None) -
     except BaseException:
         tracker.close("FAILED")
         raise
+    return tracker
+
+
+def pending_spools(uri: str) -> list[Path]:
+    """The spools under the repository root kept for the store ``uri`` (runs of this workspace saw it
+    answer, then go away)."""
+    root = repo_root() / SPOOL
+    out = []
+    for d in sorted(root.iterdir()) if root.is_dir() else []:
+        try:
+            if json.loads((d / "meta.json").read_text()).get("store") == _safe(uri):
+                out.append(d)
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def _start_offline(stage: str, stage_tag: str, params: Any, flat: dict, pipeline_flat: dict, uri: str,
+                   err: BaseException) -> MlflowTracker:
+    """A stage that starts while the store is away, during an outage earlier runs of this workspace
+    already met (:func:`pending_spools`): its run exists only in a spool, created in the store (with its
+    parent) when the spool is sent."""
+    key, parent_tags, parent_name = _parent_fields(params)
+    run_id = "offline-" + uuid.uuid4().hex
+    tracker = MlflowTracker(None, run_id, parent_run_id=f"{run_id}-parent", uri=uri, stage=stage_tag)
+    tracker._db = None
+    tracker.outage(err)  # the one warning; the spool opened
+    tags = {**_dvc_tags(params), "dvc.stage": stage_tag, "eyas.host": socket.gethostname(),
+            "eyas.pid": str(os.getpid())}
+    parent_params = {k: str(v) for k, v in pipeline_flat.items()}
+    tracker.spool.set_create({"experiment": _experiment_name(), "pipeline_key": key, "parent_tags": parent_tags,
+                              "parent_name": parent_name, "parent_params": parent_params, "tags": tags,
+                              "run_name": stage, "start_time": int(time.time() * 1000)})
+    tracker.log_params(flat)
     return tracker
 
 
