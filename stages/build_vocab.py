@@ -16,12 +16,14 @@ from eyas.params import target as target_schema
 from eyas.params import vocab as vocab_schema
 from eyas.params.schema import load_sections
 from eyas.pipeline.provenance import check, record
+from eyas.pipeline.runlock import hold
 from eyas.tracking.runs import start_stage_run
 from eyas.vocab.mapping import build_mapping, count_tokens, save_mapping, validate_mapping
 from stages.common import FEATURES, METRICS, VOCAB
 
 
 def main() -> None:
+    hold("build-vocab")  # one run of this stage at a time in this workspace (eyas/pipeline/runlock.py)
     p = load_sections(target_schema, vocab_schema)
     with start_stage_run("build-vocab", p) as tracker:
         check(FEATURES / "train", p, reader="build-vocab")

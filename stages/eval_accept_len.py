@@ -54,12 +54,14 @@ from eyas.eval.served import evaluate_served
 from eyas.export.gguf import GGUFReadError, ServeMismatchError, require_served_as_trained
 from eyas.export.load import load_drafter
 from eyas.io import sha256_file, write_json
+from eyas.params import data as data_schema
 from eyas.params import eval as eval_schema
 from eyas.params import serve as serve_schema
 from eyas.params import target as target_schema
 from eyas.params.schema import flatten, load_sections
 from eyas.pipeline.provenance import check, digest, sha256_cached, target_identity
 from eyas.pipeline.resume import Parts, code_digest
+from eyas.pipeline.runlock import hold
 from eyas.target.model import embedded_target, load_target
 from eyas.tracking.plots import accept_len_figure
 from eyas.tracking.runs import start_stage_run
@@ -71,11 +73,15 @@ WORK = Path(".eyas", "work")
 
 
 def main(name: str) -> None:
-    p = load_sections(target_schema, eval_schema, serve_schema)
+    hold(f"eval-accept-len@{name}")  # one run of this stage at a time in this workspace (eyas/pipeline/runlock.py)
+    # data: the conversations' fingerprint names their source (checked below, eyas/pipeline/provenance.py)
+    p = load_sections(target_schema, eval_schema, serve_schema, data_schema)
     e = p.eval
     with start_stage_run(f"eval-accept-len@{name}", p) as tracker:
         # stale drafter: refuse (eyas/pipeline/provenance.py)
         check(f"models/{name}", p, reader=f"eval-accept-len@{name}")
+        for a in (CONVERSATIONS, TARGET_GGUF):  # its prompts and the target llama.cpp serves
+            check(a, p, reader=f"eval-accept-len@{name}")
         target = load_target(p.target.path, p.target.gguf_file, p.target.dtype, p.target.trust_remote_code,
                              revision=p.target.revision)
         drafter = load_drafter(f"models/{name}", num_target_layers=target.num_layers)

@@ -18,13 +18,17 @@ from eyas.export.gguf import OUTTYPES, GGUFReadError, ServeMismatchError, conver
 from eyas.io import read_json
 from eyas.params import target as target_schema
 from eyas.params.schema import load_sections
+from eyas.pipeline.provenance import check
+from eyas.pipeline.runlock import hold
 from eyas.tracking.runs import start_stage_run
 from stages.common import TARGET_GGUF
 
 
 def main(name: str) -> None:
+    hold(f"export-gguf@{name}")  # one run of this stage at a time in this workspace (eyas/pipeline/runlock.py)
     p = load_sections(target_schema)
     with start_stage_run(f"export-gguf@{name}", p) as tracker:
+        check(TARGET_GGUF, p, reader=f"export-gguf@{name}")  # a target-gguf of another target: refused
         out = convert(Path("models", name), Path("models", f"{name}.gguf"), outtype=OUTTYPES[p.target.dtype],
                       target_model_dir=TARGET_GGUF)
         try:  # the file as llama.cpp will load it, against the checkpoint it came from

@@ -33,7 +33,9 @@ from eyas.params import extract as extract_schema
 from eyas.params import target as target_schema
 from eyas.params import train as train_schema
 from eyas.params.schema import FEATURE_SPLITS, load_sections
+from eyas.pipeline.provenance import check
 from eyas.pipeline.provenance import record as fingerprint
+from eyas.pipeline.runlock import hold
 from eyas.target import layers
 from eyas.target.model import load_target, load_tokenizer_and_config
 from eyas.tracking.runs import start_stage_run
@@ -187,8 +189,10 @@ def publish(work: Path, dest: Path) -> None:
 
 
 def main() -> None:
+    hold("extract")  # one run of this stage at a time in this workspace (eyas/pipeline/runlock.py)
     p = load_sections(target_schema, data_schema, extract_schema, train_schema)
     with start_stage_run("extract", p) as tracker:
+        check(DISTILLED, p, reader="extract")  # replies of another target or other conversations: refused
         # size the output before the weights load: render every split with the tokenizer
         tokenizer, cfg = load_tokenizer_and_config(p.target.path, p.target.gguf_file, p.target.trust_remote_code,
                                                    revision=p.target.revision)

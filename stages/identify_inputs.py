@@ -17,9 +17,11 @@ import logging
 
 from eyas.params.full import load_params
 from eyas.pipeline.provenance import identify_inputs
+from eyas.pipeline.runlock import hold
 
 
 def main() -> None:
+    hold("identify-inputs")  # one run of this stage at a time in this workspace (eyas/pipeline/runlock.py)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     ids = identify_inputs(load_params())
     t = ids["target"]

@@ -1,7 +1,9 @@
 """DVC stage `prepare-data`: load conversations, split them, write the splits and metrics.
 
-Reads params `data.*` and `seed`; writes `data/conversations/{train,val,test,publish}.jsonl` and
-`metrics/prepare_data.json`, and logs the counts as the stage's MLflow child run.
+Reads params `data.*` and `seed`; writes `data/conversations/{train,val,test,publish}.jsonl`, their
+fingerprint (`data/conversations/fingerprint.json`: the params and the data source's identity,
+checked by self-distill and the eval; eyas/pipeline/provenance.py) and `metrics/prepare_data.json`,
+and logs the counts as the stage's MLflow child run.
 `data.code_prompts` code conversations (eyas.data.code) are added to train and val after the split;
 when it is > 0, the metrics' `code` section holds, per package (import name), the usable functions
 it gave (`code.<package>.usable`) and why the others were skipped. Run from the repository root:
@@ -21,6 +23,9 @@ from eyas.data.conversations import DataError, encode_jsonl, load_conversations,
 from eyas.io import atomic_dir, atomic_path, write_json
 from eyas.params import data as data_schema
 from eyas.params.schema import ParamsError, flatten, load_sections
+from eyas.pipeline.provenance import FILE as FINGERPRINT
+from eyas.pipeline.provenance import record
+from eyas.pipeline.runlock import hold
 from eyas.tracking.runs import start_stage_run
 
 OUT_DIR = Path("data/conversations")
@@ -28,6 +33,7 @@ METRICS = Path("metrics/prepare_data.json")
 
 
 def main() -> None:
+    hold("prepare-data")  # one run of this stage at a time in this workspace (eyas/pipeline/runlock.py)
     try:
         run()
     except (DataError, ParamsError) as e:
@@ -77,6 +83,8 @@ def prepare(p) -> dict:
         for name, data in encoded.items():
             with atomic_path(tmp / f"{name}.jsonl") as f:
                 f.write_bytes(data)
+        # what the splits were built from, checked by their readers (eyas/pipeline/provenance.py)
+        write_json(tmp / FINGERPRINT, record("prepare-data", p, [], target=False, source=True))
     write_json(METRICS, metrics)
     return metrics
 

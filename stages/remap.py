@@ -27,6 +27,7 @@ from eyas.params import train as train_schema
 from eyas.params.schema import load_sections
 from eyas.pipeline.provenance import FILE as FINGERPRINT
 from eyas.pipeline.provenance import check, record
+from eyas.pipeline.runlock import hold
 from eyas.target.model import pick_device
 from eyas.tracking.runs import start_stage_run
 from eyas.training.batches import head_rows_for
@@ -52,6 +53,7 @@ def with_vocab(src: Eagle3Drafter, mapping: VocabMapping, lm_head) -> Eagle3Draf
 
 
 def main() -> None:
+    hold("remap")  # one run of this stage at a time in this workspace (eyas/pipeline/runlock.py)
     p = load_sections(target_schema, remap_schema, train_schema)
     with start_stage_run("remap", p) as tracker:
         source = Path(p.remap.source)  # a directory (eyas.params.remap checks it)

@@ -1,8 +1,11 @@
 """DVC stage `self-distill`: the target rewrites assistant turns (`distill.turns`: the last, or all).
 
 Reads params `distill`, `target`, `extract.max_length`, `data.on_bad_line`; reads
-`data/conversations/{train,val,publish}.jsonl`; writes `data/distilled/{train,val,publish}.jsonl`
-(regenerated rows carry the target's token ids: eyas/data/distill.py) and `metrics/self_distill.json`.
+`data/conversations/{train,val,publish}.jsonl` (refused when prepare-data's fingerprint says they are
+stale); writes `data/distilled/{train,val,publish}.jsonl` (regenerated rows carry the target's token
+ids: eyas/data/distill.py), their fingerprint (`data/distilled/fingerprint.json`: the params, the
+conversations' digests and, where replies were generated, the target's identity; extract refuses
+replies of another target: eyas/pipeline/provenance.py) and `metrics/self_distill.json`.
 Every prompt is rendered with the tokenizer before the target's weights load, so a conversation the
 chat template refuses stops the stage (or, with `data.on_bad_line: skip`, is counted by id) in
 seconds. Splits not named in `distill.splits` (and every split when `distill.enabled` is false) are
@@ -28,6 +31,9 @@ from eyas.params import distill as distill_schema
 from eyas.params import extract as extract_schema
 from eyas.params import target as target_schema
 from eyas.params.schema import FEATURE_SPLITS, ParamsError, load_sections
+from eyas.pipeline.provenance import FILE as FINGERPRINT
+from eyas.pipeline.provenance import check, record
+from eyas.pipeline.runlock import hold
 from eyas.target.model import load_generation_config, stop_token_ids
 from eyas.tracking.runs import start_stage_run
 
@@ -80,6 +86,7 @@ def check_served_model(server) -> dict:
 def run(p, in_dir: Path = IN_DIR, out_dir: Path = OUT_DIR, metrics_path: Path = METRICS,
         tracker=None, load_target=None, work_dir: Path = WORK, load_tokenizer=None) -> dict:
     d = p.distill
+    check(in_dir, p, reader="self-distill")  # conversations of other params or another source: refused
     todo = [s for s in SPLITS if d.enabled and s in d.splits]
     metrics: dict = {"enabled": d.enabled, "turns": d.turns, "splits": {}}
     plans = {}
@@ -113,6 +120,7 @@ def run(p, in_dir: Path = IN_DIR, out_dir: Path = OUT_DIR, metrics_path: Path = 
             stop_ids = target.stop_ids
         metrics["stop_ids"] = stop_ids
     out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / FINGERPRINT).unlink(missing_ok=True)  # a run killed below leaves no fingerprint of the last one
     for split in SPLITS:
         src, dst = in_dir / f"{split}.jsonl", out_dir / f"{split}.jsonl"
         if split not in todo:
@@ -141,11 +149,15 @@ def run(p, in_dir: Path = IN_DIR, out_dir: Path = OUT_DIR, metrics_path: Path = 
         tok, sec = sum(s["generated_tokens"] for s in gen), sum(s["seconds"] for s in gen)
         metrics["generated_tokens"], metrics["generation_seconds"] = tok, round(sec, 1)
         metrics["tokens_per_second"] = round(tok / sec, 1) if sec > 0 else None
+    # what the replies were built from (the target only where it wrote some), checked by extract
+    write_json(out_dir / FINGERPRINT, record("self-distill", p, [in_dir / f"{s}.jsonl" for s in SPLITS],
+                                             target=bool(todo)))
     write_json(metrics_path, metrics)
     return metrics
 
 
 def main() -> None:
+    hold("self-distill")  # one run of this stage at a time in this workspace (eyas/pipeline/runlock.py)
     p = load_sections(target_schema, data_schema, distill_schema, extract_schema)
     with start_stage_run("self-distill", p) as tracker:
         metrics = run(p, tracker=tracker)

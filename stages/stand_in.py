@@ -24,6 +24,7 @@ from eyas.params import train as train_schema
 from eyas.params.schema import load_sections
 from eyas.pipeline.provenance import check, record
 from eyas.pipeline.resume import code_digest
+from eyas.pipeline.runlock import hold
 from eyas.target.model import pick_device
 from eyas.tracking.runs import start_stage_run
 from eyas.training.loop import new_drafter, train_drafter
@@ -34,6 +35,7 @@ from stages.training import finish_training
 
 
 def main() -> None:
+    hold("stand-in-drafter")  # one run of this stage at a time in this workspace (eyas/pipeline/runlock.py)
     p = load_sections(target_schema, stand_in_schema, train_schema)
     s = p.stand_in
     with start_stage_run("stand-in-drafter", p) as tracker:

@@ -20,6 +20,7 @@ from eyas.params import train_finetune as train_finetune_schema
 from eyas.params.schema import load_sections
 from eyas.pipeline.provenance import check, record
 from eyas.pipeline.resume import code_digest
+from eyas.pipeline.runlock import hold
 from eyas.target.model import pick_device
 from eyas.tracking.runs import start_stage_run
 from eyas.training.loop import step0_gate, train_drafter
@@ -29,6 +30,7 @@ from stages.training import finish_training
 
 
 def main() -> None:
+    hold("train-finetune")  # one run of this stage at a time in this workspace (eyas/pipeline/runlock.py)
     p = load_sections(target_schema, train_schema, train_finetune_schema)
     f = p.train_finetune
     with start_stage_run("train-finetune", p) as tracker:

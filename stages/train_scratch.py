@@ -17,6 +17,7 @@ from eyas.params import train as train_schema
 from eyas.params.schema import load_sections
 from eyas.pipeline.provenance import check, record
 from eyas.pipeline.resume import code_digest
+from eyas.pipeline.runlock import hold
 from eyas.target.model import pick_device
 from eyas.tracking.runs import start_stage_run
 from eyas.training.loop import new_drafter, train_drafter
@@ -27,6 +28,7 @@ from stages.training import finish_training
 
 
 def main() -> None:
+    hold("train-scratch")  # one run of this stage at a time in this workspace (eyas/pipeline/runlock.py)
     p = load_sections(target_schema, train_schema)
     with start_stage_run("train-scratch", p) as tracker:
         inputs = [FEATURES / "train", FEATURES / "val", VOCAB]

@@ -19,7 +19,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # ``eyas.<x>`` names that are not modules: MLflow tags and keys eyas writes.
 NOT_MODULES = {"pipeline_key", "params_hash", "host", "pid", "resumes", "resumed_by", "reused",
-               "weights_sha256", "model_id", "num_target_layers"}
+               "weights_sha256", "model_id", "num_target_layers", "telemetry",
+               "started_offline"}
 PHRASES = {"eyas/stages"}  # "the eyas/ and stages/ modules"
 
 DOTTED = re.compile(r"(?<![\w/.-])eyas\.([a-z_][a-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*)")

@@ -7,11 +7,13 @@ stage writes models/vocab; then the stages that read them run on their own (as `
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -125,6 +127,112 @@ def test_artifact_without_fingerprint_is_not_checked(ws, caplog):
     assert "no fingerprint" in caplog.text
 
 
+def _distill_in(ws: Path, **distill) -> dict:
+    """self-distill, the real stage code (stages/self_distill.run), on data/conversations with a tiny
+    target and a stub tokenizer (tests/test_distill.py) standing in for ./target's weights; returns
+    its metrics."""
+    from test_distill import _conversations, _stub_target
+
+    from eyas.data.conversations import write_jsonl
+    from stages import self_distill
+
+    for split in ("train", "val", "publish", "test"):
+        write_jsonl(ws / f"data/conversations/{split}.jsonl", _conversations())
+    _set(ws / "params.yaml", "distill", {"max_new_tokens": 4, "batch_size": 3, **distill})
+    t = _stub_target(_conversations(), eos_from=1)
+    return self_distill.run(load_params(), metrics_path=ws / "metrics/self_distill.json",
+                            load_target=lambda *a, **k: t, load_tokenizer=lambda *a, **k: (t.tokenizer, None))
+
+
+def test_extract_refuses_replies_written_by_another_target(ws):
+    """The measured case: self-distill ran, then the target's chat template was replaced and
+    identify-inputs rerun; extract run on its own (`dvc repro -s extract`) must not take the old
+    replies and stamp them with the new target's identity."""
+    _distill_in(ws)
+    fp = provenance.read(ws / "data/distilled")
+    assert fp["stage"] == "self-distill" and fp["target"]["files"]["chat_template.jinja"]
+    assert set(fp["inputs"]) == {f"data/conversations/{s}.jsonl" for s in ("train", "val", "publish")}
+    (ws / "target/chat_template.jinja").write_text("a new template\n")
+    from stages import extract
+
+    with pytest.raises(StaleError, match=r"^extract: data/distilled was built by self-distill for another target "
+                                         r"\(chat_template.jinja changed\).*dvc repro self-distill"):
+        extract.main()
+
+
+def test_self_distill_refuses_conversations_of_other_params_or_another_source(ws):
+    """prepare-data's output records its params and the data source's sha256; self-distill run on
+    its own refuses it after either changed, naming prepare-data. A source file rewritten at the same
+    size with its mtime set back is caught too (its content is hashed)."""
+    from stages import prepare_data
+
+    src = ws / "chats.jsonl"
+    rows = [{"id": f"s{i}", "messages": [{"role": "user", "content": f"question {i}"},
+                                         {"role": "assistant", "content": f"answer {i}"}]} for i in range(12)]
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    _set(ws / "params.yaml", "data", {"source": str(src), "val": 2, "test": 2, "publish": 2, "code_prompts": 0})
+    prepare_data.prepare(load_params())
+    fp = provenance.read(ws / "data/conversations")
+    assert fp["stage"] == "prepare-data" and fp["target"] is None
+    assert fp["source"]["sha256"] == hashlib.sha256(src.read_bytes()).hexdigest()
+    from stages import self_distill
+
+    p = load_params()
+    p.distill.enabled = False  # copies: the check comes first either way
+    self_distill.run(p, metrics_path=ws / "m.json")  # unchanged: accepted
+    p.data.val = 3
+    with pytest.raises(StaleError, match=r"^self-distill: data/conversations was built by prepare-data with "
+                                         r"data.val = 2, params.yaml now has data.val = 3.*dvc repro prepare-data"):
+        self_distill.run(p, metrics_path=ws / "m.json")
+    st = src.stat()
+    src.write_text(src.read_text().replace("answer 7", "answer 8"))  # same size
+    os.utime(src, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert src.stat().st_size == st.st_size and src.stat().st_mtime_ns == st.st_mtime_ns
+    with pytest.raises(StaleError, match=r"^self-distill: data/conversations was built by prepare-data from "
+                                         r"another data source \(sha256 .*dvc repro prepare-data"):
+        self_distill.run(load_params(), metrics_path=ws / "m.json")
+
+
+def test_export_refuses_a_target_gguf_of_another_target(ws):
+    """models/target_gguf records the target it was converted from (target-gguf); export-gguf run on
+    its own after the target changed refuses it before converting anything."""
+    d = ws / "models/target_gguf"
+    d.mkdir(parents=True)
+    (d / provenance.FILE).write_text(json.dumps(provenance.record("target-gguf", load_params(), [])))
+    provenance.check(d, load_params(), reader="x")  # unchanged: accepted
+    (ws / "target/tokenizer.json").write_text("another tokenizer\n")
+    from stages import export_gguf
+
+    with pytest.raises(StaleError, match=r"^export-gguf@scratch: models/target_gguf was built by target-gguf for "
+                                         r"another target \(tokenizer.json changed\).*dvc repro target-gguf"):
+        export_gguf.main("scratch")
+    assert not (ws / "models/scratch.gguf").exists()
+
+
+def test_a_big_file_rewritten_at_its_size_and_mtime_is_hashed_again(tmp_path, monkeypatch):
+    """sha256_cached keeps a file's digest by path, size, mtime, ctime and inode: a same-size
+    rewrite in place whose mtime is set back (same path, size, mtime and inode) gets its new digest.
+    Negative control: the untouched file is served from the cache (its digest is not recomputed)."""
+    monkeypatch.chdir(tmp_path)
+    f = tmp_path / "weights.bin"
+    f.write_bytes(b"a" * (2 << 20))
+    first = provenance.sha256_cached(f)
+    assert first == hashlib.sha256(f.read_bytes()).hexdigest()
+    calls = []
+    real = provenance._sha256
+    monkeypatch.setattr(provenance, "_sha256", lambda p: calls.append(p) or real(p))
+    assert provenance.sha256_cached(f) == first and calls == []  # cached
+    st = f.stat()
+    time.sleep(0.05)  # past the filesystem's timestamp granularity
+    with open(f, "r+b") as fh:  # in place: the same inode
+        fh.seek(1 << 20)
+        fh.write(b"b")
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+    now = f.stat()
+    assert (now.st_size, now.st_mtime_ns, now.st_ino) == (st.st_size, st.st_mtime_ns, st.st_ino)
+    assert provenance.sha256_cached(f) == hashlib.sha256(f.read_bytes()).hexdigest() != first
+
+
 # ------------------------------------------------------------------------- params.yaml readings
 
 def test_yes_is_a_string_for_eyas_as_for_dvc(tmp_path):
@@ -215,3 +323,28 @@ def test_local_target_weights_are_part_of_its_identity(tmp_path, monkeypatch, sh
     assert after != before and after["files"]["config.json"] == before["files"]["config.json"]
     assert [k for k in before["files"] if before["files"][k] != after["files"][k]] == [changed]
     assert provenance._diff_target(before, after) == [f"{changed} changed"]
+
+
+@pytest.mark.parametrize("stage", ["self_distill", "eval_accept_len"])
+def test_a_reader_of_the_conversations_loads_the_sections_their_check_reads(stage, tmp_path):
+    """Each stage loads only the params sections it names (eyas.params.schema.load_sections); the
+    conversations' fingerprint records their data source, which the check reads from params ``data``.
+    The sections are read from the stage's own ``load_sections(...)`` call, so a stage that drops
+    ``data`` fails here, as it would fail at its check."""
+    import ast
+    import importlib
+
+    from eyas.params.schema import load_sections
+
+    tree = ast.parse((REPO / "stages" / f"{stage}.py").read_text())
+    names = {a.asname or a.name: a.name for n in ast.walk(tree)
+             if isinstance(n, ast.ImportFrom) and n.module == "eyas.params" for a in n.names}
+    (call,) = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "load_sections"]
+    sections = [importlib.import_module(f"eyas.params.{names[a.id]}") for a in call.args]
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump({"data": {"val": 2}}))
+    fp = provenance.record("prepare-data", load_params(params), [], target=False, source=True)
+    provenance.check(tmp_path, load_sections(*sections, path=params), reader=stage, fingerprint=fp)
+    params.write_text(yaml.safe_dump({"data": {"val": 3}}))
+    with pytest.raises(StaleError, match=r"data.val = 2, params.yaml now has data.val = 3"):
+        provenance.check(tmp_path, load_sections(*sections, path=params), reader=stage, fingerprint=fp)

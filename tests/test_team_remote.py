@@ -439,3 +439,66 @@ def test_eyas_dvc_yaml_holds_nothing_of_one_machine():
     doc["stages"]["prepare-data"]["deps"].append("/home/alice/data.jsonl")
     doc["stages"]["extract"]["cmd"] = f"{sys.executable} -m stages.extract"
     assert [(n, k) for n, k, _ in machine_bound(doc)] == [("prepare-data", "deps"), ("extract", "cmd")]
+
+
+def _outs(repo: Path) -> dict[str, tuple]:
+    """The pipeline's outputs in ``repo`` (the test's dvc.yaml) by path: (size, mtime_ns)."""
+    return {f: ((repo / f).stat().st_size, (repo / f).stat().st_mtime_ns)
+            for f in ("data.txt", "total.json", "metrics/total.json") if (repo / f).is_file()}
+
+
+def _said(before_cache: dict, after_cache: dict, before_ws: dict, after_ws: dict) -> list[str]:
+    """The phrases a pull's message must hold, computed from the files themselves."""
+    def n(k: int, what: str) -> str:
+        return f"{k} {what}{'s' if k != 1 else ''}"
+
+    new = sorted(set(after_cache) - set(before_cache))
+    runs = sum(1 for f in new if f.startswith("runs/"))
+    out = [f"{n(len(new), 'file')} added to the local cache ({n(len(new) - runs, 'object')}, "
+           f"{n(runs, 'run-cache record')})"]
+    written = sorted(set(after_ws) - set(before_ws))
+    if written:
+        out.append(f"workspace: {n(len(written), 'file')} written (new): {', '.join(written)}")
+    return out
+
+
+def test_a_pull_says_what_it_changed_when_it_fails_half_way_and_when_it_succeeds(tmp_path):
+    """A remote that lost one object: `dvc pull --run-cache` fetches the rest and exits non-zero; the
+    message counts the cache files it added (objects and run-cache records) and names the workspace
+    files it wrote, instead of saying that nothing changed. Then the object is back, and the
+    successful pull says what it added this time."""
+    remote = tmp_path / "shared" / "eyas-dvc"
+    remote.mkdir(parents=True)
+    a = make_origin(tmp_path / "A", str(remote))
+    assert eyas_remote(a, "push").returncode == 0
+    lock = yaml.safe_load((a / "dvc.lock").read_text())
+    md5 = next(o["md5"] for o in lock["stages"]["make"]["outs"] if o["path"] == "data.txt")
+    obj = remote / "files" / "md5" / md5[:2] / md5[2:]
+    assert obj.is_file()
+    lost = obj.rename(tmp_path / "lost-object")
+    b = tmp_path / "B"
+    sh(a.parent, "git", "clone", "-q", str(a), str(b))
+    cache0, ws0 = cache_files(b), _outs(b)
+    r = eyas_remote(b, "pull")
+    assert r.returncode not in (0, 2), r.stderr  # DVC's own failure, after the check passed
+    cache1, ws1 = cache_files(b), _outs(b)
+    assert set(cache1) - set(cache0), "the failed pull added nothing: the case is not tested"
+    msg = r.stderr.strip().splitlines()[-1]
+    assert "as they were" not in msg and "what arrived is kept" in msg, msg
+    for phrase in _said(cache0, cache1, ws0, ws1):
+        assert phrase in msg, (phrase, msg)
+    assert "data.txt" not in ws1  # its object is lost
+
+    lost.rename(obj)
+    r = eyas_remote(b, "pull")
+    assert r.returncode == 0, r.stderr
+    cache2, ws2 = cache_files(b), _outs(b)
+    out = r.stdout.strip().splitlines()[-1]
+    assert out.startswith(f"eyas.pipeline.team_remote: pull from {remote} done; "), out
+    for phrase in _said(cache1, cache2, ws1, ws2):
+        assert phrase in out, (phrase, out)
+    assert sh(b, "dvc", "status").stdout.strip() == UP_TO_DATE
+    # nothing left to fetch: a third pull says so
+    r = eyas_remote(b, "pull")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().endswith("the local cache and the workspace are as they were"), r.stdout

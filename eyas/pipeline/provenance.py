@@ -4,18 +4,26 @@ DVC reruns a stage when a declared input changes, but a stage run on its own (``
 ``python -m stages.train_scratch``) or an input DVC cannot see would silently use a stale upstream
 output. So the artifacts that later stages read record a fingerprint:
 
+- ``data/conversations/fingerprint.json``, written by prepare-data (read by self-distill and the eval);
+- ``data/distilled/fingerprint.json``, written by self-distill (read by extract);
 - ``data/features/<split>/manifest.json`` (key ``fingerprint``), written by extract;
 - ``models/vocab/vocab.json`` (key ``fingerprint``), written by build-vocab;
-- ``fingerprint.json`` beside every exported drafter (stand-in, remapped, scratch, finetune).
+- ``fingerprint.json`` beside every exported drafter (stand-in, remapped, scratch, finetune);
+- ``models/target_gguf/fingerprint.json``, written by target-gguf (read by export-gguf and the eval).
 
 A fingerprint (:func:`record`) holds the producing stage's name, its params values (the sections
 ``dvc.yaml`` lists for it: :data:`STAGE_PARAMS`, kept equal by tests/test_stage_deps.py), a digest
-of each upstream output it read (:func:`digest`), and the target's identity
-(:func:`target_identity`: hashes of its tokenizer, chat template, config and weight files, or the
-pinned hub revision, or the embedded GGUF). :func:`check` compares a fingerprint with the params, the
-upstream outputs and the target as they are now and raises :class:`StaleError` naming the stage to
-rerun. An artifact without a fingerprint (a published drafter, or one built before fingerprints)
+of each upstream output it read (:func:`digest`), the target's identity where the stage read the
+target (:func:`target_identity`: hashes of its tokenizer, chat template, config and weight files, or
+the pinned hub revision, or the embedded GGUF), and the data source's identity where it read that
+(:func:`source_identity`). :func:`check` compares a fingerprint with the params, the upstream
+outputs, the target and the source as they are now and raises :class:`StaleError` naming the stage
+to rerun. An artifact without a fingerprint (a published drafter, or one built before fingerprints)
 is reported in the log and not checked.
+
+Files are hashed by content (sha256); :func:`sha256_cached` remembers a big file's digest by its
+path, size, mtime, ctime and inode, so a file replaced in place with its size and mtime restored is
+hashed again (a user can set a file's mtime, not its ctime).
 
 The target and the data source also become DVC dependencies through the ``identify-inputs`` stage
 (``always_changed``): it writes :data:`TARGET_ID` and :data:`SOURCE_ID`, whose contents change only
@@ -46,10 +54,12 @@ INPUTS = Path("data/inputs")
 TARGET_ID = INPUTS / "target.json"   # identify-inputs: the target's identity
 SOURCE_ID = INPUTS / "source.json"   # identify-inputs: the data source's identity
 FILE = "fingerprint.json"            # beside an exported drafter
-HASH_CACHE = Path(".eyas/hash_cache.json")  # sha256 by (path, size, mtime_ns): big files hash once
+HASH_CACHE = Path(".eyas/hash_cache.json")  # sha256 by (path, size, mtime, ctime, inode): big files hash once
 
 # the params each fingerprinting stage reads: dvc.yaml's `params` of that stage (a test keeps them equal)
 STAGE_PARAMS: dict[str, list[str]] = {
+    "prepare-data": ["seed", "data"],
+    "self-distill": ["target", "distill", "extract.max_length", "data.on_bad_line"],
     "extract": ["target", "extract", "data.on_bad_line", "train.mode"],
     "build-vocab": ["vocab"],
     "stand-in-drafter": ["seed", "train", "stand_in", "target"],
@@ -57,6 +67,7 @@ STAGE_PARAMS: dict[str, list[str]] = {
               "train.backend", "target"],
     "train-scratch": ["lr", "seed", "train", "target"],
     "train-finetune": ["seed", "train", "train_finetune", "target"],
+    "target-gguf": ["target", "serve.engine"],
 }
 # params that change how a stage runs but not what it computes: not compared (the backend picks
 # kernels for the same math: eyas/drafter/backend.py)
@@ -92,12 +103,17 @@ def _sha256(path: Path) -> str:
 
 
 def sha256_cached(path: str | Path) -> str:
-    """sha256 of a file, remembered in :data:`HASH_CACHE` by (absolute path, size, mtime_ns), as
-    DVC's own state database does (dvc ``dvc_data/hashfile/state.py``), so a multi-GB GGUF or
-    drafter is hashed once, not on every ``dvc repro``."""
+    """sha256 of a file, remembered in :data:`HASH_CACHE` by (absolute path, size, mtime_ns,
+    ctime_ns, inode), so a multi-GB GGUF or drafter is hashed once, not on every ``dvc repro``.
+
+    DVC's own state database keys on inode, mtime and size (dvc ``dvc_data/hashfile/state.py``); a
+    file rewritten in place at the same size with its mtime set back (``touch -d``, ``cp -p``,
+    ``rsync -t``) keeps all three, so the ctime (which the kernel sets on every write and ``utime``
+    and no user can set back) is part of the key too.
+    """
     p = Path(path).resolve()
     st = p.stat()
-    key = f"{p}:{st.st_size}:{st.st_mtime_ns}"
+    key = f"{p}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_ino}"
     try:
         cache = json.loads(HASH_CACHE.read_text())
     except (OSError, ValueError):
@@ -232,11 +248,16 @@ def stage_params(p, stage: str) -> dict[str, Any]:
     return out
 
 
-def record(stage: str, p, inputs: list[str | Path]) -> dict:
-    """The fingerprint of what ``stage`` builds now from params ``p`` and upstream ``inputs``."""
-    return {"stage": stage, "params": stage_params(p, stage),
-            "inputs": {str(Path(i)): digest(i) for i in inputs},
-            "target": target_identity(p.target)}
+def record(stage: str, p, inputs: list[str | Path], target: bool = True, source: bool = False) -> dict:
+    """The fingerprint of what ``stage`` builds now from params ``p`` and upstream ``inputs``: with
+    ``target``, the target's identity (:func:`target_identity`); with ``source``, the data source's
+    (:func:`source_identity`)."""
+    fp = {"stage": stage, "params": stage_params(p, stage),
+          "inputs": {str(Path(i)): digest(i) for i in inputs},
+          "target": target_identity(p.target) if target else None}
+    if source:
+        fp["source"] = source_identity(p.data)
+    return fp
 
 
 def read(artifact: str | Path) -> dict | None:
@@ -263,11 +284,11 @@ def _diff_target(old: dict, new: dict) -> list[str]:
 
 def check(artifact: str | Path, p, reader: str, fingerprint: dict | None = None) -> None:
     """Refuse a stale ``artifact``: its fingerprint (:func:`read` unless given) against ``p``, the
-    upstream outputs and the target as they are now.
+    upstream outputs, the target and the data source as they are now.
 
     Raises:
         StaleError: naming the artifact, what differs (param key and both values, the upstream
-            output, the target file) and the stage to rerun.
+            output, the target file, the source's digest or package version) and the stage to rerun.
     """
     fp = read(artifact) if fingerprint is None else fingerprint
     if not fp:
@@ -292,6 +313,13 @@ def check(artifact: str | Path, p, reader: str, fingerprint: dict | None = None)
         changes = _diff_target(fp["target"], target_identity(p.target))
         if changes:
             raise StaleError(f"{reader}: {artifact} was built by {stage} for another target "
+                             f"({'; '.join(changes)}): {rerun}")
+    if fp.get("source") is not None:
+        old_src, new_src = fp["source"], source_identity(p.data)
+        changes = [f"{k} {old_src.get(k)!r} -> {new_src.get(k)!r}" for k in sorted(set(old_src) | set(new_src))
+                   if old_src.get(k) != new_src.get(k)]
+        if changes:
+            raise StaleError(f"{reader}: {artifact} was built by {stage} from another data source "
                              f"({'; '.join(changes)}): {rerun}")
 
 

@@ -29,8 +29,11 @@ What DVC itself does on a bad remote, and what this module says instead (:func:`
 
 Every refusal names the config file that sets the remote's URL (``.dvc/config``,
 ``.dvc/config.local``, or the user's or system's by path). Nothing here writes to the remote or the
-local cache; a refused push or pull leaves ``.dvc/cache`` and the workspace as they were (DVC
-transfers object by object, so a push cut off half way is finished by the next one).
+local cache; a refused push or pull leaves ``.dvc/cache`` and the workspace as they were. A transfer
+that ran, finished or failed half way, says what it changed here (:func:`snapshot` before and after:
+the files added to the local cache, objects and run-cache records apart, and the workspace files DVC
+wrote or removed, by name); DVC transfers object by object, so a transfer cut off half way keeps
+what arrived and the next one fetches only the rest.
 
 Run: ``python3 -m eyas.pipeline.team_remote check [-r NAME] [--run-cache]``, ``... push [-r NAME]``,
 ``... pull [-r NAME]`` (the check, then ``dvc push|pull --run-cache``). Exit status 2 on a refused
@@ -287,12 +290,84 @@ def transfer(op: str, root: str | os.PathLike = ".", name: str | None = None) ->
         raise ValueError(f"op must be push or pull, not {op!r}")
     info = check_remote(root, name, run_cache=(op == "pull"), write=(op == "push"))
     cmd = ["dvc", op, "--run-cache", "-r", info["name"]]
+    before = snapshot(root)
     r = subprocess.run(cmd, cwd=root)
+    changed = describe(changes(before, snapshot(root)))
     if r.returncode != 0:
+        kept = ("what arrived is kept (DVC fetches only what is missing)" if changed != UNCHANGED
+                else "nothing was changed here")
         sys.stderr.write(f"eyas.pipeline.team_remote: `{' '.join(cmd)}` exited {r.returncode} against {info['url']}; "
-                         "the local cache (.dvc/cache) and the workspace are as they were: rerun it once the "
-                         "remote answers\n")
+                         f"{changed}: {kept}. Rerun it once the remote answers\n")
+    else:
+        print(f"eyas.pipeline.team_remote: {op} {'to' if op == 'push' else 'from'} {info['url']} done; {changed}")
     return r.returncode
+
+
+UNCHANGED = "the local cache and the workspace are as they were"
+
+
+def snapshot(root: str | os.PathLike = ".") -> dict[str, dict[str, tuple]]:
+    """What a transfer can change here: ``{"cache": {path: stat}, "workspace": {path: stat}}``, each
+    file of the local cache (DVC's ``cache.dir``: objects under ``files/``, run-cache records under
+    ``runs/``) and each file of every output the repository's pipelines and ``.dvc`` files declare
+    (DVC's index: what ``dvc pull`` checks out), by its path relative to ``root``, with (size,
+    mtime_ns, inode) as its stat. Files that do not exist are absent."""
+    repo = _repo(root)
+    try:
+        cache_dir = Path(repo.cache.local_cache_dir)
+        outs = [Path(o.fs_path) for o in repo.index.outs]
+    finally:
+        repo.close()
+    base = Path(root).resolve()
+
+    def files(paths) -> dict[str, tuple]:
+        out = {}
+        for top in paths:
+            walk = [top] if top.is_file() else (f for f in top.rglob("*") if f.is_file()) if top.is_dir() else []
+            for f in walk:
+                st = f.stat()
+                rel = os.path.relpath(f, base)
+                out[rel] = (st.st_size, st.st_mtime_ns, st.st_ino)
+        return out
+
+    return {"cache": files([cache_dir]), "workspace": files(outs)}
+
+
+def changes(before: dict, after: dict) -> dict[str, dict[str, list[str]]]:
+    """``{"cache"|"workspace": {"added": [...], "written": [...], "removed": [...]}}`` between two
+    :func:`snapshot` s (``written``: a workspace file there before whose size, mtime or inode changed;
+    the cache is content-addressed, so a cache file rewritten in place is the same file and not
+    counted)."""
+    out = {}
+    for part in ("cache", "workspace"):
+        b, a = before[part], after[part]
+        written = [] if part == "cache" else sorted(k for k in set(a) & set(b) if a[k] != b[k])
+        out[part] = {"added": sorted(set(a) - set(b)), "written": written, "removed": sorted(set(b) - set(a))}
+    return out
+
+
+def _n(k: int, what: str) -> str:
+    return f"{k} {what}{'s' if k != 1 else ''}"
+
+
+def describe(ch: dict, shown: int = 10) -> str:
+    """:func:`changes` in words: the files added to (or removed from) the local cache, objects and
+    run-cache records apart, and the workspace files by name (the first ``shown``); :data:`UNCHANGED`
+    when nothing changed."""
+    parts = []
+    cache = ch["cache"]
+    if cache["added"]:
+        runs = sum(1 for f in cache["added"] if f"{os.sep}runs{os.sep}" in f"{os.sep}{f}")
+        parts.append(f"{_n(len(cache['added']), 'file')} added to the local cache "
+                     f"({_n(len(cache['added']) - runs, 'object')}, {_n(runs, 'run-cache record')})")
+    if cache["removed"]:
+        parts.append(f"{_n(len(cache['removed']), 'file')} removed from the local cache")
+    for k, verb in (("added", "written (new)"), ("written", "rewritten"), ("removed", "removed")):
+        names = ch["workspace"][k]
+        if names:
+            listed = ", ".join(names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown else "")
+            parts.append(f"workspace: {_n(len(names), 'file')} {verb}: {listed}")
+    return "; ".join(parts) or UNCHANGED
 
 
 def main(argv: list[str] | None = None, prog: str = "python3 -m eyas.pipeline.team_remote") -> int:

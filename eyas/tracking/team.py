@@ -426,11 +426,25 @@ def log_drafter_model(tracker, stage: str, drafter_dir: str | os.PathLike, val: 
     client, run_id = getattr(tracker, "client", None), getattr(tracker, "run_id", None)
     if client is None or run_id is None:
         return None
+    what = f"the MLflow logged model of {Path(drafter_dir).name}"
+    if tracker.offline:  # the store is away: the tracker's spool says the model was not logged
+        tracker.not_sent(what)
+        return None
+    try:
+        return _log_drafter_model(tracker, stage, Path(drafter_dir), val, step, datasets, lock)
+    except Exception as e:  # noqa: BLE001 - an outage of the store costs the record, not the stage
+        tracker.outage(e, what)
+        return None
+
+
+def _log_drafter_model(tracker, stage: str, d: Path, val: dict[str, float], step: int,
+                       datasets: dict[str, str] | None, lock: str | os.PathLike) -> str:
     from mlflow.entities import Metric
 
     from eyas.params.schema import flatten
 
-    d = Path(drafter_dir)
+    client, run_id = tracker.client, tracker.run_id
+
     config = json.loads((d / "config.json").read_text())
     params = {k: str(v)[:6000] for k, v in flatten(config).items()}
     tags = {"dvc.stage": dvcfiles.running_stage() or stage, "eyas.drafter": d.name,
@@ -485,8 +499,22 @@ def log_acceptance(tracker, drafter_dir: str | os.PathLike, doc: dict, stage: st
     client, run_id = getattr(tracker, "client", None), getattr(tracker, "run_id", None)
     if client is None or run_id is None:
         return None
+    what = f"the acceptance on the MLflow logged model of {Path(drafter_dir).name}"
+    if tracker.offline:
+        tracker.not_sent(what)
+        return None
+    try:
+        return _log_acceptance(tracker, drafter_dir, doc, stage, dataset, lock)
+    except Exception as e:  # noqa: BLE001 - an outage of the store costs the record, not the stage
+        tracker.outage(e, what)
+        return None
+
+
+def _log_acceptance(tracker, drafter_dir, doc: dict, stage: str, dataset: str | None,
+                    lock: str | os.PathLike) -> str | None:
     from mlflow.entities import LoggedModelInput, Metric
 
+    client, run_id = tracker.client, tracker.run_id
     model = find_drafter_model(client, tracker.experiment_id, drafter_dir)
     if model is None:
         log.info("%s: no MLflow logged model has the weights of %s; acceptance logged on the run only",
