@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from eyas.export import gguf, gguf_fields
+from eyas.export import gguf, gguf_fields, own_tensors
 from eyas.export.eagle import SERVED_KEYS, ExportError, check_served_tensors, config_from_hf
 from eyas.export.engine_keys import ENGINE_KEYS, departs, read_config, refusals
 from eyas.export.llamacpp_nextn import id_l_problem, llamacpp_arch
@@ -179,6 +179,7 @@ def inspect_checkpoint(path: str | Path, vocab_dir: str | Path | None = None,
         "llamacpp": _llamacpp(raw_cfg, t, L, report["aux_layers"], manifest, _target_arch(target, manifest),
                               errors, warnings),
     }
+    warnings += own_tensors.disagreements(cfg, t)  # a tensor the engines serve differently from each other
     nl = _num_layers(raw_cfg, layout)
     for eng in ("sglang", "vllm", "llamacpp"):
         report["engines"][eng]["non_default_keys"] = _honoured_flags(cfg, eng)
