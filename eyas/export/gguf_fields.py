@@ -18,12 +18,11 @@ d2t are checked by :func:`eyas.export.gguf.check_against` itself.
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 import torch
 
-from eyas.io import write_text
+from eyas.io import sha256_file, write_text
 from eyas.target import hf_config, rope
 
 _LOAD = "src/llama-model.cpp load_hparams"
@@ -193,19 +192,10 @@ def digest_path(path: str | Path) -> Path:
     return path.with_name(path.name + DIGEST_SUFFIX)
 
 
-def file_sha256(path: str | Path) -> str:
-    """The SHA-256 of a file's bytes, hex."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def write_digest(path: str | Path, name: str | None = None) -> str:
     """Record the SHA-256 of the file at ``path`` in :func:`digest_path` of ``name`` (default
     ``path``), atomically, as ``<hex>  <file name>``. Returns the hex digest."""
-    hexd = file_sha256(path)
+    hexd = sha256_file(path)
     dest = digest_path(name or path)
     write_text(dest, f"{hexd}  {dest.name.removesuffix(DIGEST_SUFFIX)}\n")
     return hexd
@@ -219,7 +209,7 @@ def digest_problem(path: str | Path) -> str | None:
         return (f"{path}: no digest recorded at export ({d} is missing): eyas cannot tell this file is the one it "
                 f"converted and checked; export it again")
     recorded = d.read_text().split()[0] if d.read_text().split() else ""
-    actual = file_sha256(path)
+    actual = sha256_file(path)
     if actual != recorded:
         return (f"{path}: its bytes changed after export (SHA-256 {actual[:16]}..., {d} recorded "
                 f"{recorded[:16] or 'nothing'}...): a damaged copy or an edited file; export it again")
