@@ -10,13 +10,15 @@ and edits its output (:func:`rewrite_gguf`)."""
 import math
 
 import numpy as np
+import pytest
 import torch
 from gguf import GGUFReader, GGUFValueType, GGUFWriter
 
-from eyas.drafter.model import DrafterConfig
+from eyas.drafter.model import DrafterConfig, Eagle3Drafter
 from eyas.export import gguf, gguf_fields
-from eyas.export.eagle import to_hf_config
+from eyas.export.eagle import save_drafter
 from eyas.export.inspector import inspect_gguf
+from eyas.io import load_safetensors
 
 LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
           "original_max_position_embeddings": 64}
@@ -58,7 +60,23 @@ def _keys(c: DrafterConfig) -> dict:
             "context_length": c.max_position_embeddings, "vocab_size": c.vocab_size, "rope.freq_base": c.rope_theta}
 
 
+def _checkpoint(root, c: DrafterConfig):
+    """The drafter checkpoint a GGUF is checked against: ``c``'s config, draft ids [1, 3, 5, 7]."""
+    if not (root / "ckpt").is_dir():
+        torch.manual_seed(0)
+        d = Eagle3Drafter(c)
+        ids = torch.tensor([1, 3, 5, 7])
+        t2d = torch.zeros(16, dtype=torch.bool)
+        t2d[ids] = True
+        d.set_vocab(ids - torch.arange(4), t2d)
+        save_drafter(d, root / "ckpt")
+    return root / "ckpt"
+
+
 def _write(path, keys: dict, rope_freqs=None):
+    """A GGUF with ``keys`` and the checkpoint's tensors as the converter names them (fc, the final
+    norm, the lm_head, d2t as absolute target ids)."""
+    w_ckpt = load_safetensors(_checkpoint(path.parent, _config()) / "model.safetensors")
     w = GGUFWriter(str(path), "eagle3")
     w.add_array("eagle3.target_layers", [2, 4, 5])
     w.add_uint32("eagle3.target_hidden_size", 128)
@@ -73,7 +91,10 @@ def _write(path, keys: dict, rope_freqs=None):
         else:
             w.add_uint32(f"eagle3.{k}", v)
     w.add_array("tokenizer.ggml.tokens", [f"t{i}" for i in range(16)])
-    w.add_tensor("fc.weight", np.zeros((128, 3 * 128), dtype=np.float32))
+    w.add_tensor("fc.weight", w_ckpt["fc.weight"].numpy())
+    w.add_tensor("output_norm.weight", w_ckpt["norm.weight"].numpy())
+    w.add_tensor("output.weight", w_ckpt["lm_head.weight"].numpy())
+    w.add_tensor("d2t", (w_ckpt["d2t"] + torch.arange(4)).numpy())
     if rope_freqs is not None:
         w.add_tensor("rope_freqs.weight", np.asarray(rope_freqs, dtype=np.float32))
     w.write_header_to_file()
@@ -84,10 +105,11 @@ def _write(path, keys: dict, rope_freqs=None):
 
 
 def _problems(path, c: DrafterConfig, target: dict | None = None) -> list[str]:
-    info = gguf.read_drafter(path)
-    cfg = to_hf_config(c)
-    out = gguf_fields.field_problems(info, cfg, "config.json")
-    return out + (gguf_fields.target_field_problems(info, target) if target else [])
+    """What check_against finds in ``path`` against the checkpoint of ``c`` (and ``target``), with
+    the checkpoint's config.json named ``config.json`` in the messages."""
+    ckpt = _checkpoint(path.parent, c)
+    out = gguf.check_against(gguf.read_drafter(path), drafter_dir=ckpt, num_target_layers=8, target=target)
+    return [p.replace(str(ckpt / "config.json"), "config.json") for p in out]
 
 
 def test_the_fields_the_converter_writes_pass_and_each_changed_field_is_named(tmp_path):
@@ -95,8 +117,8 @@ def test_the_fields_the_converter_writes_pass_and_each_changed_field_is_named(tm
     keys = _keys(c)
     ff = _converter_rope_freqs(c.rope_theta, HD, LLAMA3)
     assert 1.0 in ff and 8.0 in ff and any(1 < f < 8 for f in ff)  # all three bands: a real test of the formula
-    target = {"hidden_size": 576, "num_attention_heads": 9, "rope_theta": c.rope_theta, "rope_scaling": dict(LLAMA3),
-              "max_position_embeddings": 512}
+    target = {"hidden_size": 128, "num_attention_heads": 2, "rope_theta": c.rope_theta, "rope_scaling": dict(LLAMA3),
+              "max_position_embeddings": 512, "num_hidden_layers": 8, "vocab_size": 16}
     assert _problems(_write(tmp_path / "ok.gguf", keys, ff), c, target) == []  # the control
     cases = {  # file name: (keys changed, rope_freqs, the message's start after the path)
         "theta": ({"rope.freq_base": 10000.0}, ff, "RoPE rope.freq_base 10000"),
@@ -139,29 +161,35 @@ def test_the_fields_the_converter_writes_pass_and_each_changed_field_is_named(tm
 def test_against_the_target_context_and_rope(tmp_path):
     c = _config()
     path = _write(tmp_path / "ok.gguf", _keys(c), _converter_rope_freqs(c.rope_theta, HD, LLAMA3))
-    target = {"hidden_size": 576, "num_attention_heads": 9, "rope_theta": c.rope_theta, "max_position_embeddings": 8192}
-    p = gguf_fields.target_field_problems(gguf.read_drafter(path), target)
+    target = {"hidden_size": 128, "num_attention_heads": 2, "rope_theta": c.rope_theta, "max_position_embeddings": 8192,
+              "num_hidden_layers": 8, "vocab_size": 16}
+    p = gguf.check_against(gguf.read_drafter(path), target=target)
     assert len(p) == 2, p
     assert p[0] == f"{path}: eagle3.context_length 512 != the target's max_position_embeddings 8192 " \
                    f"(src/llama-model.cpp load_hparams)"
     assert "differ from the target's (theta 500000 (no scaling))" in p[1], p
     # inspect says it, as errors
-    r = inspect_gguf(path, target={**target, "num_hidden_layers": 8, "vocab_size": 16})
+    r = inspect_gguf(path, target=target)
     assert sum("eagle3.context_length 512" in e or "RoPE" in e for e in r["errors"]) == 2, r["errors"]
 
 
-def test_a_cut_file_and_a_changed_byte_are_caught(tmp_path):
+def test_a_changed_byte_is_refused_before_serving_by_the_digest_recorded_at_export(tmp_path):
     c = _config()
     path = _write(tmp_path / "d.gguf", _keys(c), _converter_rope_freqs(c.rope_theta, HD, LLAMA3))
-    assert gguf_fields.digest_problem(path).startswith(f"{path}: no digest recorded at export")
-    hexd = gguf_fields.write_digest(path)
+    ckpt = _checkpoint(tmp_path, c)
+    with pytest.raises(gguf.ServeMismatchError, match="d.gguf: no digest recorded at export"):
+        gguf.require_served_as_trained(path, ckpt, 8)
+    hexd = gguf_fields.write_digest(path)  # what convert does
     assert (tmp_path / "d.gguf.sha256").read_text() == f"{hexd}  d.gguf\n"  # sha256sum's format
-    assert gguf_fields.digest_problem(path) is None
+    gguf.require_served_as_trained(path, ckpt, 8)  # the control: as exported, it serves
+    out = next(t for t in GGUFReader(str(path)).tensors if t.name == "output.weight")
     data = bytearray(path.read_bytes())
-    data[-1000:-996] = np.float32(1.0).tobytes()  # one weight inside fc.weight's data (all zeros) changed
+    at = int(out.data_offset) + 64
+    data[at:at + 64] = bytes(64)  # a zeroed block inside the lm_head's data: no field or weight check reads it
     path.write_bytes(bytes(data))
-    gguf.read_drafter(path)  # still a readable GGUF: only the digest tells
-    assert gguf_fields.digest_problem(path).startswith(f"{path}: its bytes changed after export")
+    assert gguf.check_against(gguf.read_drafter(path), drafter_dir=ckpt, num_target_layers=8) == []
+    with pytest.raises(gguf.ServeMismatchError, match="d.gguf: its bytes changed after export"):
+        gguf.require_served_as_trained(path, ckpt, 8)
 
 
 def rewrite_gguf(src, dst, set_keys: dict | None = None, drop_tensors=(), zero=None):
