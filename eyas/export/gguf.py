@@ -368,7 +368,8 @@ def check_against(info: dict, *, drafter_dir: str | Path | None = None, features
     eyas.export.llamacpp_nextn.PRE_NORM lists.
     d2t is compared through target ids, position by position.
     With ``drafter_dir`` also its weights: ``fc.weight`` and the final norm must be the
-    checkpoint's, bit for bit at the GGUF's type (a file converted from another checkpoint).
+    checkpoint's, bit for bit at the GGUF's type (a file converted from another checkpoint), and
+    every field that changes the math (eyas.export.gguf_fields.FIELDS, the RoPE frequencies) its config's.
 
     Args:
         info: :func:`read_drafter`'s dict; its ``problems`` come first in the result.
@@ -391,8 +392,6 @@ def check_against(info: dict, *, drafter_dir: str | Path | None = None, features
             ``target``'s ``architecture``, else the manifest's ``target.class``): a target layer id
             L is refused unless llama.cpp fills it on that architecture with the pre-norm state
             (eyas.export.llamacpp_nextn.id_l_problem; unknown: refused).
-    With ``drafter_dir`` every GGUF field that changes the math (eyas.export.gguf_fields.FIELDS,
-    the RoPE frequencies) is compared with its config.
     Returns:
         One message per problem, each naming the GGUF file, the key, llama.cpp and the source it
         disagrees with (d2t: how many of N positions agree); empty when it serves as trained.
