@@ -53,7 +53,7 @@ from eyas.eval.llamacpp import ENGINE, agreement, build_info, disagreement_messa
 from eyas.eval.served import evaluate_served
 from eyas.export.gguf import GGUFReadError, ServeMismatchError, require_served_as_trained
 from eyas.export.load import load_drafter
-from eyas.io import sha256_file, write_json
+from eyas.io import read_json, sha256_file, write_json
 from eyas.params import data as data_schema
 from eyas.params import eval as eval_schema
 from eyas.params import serve as serve_schema
@@ -167,16 +167,18 @@ def engine_part(name: str, p, prompts: list[list[int]], bench: str, num_target_l
     the weights eyas evaluates (`models/target_gguf/target.gguf`), and ``quantized`` with the
     target's own GGUF file when params ``serve.quantized_target`` asks and there is one (else None).
     The drafter's GGUF is first checked against its checkpoint (eyas.export.gguf.require_served_as_trained):
-    a mismatch, a file that is not an eagle3 GGUF (empty, truncated, a target's) or no file stops the stage
-    with a message naming it, before any server starts. Both are served by the build params ``serve.device``
-    picks (eyas.eval.llamacpp.resolve_backend), the like-for-like target with the wall-clock sweep over
-    ``serve.k_sweep``."""
+    a mismatch, bytes changed since export-gguf recorded their digest, a file that is not an eagle3 GGUF
+    (empty, truncated, a target's) or no file stops the stage with a message naming it, before any server starts.
+    Both are served by the build params ``serve.device`` picks (eyas.eval.llamacpp.resolve_backend), the
+    like-for-like target with the wall-clock sweep over ``serve.k_sweep``."""
     e, s = p.eval, p.serve
     backend = resolve_backend(s.device)
     kw = {"k": e.num_draft_tokens, "max_new_tokens": e.max_new_tokens, "threads": s.threads, "backend": backend}
     drafter = Path("models", f"{name}.gguf")
     try:  # a GGUF that disagrees with the checkpoint (rebuilt by hand, another drafter's) is not served
-        require_served_as_trained(drafter, Path("models", name), num_target_layers)
+        target_cfg = TARGET_GGUF / "config.json"  # the target's class: llama.cpp's graph for target layer id L
+        arch = (read_json(target_cfg).get("architectures") or [None])[0] if target_cfg.is_file() else None
+        require_served_as_trained(drafter, Path("models", name), num_target_layers, target_arch=arch)
     except (ServeMismatchError, GGUFReadError, FileNotFoundError) as e:
         raise SystemExit(f"eval {name} {bench}: {e}\n(rebuild it from the checkpoint: `dvc repro export-gguf@{name}`)"
                          ) from None

@@ -2,10 +2,12 @@
 (`llama-server -m models/target_gguf/target.gguf -md models/<drafter>.gguf --spec-type draft-eagle3`),
 written by llama.cpp's own converter from `models/<drafter>/` with `--target-model-dir
 models/target_gguf` (eyas/export/gguf.py), at the precision of `target.dtype` as eval runs it, then
-read back and checked against the checkpoint (target layers, d2t, sizes, norm flags, weights:
-eyas.export.gguf.check_against); a mismatch, or a file that is not an eagle3 GGUF (a converter that
-wrote a plain llama one), deletes the file and fails the stage.
-Reads params `target.dtype`; writes `models/<drafter>.gguf`.
+read back and checked against the checkpoint (target layers, d2t, sizes, norm flags, RoPE and every
+other field that changes the math, weights: eyas.export.gguf.check_against) and the target's llama.cpp
+graph (a target layer id L only where it fills it: eyas.export.llamacpp_nextn); a mismatch, or a file
+that is not an eagle3 GGUF (a converter that wrote a plain llama one), deletes the file and fails the stage.
+Reads params `target.dtype`; writes `models/<drafter>.gguf` and its SHA-256, `models/<drafter>.gguf.sha256`
+(checked before it is served).
 Run: `python -m stages.export_gguf scratch`.
 """
 
@@ -15,6 +17,7 @@ import sys
 from pathlib import Path
 
 from eyas.export.gguf import OUTTYPES, GGUFReadError, ServeMismatchError, convert, require_served_as_trained
+from eyas.export.gguf_fields import digest_path
 from eyas.io import read_json
 from eyas.params import target as target_schema
 from eyas.params.schema import load_sections
@@ -31,11 +34,13 @@ def main(name: str) -> None:
         check(TARGET_GGUF, p, reader=f"export-gguf@{name}")  # a target-gguf of another target: refused
         out = convert(Path("models", name), Path("models", f"{name}.gguf"), outtype=OUTTYPES[p.target.dtype],
                       target_model_dir=TARGET_GGUF)
-        try:  # the file as llama.cpp will load it, against the checkpoint it came from
-            info = require_served_as_trained(out, Path("models", name),
-                                             read_json(TARGET_GGUF / "config.json")["num_hidden_layers"])
+        target = read_json(TARGET_GGUF / "config.json")
+        try:  # the file as llama.cpp will load it, against the checkpoint it came from and the target's graph
+            info = require_served_as_trained(out, Path("models", name), target["num_hidden_layers"],
+                                             target_arch=(target.get("architectures") or [None])[0])
         except (ServeMismatchError, GGUFReadError) as e:  # served otherwise, or not an eagle3 file at all
             out.unlink()
+            digest_path(out).unlink(missing_ok=True)
             raise SystemExit(str(e)) from None
         print(f"export-gguf@{name}: target layers {info['target_layers']}, draft vocab {info['draft_vocab_size']}, "
               f"norm_before_residual {info['norm_before_residual']}, norm_before_fc {info['norm_before_fc']}")

@@ -5,8 +5,11 @@ target here, eyas/training/online.py), `target`; reads the drafter directory `re
 dependency: the stand-in's `models/stand_in` by default, or a published drafter downloaded beside
 it), `models/vocab/`, `data/features/`, `data/inputs/target.json`; writes `models/remapped/` and
 `metrics/remap.json` (compatibility report and step-0 val loss/acc: the source under its own
-mapping, the naive load that keeps rows in place, and the remapped drafter; `positions_from_target`:
+mapping, the naive load that keeps rows in place, and the remapped drafter, also in
+`models/remapped/remap_report.json` for train-finetune's step-0 gate; `positions_from_target`:
 the source's context length / RoPE fields replaced by the target's, eyas.vocab.remap.adopt_target_positions).
+A source with an embedding of its own (not the target's, or of another width) is refused, naming the
+tensor and the engines that read it (eyas.export.own_tensors.check_source).
 Run: `python -m stages.remap`.
 """
 
@@ -19,6 +22,7 @@ from eyas.drafter.backend import Backend
 from eyas.drafter.model import Eagle3Drafter
 from eyas.export.eagle import save_drafter
 from eyas.export.load import load_drafter
+from eyas.export.own_tensors import OwnTensorError, check_source
 from eyas.features import FeatureStore, check_compatible
 from eyas.io import write_json
 from eyas.params import remap as remap_schema
@@ -71,6 +75,10 @@ def main() -> None:
         for msg in positions:
             print(f"remap: WARNING source drafter {p.remap.source}: {msg}")
         head = target_head()
+        try:  # a source with its own embedding (or another width) would lose it to the target's
+            check_source(source, src.config.hidden_size, head["embed_tokens"])
+        except OwnTensorError as e:
+            raise SystemExit(f"remap: {e}") from None
         src.set_embedding(head["embed_tokens"])
         new_map, counts = load_mapping(VOCAB)
         old_map = VocabMapping(src.d2t.clone(), src.t2d.clone())
@@ -94,7 +102,9 @@ def main() -> None:
                                p.train.step_decay, Backend.of(p.train.backend))
             r = evaluate(unroll, loader, dev)
             step0[name] = {"loss_0": r["loss_0"], "acc_0": r["acc_0"]}
-        save_drafter(remapped.cpu(), OUT, extra_files={"remap_report.json": report, FINGERPRINT: fp})
+        # step0_val travels with the drafter: train-finetune's step-0 gate tells a mapping fault from others by it
+        save_drafter(remapped.cpu(), OUT, extra_files={"remap_report.json": {**report, "step0_val": step0},
+                                                       FINGERPRINT: fp})
         metrics = {**report, "step0_val": step0, "source": p.remap.source, "positions_from_target": positions,
                    "compatibility": {"vocab_size": m["vocab_size"], "target_hidden_size": m["hidden_size"],
                                      "aux_layers": m["aux_layers"], "ok": True}}

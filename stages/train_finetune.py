@@ -4,7 +4,8 @@ Reads params `seed`, `train`, `train_finetune` (its `lr` among them), `target` (
 the target runs here, eyas/training/online.py); reads `data/features/`, `models/remapped/`,
 `data/inputs/target.json`; writes `models/finetune/`, `metrics/train_finetune.json`,
 `plots/train_finetune/`. Before the first update a step-0 gate stops a run whose val accuracy is at
-chance or under the floor (eyas.training.loop.step0_gate).
+chance or under the floor (eyas.training.loop.step0_gate), naming the vocab mapping as a cause only
+when remap's step-0 figures (`models/remapped/remap_report.json` step0_val) do not clear it.
 Run: `python -m stages.train_finetune`.
 """
 
@@ -14,6 +15,7 @@ from pathlib import Path
 
 from eyas.export.load import load_drafter
 from eyas.features import FeatureStore, check_compatible
+from eyas.io import read_json
 from eyas.params import target as target_schema
 from eyas.params import train as train_schema
 from eyas.params import train_finetune as train_finetune_schema
@@ -45,7 +47,9 @@ def main() -> None:
                          vocab_size=c.vocab_size, source="models/remapped")
         head = target_head()
         drafter.set_embedding(head["embed_tokens"])
-        gate = step0_gate(c.draft_vocab_size, f.gate_margin, f.gate_min_acc, f.gate_override, tracker)
+        remap_report = read_json(Path("models/remapped/remap_report.json"))  # remap's step-0 figures, same val
+        gate = step0_gate(c.draft_vocab_size, f.gate_margin, f.gate_min_acc, f.gate_override, tracker,
+                          remap_step0=remap_report.get("step0_val"))
         result = train_drafter(drafter, train_store=train, val_store=val, lm_head=head["lm_head"],
                                tp=p.train, lr=f.lr, seed=p.seed, tracker=tracker, device=pick_device(),
                                gate=gate, checkpoint_dir=checkpoint_dir("train-finetune"),

@@ -6,6 +6,7 @@ drafters sized for the embedded SmolLM2-135M target (30 layers, hidden 576, voca
 read the files back with the gguf package's GGUFReader directly for the expected values. The
 other tests write small GGUFs with the gguf package's GGUFWriter, or use tiny drafters."""
 
+import dataclasses
 import json
 import shutil
 from concurrent.futures import ThreadPoolExecutor
@@ -18,11 +19,12 @@ from safetensors.torch import save_file
 
 from eyas.cli import main
 from eyas.drafter.model import DrafterConfig, Eagle3Drafter
-from eyas.export import gguf
+from eyas.export import gguf, gguf_fields
 from eyas.export.eagle import save_drafter
 from eyas.export.inspector import inspect_checkpoint, inspect_gguf, render_gguf
 from eyas.io import load_safetensors
 from eyas.vocab.mapping import VocabMapping, save_mapping
+from tests.test_gguf_fields import LLAMA3, rewrite_gguf
 
 L, H, V, VD = 30, 576, 49152, 256
 DEFAULT = [2, 15, 27]  # [2, L//2, L-3] for L = 30
@@ -61,7 +63,8 @@ def converted(tmp_path_factory):
     """Drafter directories and their GGUFs converted by llama.cpp's converter: ``default``
     (default aux layers), ``shifted`` (explicit ids SHIFTED in both forms), ``nested`` (ids only in
     the SGLang form, which the converter does not read), ``scrambled`` (the last 4 draft ids mapped
-    to other target ids). Returns name -> (drafter dir, gguf path), plus ``target`` (the target dir)."""
+    to other target ids), ``llama3`` (the default drafter with a llama3-scaled RoPE). Returns name ->
+    (drafter dir, gguf path), plus ``target`` (the target dir)."""
     if not gguf.CONVERTER.is_file():
         pytest.skip(f"llama.cpp's converter is not installed at {gguf.CONVERTER} (scripts/build_llama_server.sh)")
     from transformers import LlamaForCausalLM
@@ -83,8 +86,12 @@ def converted(tmp_path_factory):
         p.data.add_(torch.randn_like(p) * 0.1)
     _set_ids(d, _target_ids())
     dirs = {"default": tmp / "default", "shifted": tmp / "shifted", "nested": tmp / "nested",
-            "scrambled": tmp / "scrambled"}
+            "scrambled": tmp / "scrambled", "llama3": tmp / "llama3"}
     save_drafter(d, dirs["default"])
+    d3 = Eagle3Drafter(dataclasses.replace(c, rope_theta=500000.0, rope_scaling=dict(LLAMA3),
+                                           max_position_embeddings=512))
+    d3.load_state_dict(d.state_dict())
+    save_drafter(d3, dirs["llama3"])
     shutil.copytree(dirs["default"], dirs["shifted"])
     _edit_config(dirs["shifted"], eagle_aux_hidden_state_layer_ids=SHIFTED,
                  eagle_config={"eagle_aux_hidden_state_layer_ids": [k - 1 for k in SHIFTED]})
@@ -227,9 +234,11 @@ def test_a_file_that_is_not_an_eagle3_gguf_is_refused_by_name(tmp_path):
         gguf.read_drafter(tmp_path / "junk.gguf")
     good = _write_gguf(tmp_path / "good.gguf")
     assert gguf.read_drafter(good)["target_layers"] == [2, 15, 27]  # the control: the same writer, readable
-    (tmp_path / "cut.gguf").write_bytes(good.read_bytes()[:100])
-    with pytest.raises(gguf.GGUFReadError, match="cut.gguf: not a GGUF file"):
-        gguf.read_drafter(tmp_path / "cut.gguf")
+    size = good.stat().st_size
+    for n in (100, size // 2, size - 1):  # cut in the header, in the tensor data, at the last byte
+        (tmp_path / "cut.gguf").write_bytes(good.read_bytes()[:n])
+        with pytest.raises(gguf.GGUFReadError, match=f"cut.gguf: a GGUF file cut short \\(truncated: {n:,} bytes"):
+            gguf.read_drafter(tmp_path / "cut.gguf")
     with pytest.raises(gguf.GGUFReadError, match="general.architecture is 'llama', not 'eagle3'"):
         gguf.read_drafter(_write_gguf(tmp_path / "target.gguf", arch="llama"))
     with pytest.raises(gguf.GGUFReadError, match="no eagle3.target_layers"):
@@ -254,17 +263,40 @@ def test_what_llama_cpp_would_refuse_or_misserve_in_the_file_itself(tmp_path):
 
 def test_target_layers_are_checked_in_llama_cpps_meaning(tmp_path):
     info = gguf.read_drafter(_write_gguf(tmp_path / "a.gguf", target_layers=(2, 15, 30)))
-    # id L = 30: the residual before the final norm, in eyas (eyas.target.layers.capture_aux) as in llama.cpp
-    assert gguf.check_against(info, aux_layers=[2, 15, 30], num_target_layers=30) == []
-    p = gguf.check_against(info, aux_layers=[2, 15, 29], num_target_layers=30)  # negative control
+    # id L = 30: the residual before the final norm in eyas (eyas.target.layers.capture_aux); llama.cpp fills it so
+    # only on a target whose graph sets t_h_nextn before the final norm (gpt-oss: src/models/openai-moe.cpp)
+    assert gguf.check_against(info, aux_layers=[2, 15, 30], num_target_layers=30, target_arch="gpt-oss") == []
+    p = gguf.check_against(info, aux_layers=[2, 15, 29], num_target_layers=30, target_arch="gpt-oss")  # a control
     assert len(p) == 1 and "target_layers [2, 15, 30] != the given aux_layers [2, 15, 29]" in p[0], p
     assert gguf.check_against(info, aux_layers=[2, 15, 30], num_target_layers=31) == []  # 30 < L: the same state
     p = gguf.check_against(info, aux_layers=[2, 15, 30], num_target_layers=29)
     assert any("beyond the target's 29: llama.cpp aborts" in x for x in p), p
-    assert gguf.describe_target_layers([2, 30, 31], 30) == [
+    assert gguf.describe_target_layers([2, 31], 30) == [
         "2: the input of target layer 2 = output of layer 1 = HF hidden_states[2]",
-        "30: the last hidden state BEFORE the final norm (HF hidden_states[30] is after it)",
         "31: beyond the target's 30 layers: llama.cpp aborts"]
+
+
+@pytest.mark.parametrize("arch, says", [
+    ("LlamaForCausalLM", "llama (src/models/llama.cpp) never sets t_h_nextn"),   # SmolLM2, Llama
+    ("llama", "llama (src/models/llama.cpp) never sets t_h_nextn"),              # a target GGUF's architecture
+    ("Qwen3ForCausalLM", "qwen3 (src/models/qwen3.cpp) never sets t_h_nextn"),
+    ("Qwen3_5ForCausalLM", "qwen35 (src/models/qwen35.cpp) fills it AFTER the final norm"),
+    ("SomeNewForCausalLM", "SomeNewForCausalLM (its graph under src/models/) never sets t_h_nextn"),
+    (None, "the target's architecture is unknown here")])
+def test_id_l_is_refused_where_llama_cpp_does_not_fill_it_before_the_final_norm(tmp_path, arch, says):
+    info = gguf.read_drafter(_write_gguf(tmp_path / "a.gguf", target_layers=(2, 15, 30)))
+    p = gguf.check_against(info, aux_layers=[2, 15, 30], num_target_layers=30, target_arch=arch)
+    assert len(p) == 1 and "target layer id 30 (= L" in p[0] and says in p[0], p
+    assert "llama_get_embeddings_nextn (common/speculative.cpp)" in p[0]
+    for ok in ("gpt-oss", "GptOssForCausalLM", "mimo2", "step35"):  # the graphs that fill it before the norm
+        assert gguf.check_against(info, aux_layers=[2, 15, 30], num_target_layers=30, target_arch=ok) == [], ok
+    # inspect refuses it too; the architecture from a features manifest's target class
+    manifest = _manifest(tmp_path / "features", [2, 15, 30])
+    m = json.loads(manifest.read_text())
+    m["target"] = {"class": arch}
+    manifest.write_text(json.dumps(m))
+    r = inspect_gguf(tmp_path / "a.gguf", features=manifest)
+    assert any(says in e for e in r["errors"]), r["errors"]
 
 
 def _tiny_drafter(path, aux=None):
@@ -316,3 +348,24 @@ def test_a_gguf_of_another_checkpoint_with_the_same_vocab_and_layers_is_refused(
             f"{path}: {gguf_name} is not {other / 'model.safetensors'}'s {eyas_name} (at the GGUF's F32): the file was "
             f"converted from another checkpoint (another drafter's GGUF, or one from before this drafter was "
             f"retrained); convert it again"], name
+
+
+@pytest.mark.slow  # the tokenizer of the embedded target and four converter runs
+def test_the_converters_rope_passes_and_edits_of_the_file_are_refused_before_serving(converted, tmp_path):
+    d_dir, out = converted["llama3"]
+    assert gguf_fields.digest_problem(out) is None  # recorded by convert
+    info = gguf.require_served_as_trained(out, d_dir, L)  # the control: the converter's own file passes
+    assert "rope_freqs.weight" in info["tensors"] and "rope.scaling.type" not in info["metadata"]
+    cases = {"theta": ({"eagle3.rope.freq_base": 10000.0}, (), None, "RoPE rope.freq_base 10000"),
+             "dropped": ({}, ("rope_freqs.weight",), None, "rope_freqs.weight absent: llama.cpp's frequencies differ"),
+             "eps": ({"eagle3.attention.layer_norm_rms_epsilon": 1e-6}, (), None, "eagle3.attention.layer_norm_rms"),
+             "zeroed": ({}, (), "blk.0.ffn_up.weight", "its bytes changed after export")}
+    for name, (keys, drop, zero, msg) in cases.items():
+        bad = rewrite_gguf(out, tmp_path / f"{name}.gguf", keys, drop, zero)
+        shutil.copy(gguf_fields.digest_path(out), gguf_fields.digest_path(bad))  # exported, then changed
+        if name != "zeroed":
+            gguf_fields.write_digest(bad)  # its own digest: the field check alone must refuse it
+        with pytest.raises(gguf.ServeMismatchError, match=msg):
+            gguf.require_served_as_trained(bad, d_dir, L)
+    # a zeroed block in a weight no field or weight check compares: only the digest refuses it
+    assert gguf.check_against(gguf.read_drafter(tmp_path / "zeroed.gguf"), drafter_dir=d_dir, num_target_layers=L) == []

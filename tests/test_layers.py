@@ -103,7 +103,7 @@ def test_capture_is_hf_hidden_states_in_ascending_order(tiny_target, aux, expect
 
 def test_id_L_is_the_pre_norm_residual_in_every_capture(tiny_target):
     """Aux id L (8 here, as GPT-OSS's [24, 30, 36] of 36) is the last decoder layer's output, before
-    the final norm, as vLLM, llama.cpp and SGLang (with its fix) serve it: taken here by a hook on
+    the final norm, as vLLM and SGLang (with its fix) serve it: taken here by a hook on
     the last decoder layer, independently of eyas' hook on the norm. Negative control: it is not
     HF's post-norm hidden_states[8] (which is the norm of it). Speculative decoding feeds the
     drafter the same states as extract stores (cached forwards: close, not bit-equal)."""
@@ -163,7 +163,7 @@ def test_describe_says_per_engine_what_id_L_means():
     assert d["id_L"]["id"] == 8
     assert "before the final norm" in d["id_L"]["vllm"] and "46788" in d["id_L"]["vllm"]
     assert "32334" in d["id_L"]["sglang"] and "never captured" in d["id_L"]["sglang"]
-    assert "18039" in d["id_L"]["llama.cpp"]
+    assert "t_h_nextn" in d["id_L"]["llama.cpp"] and "never filled on most, Llama and Qwen3" in d["id_L"]["llama.cpp"]
     assert "id_L" not in layers.describe([2, 4, 7], 8) and "id_L" not in layers.describe(None, 8)
 
 
@@ -174,6 +174,15 @@ def test_inspect_names_what_id_L_means_per_engine(tmp_path):
     r = inspect_checkpoint(tmp_path / "d")
     assert r["aux_layers"]["id_L"]["id"] == 8
     assert any("aux layer id 8 = L" in w and "PR #32334" in w for w in r["warnings"])
+    # llama.cpp: unknown target, a warning; a Llama target (its graph never fills id L), an error
+    assert any(w.startswith("llama.cpp: eagle3.target_layers [2, 4, 8]: target layer id 8 (= L") and
+               "unknown here" in w for w in r["warnings"]), r["warnings"]
+    llama = {"num_hidden_layers": 8, "architecture": "LlamaForCausalLM"}
+    r = inspect_checkpoint(tmp_path / "d", target=llama)
+    assert any(e.startswith("llama.cpp: eagle3.target_layers [2, 4, 8]") and "src/models/llama.cpp" in e
+               for e in r["errors"]), r["errors"]
+    assert not any("t_h_nextn" in e for e in inspect_checkpoint(
+        tmp_path / "d", target={**llama, "architecture": "GptOssForCausalLM"})["errors"])  # its graph fills it
     save_drafter(_drafter([2, 4, 7]), tmp_path / "e")  # negative control: no id L, no such warning
     assert not any("= L" in w for w in inspect_checkpoint(tmp_path / "e")["warnings"])
 

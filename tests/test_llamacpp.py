@@ -12,7 +12,9 @@ output without it (lossless).
 Negative controls: the same drafter with its aux layer ids shifted, and with its d2t scrambled,
 each converted the same way: eyas refuses each before serving (eyas.export.gguf.require_served_as_trained),
 and served anyway for a few short requests, each falls to an acceptance near 1 in the engine and
-fails the agreement with eyas' figures for those requests.
+fails the agreement with eyas' figures for those requests. A drafter trained with aux layer id L
+(the target's layer count) is refused on this Llama target, whose llama.cpp graph never fills
+that state (eyas.export.llamacpp_nextn), and served anyway falls below eyas' figures for it.
 
 Every test runs on each backend: llama.cpp's CPU build, and (``-m gpu``, on a CUDA machine with
 ``scripts/build_llama_server.sh --cuda``) its CUDA build with every layer offloaded, where the good
@@ -113,6 +115,32 @@ def _variant(tmp: Path, name: str, edit) -> Path:
     return dst
 
 
+def _train(target, prompts, outputs, aux, features):
+    """A drafter trained on the target's features at HF indices ``aux`` (written to ``features``)
+    for the prompts and eyas' greedy outputs, until it has learnt them."""
+    w = ShardWriter(features, shard_samples=8, dtype=torch.float32)
+    for p, y in zip(prompts, outputs):
+        ids = torch.tensor(p + y)
+        mask = torch.zeros(len(ids), dtype=torch.uint8)
+        mask[len(p):] = 1
+        cap = target.capture(ids[None], torch.ones(1, len(ids), dtype=torch.int64), aux)
+        w.add(ids, mask, cap["aux_hidden"][0], cap["final_hidden"][0], cap["target_argmax"][0])
+    c = target.config
+    w.finish(aux_layers=aux, num_layers=target.num_layers, hidden_size=c.hidden_size, vocab_size=c.vocab_size,
+             target=target.identity, max_length=1024, target_config=target.config_summary())
+    store = FeatureStore.open(features)
+    ids, mask = store.token_stats()
+    mapping, _ = build_mapping(count_tokens(ids, mask, c.vocab_size), 512, order="target_id",
+                               fill_counts=count_tokens(ids, torch.ones_like(mask), c.vocab_size))
+    head = target.head_weights()
+    drafter = new_drafter(store.manifest, mapping, head["embed_tokens"], seed=0, lm_head=head["lm_head"])
+    tp = dataclasses.replace(default_params().train, ttt_length=K, batch_tokens=256, epochs=30, eval_every=10 ** 6,
+                             warmup_ratio=0.0, checkpoint_every=0, grad_clip=1.0)
+    train_drafter(drafter, train_store=store, val_store=store, lm_head=head["lm_head"], tp=tp, lr=3e-3, seed=0,
+                  tracker=Tracker(), device=torch.device("cpu"))
+    return drafter.eval()
+
+
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     """The target, the prompts, eyas' greedy outputs, the drafter trained on them, eyas' figures
@@ -128,27 +156,7 @@ def built(tmp_path_factory):
     # eyas' greedy outputs as the eval stage makes them for its untimed prompts (one batched generate)
     outputs = generate_batch(target.model, prompts, MAX_NEW, getattr(target.tokenizer, "pad_token_id", None) or 0,
                              target.stop_ids)
-    w = ShardWriter(tmp / "features", shard_samples=8, dtype=torch.float32)
-    for p, y in zip(prompts, outputs):
-        ids = torch.tensor(p + y)
-        mask = torch.zeros(len(ids), dtype=torch.uint8)
-        mask[len(p):] = 1
-        cap = target.capture(ids[None], torch.ones(1, len(ids), dtype=torch.int64), aux)
-        w.add(ids, mask, cap["aux_hidden"][0], cap["final_hidden"][0], cap["target_argmax"][0])
-    c = target.config
-    w.finish(aux_layers=aux, num_layers=target.num_layers, hidden_size=c.hidden_size, vocab_size=c.vocab_size,
-             target=target.identity, max_length=1024, target_config=target.config_summary())
-    store = FeatureStore.open(tmp / "features")
-    ids, mask = store.token_stats()
-    mapping, _ = build_mapping(count_tokens(ids, mask, c.vocab_size), 512, order="target_id",
-                               fill_counts=count_tokens(ids, torch.ones_like(mask), c.vocab_size))
-    head = target.head_weights()
-    drafter = new_drafter(store.manifest, mapping, head["embed_tokens"], seed=0, lm_head=head["lm_head"])
-    tp = dataclasses.replace(default_params().train, ttt_length=K, batch_tokens=256, epochs=30, eval_every=10 ** 6,
-                             warmup_ratio=0.0, checkpoint_every=0, grad_clip=1.0)
-    train_drafter(drafter, train_store=store, val_store=store, lm_head=head["lm_head"], tp=tp, lr=3e-3, seed=0,
-                  tracker=Tracker(), device=torch.device("cpu"))
-    drafter.eval()
+    drafter = _train(target, prompts, outputs, aux, tmp / "features")
     save_drafter(drafter, tmp / "drafter")
     for name, edit in VARIANTS.items():
         _variant(tmp, name, edit)
@@ -165,14 +173,15 @@ def built(tmp_path_factory):
     return b
 
 
-def _eyas(built, n_prompts: int, max_new: int) -> dict:
+def _eyas(built, n_prompts: int, max_new: int, drafter=None, aux=None) -> dict:
     """eyas' figures for the first ``n_prompts`` prompts, ``max_new`` tokens each: ``accept_len``
     and ``per_prompt`` (eyas.eval.oracle's walks at k = K) on eyas' greedy outputs cut to
-    ``max_new`` (greedy: the output of a shorter request is their prefix)."""
+    ``max_new`` (greedy: the output of a shorter request is their prefix); of the fixture's
+    drafter, or of ``drafter`` trained on ``aux``."""
     prompts, outs = built["prompts"][:n_prompts], [y[:max_new] for y in built["outputs"][:n_prompts]]
     with torch.no_grad():
-        counts = [accepted_draft_counts(built["target"], built["drafter"], p, y, num_draft_tokens=K,
-                                        aux_layer_ids=built["aux"]) for p, y in zip(prompts, outs)]
+        counts = [accepted_draft_counts(built["target"], drafter or built["drafter"], p, y, num_draft_tokens=K,
+                                        aux_layer_ids=aux or built["aux"]) for p, y in zip(prompts, outs)]
     return {"accept_len": walk_metrics(counts, outs, K)["accept_len"], "per_prompt": per_prompt_walks(counts, outs, K)}
 
 
@@ -208,11 +217,11 @@ def test_the_engine_serves_the_drafter_losslessly_at_eyas_acceptance(built, back
     assert _eyas(built, CONTROL_PROMPTS, CONTROL_NEW)["accept_len"] > 2.5
 
 
-def _served_control(built, name: str, backend: str) -> tuple[dict, dict, dict]:
+def _served_control(built, name: str, backend: str, drafter=None, aux=None) -> tuple[dict, dict, dict]:
     """The control served for its short requests: (engine figures, eyas' for the same requests,
     their agreement), the agreement checked on every request (equal outputs)."""
     e = _serve(built, name, CONTROL_PROMPTS, CONTROL_NEW, backend)
-    r = _eyas(built, CONTROL_PROMPTS, CONTROL_NEW)
+    r = _eyas(built, CONTROL_PROMPTS, CONTROL_NEW, drafter, aux)
     assert e["lossless"], e["mismatched_prompts"]  # a bad drafter slows the engine but never changes its output
     a = agreement(e["per_prompt"], r["per_prompt"])
     assert a["compared"] == CONTROL_PROMPTS, a  # so its verdict is a comparison, not "unchecked"
@@ -235,6 +244,27 @@ def test_a_scrambled_d2t_falls_to_acceptance_near_one(built, backend):
         require_served_as_trained(gguf, built["tmp"] / "drafter", 30)
     e, r, a = _served_control(built, "scrambled", backend)
     assert e["accept_len"] < 1.3, e["accept_len"]
+    assert a["ok"] is False, a
+
+
+def test_aux_id_l_is_refused_on_this_llama_target_and_served_anyway_reads_a_buffer_nothing_wrote(built):
+    """A drafter trained with aux layer id L = 30 (the pre-norm state, eyas.target.layers.capture_aux):
+    llama.cpp's llama graph (src/models/llama.cpp) never fills the buffer it reads id L from
+    (eyas.export.llamacpp_nextn), so export and serve refuse it; served anyway it falls far below
+    eyas' own figures for the same drafter."""
+    tmp, L = built["tmp"], built["target"].num_layers
+    aux = [2, L // 2, L]
+    drafter = _train(built["target"], built["prompts"], built["outputs"], aux, tmp / "features_id_l")
+    save_drafter(drafter, tmp / "id_l")
+    convert(tmp / "id_l", tmp / "id_l.gguf", outtype="f32", target_model_dir=tmp / "target")
+    with pytest.raises(ServeMismatchError, match=r"target layer id 30 \(= L.*llama \(src/models/llama.cpp\) never sets "
+                                                 r"t_h_nextn"):
+        require_served_as_trained(tmp / "id_l.gguf", tmp / "id_l", L, target_arch="LlamaForCausalLM")
+    # the same file passes every other check: on a graph that fills id L before the final norm it would serve
+    require_served_as_trained(tmp / "id_l.gguf", tmp / "id_l", L, target_arch="GptOssForCausalLM")
+    e, r, a = _served_control(built, "id_l", "cpu", drafter, aux)
+    assert r["accept_len"] > 2.0, r["accept_len"]  # eyas feeds it the pre-norm state it learnt from
+    assert e["accept_len"] < 0.8 * r["accept_len"], (e["accept_len"], r["accept_len"])
     assert a["ok"] is False, a
 
 

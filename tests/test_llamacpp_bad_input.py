@@ -102,7 +102,7 @@ def test_eval_refuses_a_drafter_gguf_it_cannot_read_before_serving(tmp_path, mon
     good = _write_gguf(tmp_path / "eagle3.gguf").read_bytes()
     cases = {"absent": (None, "models/x.gguf: no such GGUF file"),
              "empty": (b"", "models/x.gguf: not a GGUF file"),
-             "truncated": (good[:200], "models/x.gguf: not a GGUF file"),
+             "truncated": (good[:200], "models/x.gguf: a GGUF file cut short (truncated: 200 bytes"),
              "a target's": (_write_gguf(tmp_path / "llama.gguf", arch="llama").read_bytes(),
                             "general.architecture is 'llama', not 'eagle3'"),
              # the control: a readable eagle3 file of another drafter, refused by the checks it already had

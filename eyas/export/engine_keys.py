@@ -201,8 +201,9 @@ ENGINE_KEYS: tuple[EngineKey, ...] = (
               f"v1 model runner; {_VLLM_ALGOS} copies it", "honours",
               llamacpp=f"{_LC_CONV} -> eagle3.target_layers verbatim (absent or empty: [2, L//2, L-3] of "
                        f"--target-model-dir's num_hidden_layers); common/speculative.cpp: id < L captures the input "
-                       f"of target layer id (= HF hidden_states[id]), id == L the state before the final norm, "
-                       f"id > L aborts; exactly 3", kind=INT_LIST),
+                       f"of target layer id (= HF hidden_states[id]), id == L the target graph's t_h_nextn "
+                       f"buffer (the pre-norm state only on gpt-oss, mimo2, step35; never filled on Llama, "
+                       f"Qwen3: eyas/export/llamacpp_nextn.py), id > L aborts; exactly 3", kind=INT_LIST),
     EngineKey("eagle_config.use_aux_hidden_state", "not read",
               _VLLM_EAGLE3 + " (false: no fc, the target's last hidden state is the input)", "refuses", True,
               kind=BOOL),

@@ -13,9 +13,13 @@ llama.cpp will load it, and :func:`check_against` compares it with what the draf
 (its checkpoint directory, the features' aux layers, the pipeline's vocab) before it is served.
 The meaning of the file's ``eagle3.target_layers`` is llama.cpp's (``common/speculative.cpp``,
 ``common_speculative_impl_draft_eagle3``): an id ``k`` below the target's layer count L captures
-the INPUT of target layer ``k`` (= HF ``hidden_states[k]``), ``k == L`` the target's last hidden
-state BEFORE the final norm (HF ``hidden_states[L]`` is after it; eyas captures id ``L`` the same
-way, eyas.target.layers.capture_aux), ``k > L`` aborts; exactly three ids, concatenated in the order written.
+the INPUT of target layer ``k`` (= HF ``hidden_states[k]``), ``k == L`` whatever the target's
+graph writes to its ``t_h_nextn`` buffer: the state before the final norm (what eyas captures for
+id ``L``, eyas.target.layers.capture_aux) only on a few architectures, after it on others, and
+nothing at all on most, Llama and Qwen3 among them (eyas.export.llamacpp_nextn, which
+:func:`check_against` refuses by), ``k > L`` aborts; exactly three ids, concatenated in the order
+written. Every other field that changes the math is checked by eyas.export.gguf_fields, and the
+file's bytes against the digest :func:`convert` records.
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ import torch
 from safetensors.torch import save_file
 
 from eyas.export.engine_keys import INT_LIST, POS_INT, has_type, read_config
+from eyas.export.gguf_fields import digest_problem, field_problems, target_field_problems, write_digest
+from eyas.export.llamacpp_nextn import id_l_problem
 from eyas.io import open_safetensors, read_json, write_json
 from eyas.target import layers
 
@@ -85,7 +91,9 @@ def convert(model_dir: Path, out: Path, outtype: str = "f32", target_model_dir: 
         outtype: the converter's ``--outtype`` (``f32``, ``f16``, ``bf16``, ``q8_0``).
         target_model_dir: required for a drafter (the converter's ``--target-model-dir``).
     Returns:
-        ``out``.
+        ``out``, with the SHA-256 of its bytes recorded beside it
+        (:func:`eyas.export.gguf_fields.write_digest`: ``<out>.sha256``), which
+        :func:`require_served_as_trained` checks before it is served.
     Raises:
         GGUFExportError: the converter is not installed (run ``bash scripts/build_llama_server.sh``),
             or it exited non-zero (the message names ``model_dir`` and holds its last output lines).
@@ -103,6 +111,7 @@ def convert(model_dir: Path, out: Path, outtype: str = "f32", target_model_dir: 
         part.unlink(missing_ok=True)
         tail = "\n".join((r.stdout + r.stderr).strip().splitlines()[-15:])
         raise GGUFExportError(f"{model_dir}: llama.cpp's converter exited {r.returncode}:\n{tail}")
+    write_digest(part, name=out)  # recorded before the file takes its name: a later change is caught
     os.replace(part, out)
     return out
 
@@ -112,6 +121,10 @@ ARCHITECTURE = "eagle3"
 
 _SPECULATIVE = "common/speculative.cpp"
 _EAGLE3_CPP = "src/models/eagle3.cpp"
+
+
+GGUF_MAGIC = b"GGUF"
+"""The first four bytes of every GGUF file (ggml-org/ggml ``docs/gguf.md``)."""
 
 
 class GGUFReadError(ValueError):
@@ -149,7 +162,8 @@ def describe_target_layers(ids: list[int], num_target_layers: int | None) -> lis
             out.append(f"{k}: the input of target layer {k} = output of layer {k - 1} = HF hidden_states[{k}]"
                        if k else f"{k}: the input of target layer 0 (the embedding) = HF hidden_states[0]")
         elif k == L:
-            out.append(f"{k}: the last hidden state BEFORE the final norm (HF hidden_states[{L}] is after it)")
+            out.append(f"{k}: the target graph's t_h_nextn buffer: the state before the final norm only on the "
+                       f"architectures eyas.export.llamacpp_nextn.PRE_NORM lists (never filled on llama, qwen3)")
         else:
             out.append(f"{k}: beyond the target's {L} layers: llama.cpp aborts")
     return out
@@ -197,7 +211,8 @@ def read_drafter(path: str | Path) -> dict:
         ``[0, n_tokens)`` or repeated).
     Raises:
         FileNotFoundError: no file at ``path``.
-        GGUFReadError: not a GGUF file (truncated, another format), ``general.architecture`` is
+        GGUFReadError: a GGUF file cut short (called truncated), not a GGUF file (another format),
+            ``general.architecture`` is
             not ``eagle3`` (a target GGUF, a plain Llama), or it lacks ``eagle3.target_layers``
             (llama.cpp refuses to load it); each names the file.
     """
@@ -207,10 +222,22 @@ def read_drafter(path: str | Path) -> dict:
     import numpy as np
     from gguf import GGMLQuantizationType, GGUFReader
 
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        magic = f.read(4)
     try:
         reader = GGUFReader(str(path))
     except Exception as e:  # noqa: BLE001 -- the reader raises ValueError, IndexError... on a foreign file
-        raise GGUFReadError(f"{path}: not a GGUF file the gguf package can read ({type(e).__name__}: {e})") from None
+        if magic == GGUF_MAGIC:  # a GGUF header that runs past the end of the file
+            raise GGUFReadError(f"{path}: a GGUF file cut short (truncated: {size:,} bytes, the gguf package "
+                                f"reads past the end: {type(e).__name__}: {e}); a copy or download that did not "
+                                f"finish: export or copy it again") from None
+        raise GGUFReadError(f"{path}: not a GGUF file (it does not start with {GGUF_MAGIC!r}; the gguf package: "
+                            f"{type(e).__name__}: {e})") from None
+    end = max((int(t.data_offset) + int(t.n_bytes) for t in reader.tensors), default=0)
+    if end > size:
+        raise GGUFReadError(f"{path}: a GGUF file cut short (truncated: {size:,} bytes, its tensors end at byte "
+                            f"{end:,}); export or copy it again")
     fields = reader.fields
 
     def get(key, default=None):
@@ -331,16 +358,18 @@ def _drafter_source(drafter_dir: Path) -> tuple[dict, torch.Tensor | None, str, 
 def check_against(info: dict, *, drafter_dir: str | Path | None = None, features: str | Path | None = None,
                   vocab_dir: str | Path | None = None, aux_layers: list[int] | None = None,
                   d2t: torch.Tensor | None = None, num_target_layers: int | None = None,
-                  target: dict | None = None) -> list[str]:
+                  target: dict | None = None, target_arch: str | None = None) -> list[str]:
     """Everything in a drafter GGUF (:func:`read_drafter`'s dict) that would make llama.cpp serve
     another function than the drafter was trained as: call it before serving and refuse on any.
 
     Target layers are compared in llama.cpp's meaning (module docstring): a trained HF index
     ``k < L`` is llama.cpp id ``k``; eyas' id ``L`` is the residual before the final norm
-    (eyas.target.layers.capture_aux), as llama.cpp's id ``L`` is.
+    (eyas.target.layers.capture_aux), which llama.cpp serves as id ``L`` only on the targets
+    eyas.export.llamacpp_nextn.PRE_NORM lists.
     d2t is compared through target ids, position by position.
     With ``drafter_dir`` also its weights: ``fc.weight`` and the final norm must be the
-    checkpoint's, bit for bit at the GGUF's type (a file converted from another checkpoint).
+    checkpoint's, bit for bit at the GGUF's type (a file converted from another checkpoint), and
+    every field that changes the math (eyas.export.gguf_fields.FIELDS, the RoPE frequencies) its config's.
 
     Args:
         info: :func:`read_drafter`'s dict; its ``problems`` come first in the result.
@@ -356,7 +385,13 @@ def check_against(info: dict, *, drafter_dir: str | Path | None = None, features
         num_target_layers: the target's decoder-layer count L; else ``target``'s, the manifest's
             or the drafter config's ``eyas.num_target_layers``.
         target: a target summary (``eyas.target.model.summarise_config``): ``num_hidden_layers``,
-            ``hidden_size`` (the GGUF's target_hidden_size must equal it), ``vocab_size``.
+            ``hidden_size`` (the GGUF's target_hidden_size must equal it), ``vocab_size``,
+            ``max_position_embeddings`` and RoPE (eyas.export.gguf_fields.target_field_problems),
+            ``architecture`` (as ``target_arch``).
+        target_arch: the target's HF class, HF ``model_type`` or llama.cpp architecture (else
+            ``target``'s ``architecture``, else the manifest's ``target.class``): a target layer id
+            L is refused unless llama.cpp fills it on that architecture with the pre-norm state
+            (eyas.export.llamacpp_nextn.id_l_problem; unknown: refused).
     Returns:
         One message per problem, each naming the GGUF file, the key, llama.cpp and the source it
         disagrees with (d2t: how many of N positions agree); empty when it serves as trained.
@@ -377,6 +412,7 @@ def check_against(info: dict, *, drafter_dir: str | Path | None = None, features
         m_path, manifest = features_manifest(features)
         if manifest.get("num_layers") is not None:
             counts.append((f"{m_path} num_layers", manifest["num_layers"]))
+        target_arch = target_arch or (manifest.get("target") or {}).get("class")
         layer_sources.append((f"{m_path} aux_layers", list(manifest["aux_layers"])))
         sizes.append(("target_hidden_size", f"{m_path} hidden_size", info["target_hidden_size"],
                       manifest.get("hidden_size")))
@@ -406,6 +442,7 @@ def check_against(info: dict, *, drafter_dir: str | Path | None = None, features
                   ("norm_before_fc", cfg_path, info["norm_before_fc"], bool(cfg.get("norm_before_fc", False)))]
         d2t_sources.append((w_path, dd2t))
         problems += _weight_problems(where, w_path, info.get("reader_tensors"))
+        problems += field_problems(info, cfg, cfg_path)
     if vocab_dir is not None:
         from eyas.vocab.mapping import load_mapping
 
@@ -415,6 +452,8 @@ def check_against(info: dict, *, drafter_dir: str | Path | None = None, features
     if target is not None:
         sizes.append(("target_hidden_size", "the target's hidden_size", info["target_hidden_size"],
                       target.get("hidden_size")))
+        problems += target_field_problems(info, target)
+        target_arch = target_arch or target.get("architecture")
 
     L = L or next((n for _, n in counts), None)
     for src, n in counts:
@@ -425,6 +464,8 @@ def check_against(info: dict, *, drafter_dir: str | Path | None = None, features
     if L is not None and any(k > L for k in ids):
         problems.append(f"{where}: {a}target_layers {ids} name a layer beyond the target's {L}: llama.cpp aborts "
                         f"({_SPECULATIVE}: target layer id exceeds target n_layer)")
+    if (p := id_l_problem(ids, L, target_arch)) is not None:
+        problems.append(f"{where}: {a}target_layers {ids}: {p}")
     for src, hf in layer_sources:
         if list(hf) != ids:
             problems.append(f"{where}: {a}target_layers {ids} != {src} {hf}: llama.cpp would feed the drafter the "
@@ -448,10 +489,14 @@ class ServeMismatchError(ValueError):
     (:func:`check_against`); the message lists every problem."""
 
 
-def require_served_as_trained(gguf_file: str | Path, drafter_dir: str | Path, num_target_layers: int) -> dict:
+def require_served_as_trained(gguf_file: str | Path, drafter_dir: str | Path, num_target_layers: int,
+                              target_arch: str | None = None) -> dict:
     """:func:`read_drafter` of ``gguf_file`` checked against the checkpoint directory it was
-    converted from (:func:`check_against`), for a target of ``num_target_layers`` layers: what the
-    export and the eval call before llama.cpp serves it.
+    converted from (:func:`check_against`: every field that changes the math, target layers, d2t,
+    weights), for a target of ``num_target_layers`` layers of architecture ``target_arch`` (an HF
+    class; needed only for a target layer id L), and its bytes against the digest :func:`convert`
+    recorded (eyas.export.gguf_fields.digest_problem): what the export and the eval call before
+    llama.cpp serves it.
 
     Returns:
         :func:`read_drafter`'s dict.
@@ -460,7 +505,10 @@ def require_served_as_trained(gguf_file: str | Path, drafter_dir: str | Path, nu
         GGUFReadError / FileNotFoundError: as :func:`read_drafter`.
     """
     info = read_drafter(gguf_file)
-    problems = check_against(info, drafter_dir=drafter_dir, num_target_layers=num_target_layers)
+    problems = check_against(info, drafter_dir=drafter_dir, num_target_layers=num_target_layers,
+                             target_arch=target_arch)
+    if (p := digest_problem(gguf_file)) is not None:
+        problems.append(p)
     if problems:
         raise ServeMismatchError(f"{gguf_file}: llama.cpp would not serve the drafter of {drafter_dir} as trained:\n"
                                  + "\n".join(f"- {x}" for x in problems))

@@ -30,9 +30,10 @@ from pathlib import Path
 
 import torch
 
-from eyas.export import gguf
+from eyas.export import gguf, gguf_fields, own_tensors
 from eyas.export.eagle import SERVED_KEYS, ExportError, check_served_tensors, config_from_hf
 from eyas.export.engine_keys import ENGINE_KEYS, departs, read_config, refusals
+from eyas.export.llamacpp_nextn import id_l_problem, llamacpp_arch
 from eyas.export.load import detect_layout
 from eyas.io import load_safetensors, read_json
 from eyas.target import layers, rope
@@ -175,8 +176,10 @@ def inspect_checkpoint(path: str | Path, vocab_dir: str | Path | None = None,
         "sglang": _sglang(raw_cfg, cfg, layout, names, t, report["aux_layers"], errors, warnings),
         "vllm": _vllm(raw_cfg, cfg, layout, names, t, report["aux_layers"], errors, warnings),
         "speculators": _speculators(raw_cfg, cfg, layout, t, L, warnings),
-        "llamacpp": _llamacpp(raw_cfg, t, L, report["aux_layers"], manifest, errors, warnings),
+        "llamacpp": _llamacpp(raw_cfg, t, L, report["aux_layers"], manifest, _target_arch(target, manifest),
+                              errors, warnings),
     }
+    warnings += own_tensors.disagreements(cfg, t)  # a tensor the engines serve differently from each other
     nl = _num_layers(raw_cfg, layout)
     for eng in ("sglang", "vllm", "llamacpp"):
         report["engines"][eng]["non_default_keys"] = _honoured_flags(cfg, eng)
@@ -210,6 +213,12 @@ def inspect_checkpoint(path: str | Path, vocab_dir: str | Path | None = None,
     return report
 
 
+def _target_arch(target: dict | None, manifest) -> str | None:
+    """The target's class: ``target``'s ``architecture`` (:func:`target_summary`), else the
+    features manifest's ``target.class``."""
+    return (target or {}).get("architecture") or ((manifest[1].get("target") or {}).get("class") if manifest else None)
+
+
 def _aux_layers(raw_cfg, cfg, layout, L, fc_n_aux, errors, warnings) -> dict:
     top = raw_cfg.get("eagle_aux_hidden_state_layer_ids")
     nested = (raw_cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
@@ -240,9 +249,9 @@ def _aux_layers(raw_cfg, cfg, layout, L, fc_n_aux, errors, warnings) -> dict:
         warnings.append("aux ids only at the top level (vLLM form): SGLang reads eagle_config only and "
                         "would capture its default layers")
     if "id_L" in out:
-        warnings.append(f"aux layer id {L} = L: served as the residual before the final norm by vLLM, llama.cpp "
-                        f"and SGLang with PR #32334; SGLang without PR #32334 never captures it (fewer states "
-                        f"than fc expects)")
+        warnings.append(f"aux layer id {L} = L: served as the residual before the final norm by vLLM and SGLang with "
+                        f"PR #32334; SGLang without PR #32334 never captures it (fewer states than fc expects); "
+                        f"llama.cpp: see its section")
     if nested is not None and out.get("sglang_version_ambiguous"):
         warnings.append(f"SGLang eagle_config ids {out['sglang_eagle_config_ids']} do not start at 1: "
                         f"SGLang after PR #25454 reads them as capture-before indices (one layer off)")
@@ -500,7 +509,7 @@ def _speculators(raw_cfg, cfg, layout, t, L, warnings) -> dict:
     return out
 
 
-def _llamacpp(raw_cfg, t, L, aux, manifest, errors, warnings) -> dict:
+def _llamacpp(raw_cfg, t, L, aux, manifest, arch, errors, warnings) -> dict:
     """What llama.cpp's converter (``conversion/llama.py`` ``LlamaModel``) writes from the
     checkpoint and what llama.cpp then serves (``src/models/eagle3.cpp``; target layer ids as
     ``common/speculative.cpp`` reads them: eyas/export/gguf.py)."""
@@ -518,12 +527,10 @@ def _llamacpp(raw_cfg, t, L, aux, manifest, errors, warnings) -> dict:
         out["target_layers"] = ids
         out["target_layers_meaning"] = gguf.describe_target_layers(ids, L)
     trained = aux.get("hf_hidden_states_indices")
+    if ids is not None and (p := id_l_problem(ids, L, arch)) is not None:
+        (errors if llamacpp_arch(arch) else warnings).append(f"llama.cpp: eagle3.target_layers {ids}: {p}")
     if ids is not None and trained is not None:
-        if L in trained:
-            warnings.append(f"llama.cpp: the aux layers {trained} include HF hidden_states[{L}] (after the "
-                            f"target's final norm), which llama.cpp cannot capture: its id {L} is the state "
-                            f"before the final norm (common/speculative.cpp)")
-        elif ids != trained:
+        if ids != trained:
             warnings.append(f"llama.cpp: the converter would write eagle3.target_layers {ids} (it reads only the "
                             f"top-level eagle_aux_hidden_state_layer_ids), the drafter's aux layers are HF "
                             f"{trained}: llama.cpp would feed it other hidden states than it was trained on")
@@ -579,6 +586,11 @@ def inspect_gguf(path: str | Path, drafter_dir: str | Path | None = None, vocab_
     errors = gguf.check_against(info, drafter_dir=drafter_dir, features=features, vocab_dir=vocab_dir,
                                 num_target_layers=L, target=target)
     warnings: list[str] = []
+    if gguf_fields.digest_path(path).is_file():  # an eyas export: its bytes as they were written
+        errors += [p for p in [gguf_fields.digest_problem(path)] if p]
+    else:
+        warnings.append(f"no digest beside it ({gguf_fields.digest_path(path).name}): not a file eyas exported, or "
+                        f"its digest was lost; eyas' eval refuses to serve it")
     context = {k: str(v) for k, v in (("drafter_dir", drafter_dir), ("features", features),
                                       ("vocab_dir", vocab_dir)) if v is not None}
     if not context:
@@ -595,10 +607,11 @@ def inspect_gguf(path: str | Path, drafter_dir: str | Path | None = None, vocab_
         "path": info["path"],
         "layout": "gguf",
         "architecture": info["architecture"],
-        "config": {k: info[k] for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
-                                        "num_attention_heads", "num_key_value_heads", "head_dim", "rms_norm_eps",
-                                        "rope_freq_base", "context_length", "target_hidden_size",
-                                        "norm_before_residual", "norm_before_fc")},
+        "config": {**{k: info[k] for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
+                                           "num_attention_heads", "num_key_value_heads", "head_dim", "rms_norm_eps",
+                                           "rope_freq_base", "context_length", "target_hidden_size",
+                                           "norm_before_residual", "norm_before_fc")},
+                   "rope": gguf_fields.served_inv_freq(info)[1]},
         "target_layers": {"ids": info["target_layers"], "num_target_layers": L,
                           "meaning": gguf.describe_target_layers(info["target_layers"], L)},
         "vocab": {
@@ -646,7 +659,8 @@ def _with_verdict(lines: list[str], report: dict) -> str:
 
 
 def target_summary(path: str, gguf_file: str | None = None) -> dict:
-    """The target summary ``--target`` compares with (eyas.target.model.summarise_config's keys).
+    """The target summary ``--target`` compares with (eyas.target.model.summarise_config's keys, and
+    ``architecture``: its HF class, else its ``model_type``; a manifest's ``target.class``).
 
     Args:
         path: a feature manifest (``data/features/<split>/manifest.json`` or its directory: its
@@ -669,10 +683,11 @@ def target_summary(path: str, gguf_file: str | None = None) -> dict:
     p = Path(path)
     manifest = p / "manifest.json" if p.is_dir() else p
     if manifest.name == "manifest.json" and manifest.is_file():
-        summary = read_json(manifest).get("target_config")
+        m = read_json(manifest)
+        summary = m.get("target_config")
         if not isinstance(summary, dict):
             raise ValueError(f"{manifest}: no target_config mapping (not an eyas feature manifest)")
-        return dict(summary)
+        return {**summary, "architecture": (m.get("target") or {}).get("class")}
     if path == "embedded":
         path, gguf_file = embedded_target()
     elif p.suffix == ".gguf" and p.is_file():
@@ -701,8 +716,9 @@ def target_summary(path: str, gguf_file: str | None = None) -> dict:
             raise
         raise ValueError(f"{Path(path) / gguf_file}: not a GGUF file transformers can read "
                          f"({type(e).__name__}: {e})") from None
+    arch = (getattr(cfg, "architectures", None) or [getattr(cfg, "model_type", None)])[0]
     cfg = getattr(cfg, "text_config", None) or cfg
-    return summarise_config(cfg)
+    return {**summarise_config(cfg), "architecture": arch}
 
 
 def _against_target(cfg, L, target: dict, errors, warnings) -> dict:

@@ -6,11 +6,13 @@ eyas stores and speaks **HF indices**: ``k`` means ``model(..., output_hidden_st
 
 Id ``L`` (the layer count; some published drafters use it, e.g. GPT-OSS ``[24, 30, 36]`` of 36)
 is where HF and the engines part: HF ``hidden_states[L]`` is the state AFTER the final norm, while
-the engines serve the residual stream BEFORE it (the last decoder layer's output): vLLM
-(``vllm-project/vllm`` PR #46788), llama.cpp (``ggml-org/llama.cpp`` ``common/speculative.cpp``,
-draft-eagle3, PR #18039: ``llama_set_embeddings_nextn``, "pre-norm"; an id above L aborts) and
-SGLang after ``sgl-project/sglang`` PR #32334 (before it, its layer loop captures "before layer
-i" for i < L only and never captures id L). eyas captures id L pre-norm too
+vLLM (``vllm-project/vllm`` PR #46788) and SGLang after ``sgl-project/sglang`` PR #32334 serve the
+residual stream BEFORE it (the last decoder layer's output; before that PR SGLang's layer loop
+captures "before layer i" for i < L only and never captures id L). llama.cpp
+(``ggml-org/llama.cpp`` ``common/speculative.cpp``, draft-eagle3) reads id L from the target
+graph's ``t_h_nextn`` buffer (``llama_get_embeddings_nextn``), which most graphs never fill (Llama
+and Qwen3 among them) and some fill after the final norm (eyas.export.llamacpp_nextn; an id above
+L aborts). eyas captures id L pre-norm
 (:func:`capture_aux`), records it in the feature manifest (``eyas.features.AUX_AT_L``) and says
 per engine what the id means (:func:`describe`).
 
@@ -224,7 +226,9 @@ def describe(ids: list[int] | None, num_layers: int) -> dict:
             "vllm": "the residual before the final norm (vllm-project/vllm PR #46788)",
             "sglang": ("the residual before the final norm with sgl-project/sglang PR #32334; without it "
                        "never captured (its layer loop captures before layer i < L): fewer states than fc expects"),
-            "llama.cpp": "the residual before the final norm (ggml-org/llama.cpp PR #18039, "
-                         "llama_set_embeddings_nextn; an id above L aborts)",
+            "llama.cpp": "the target graph's t_h_nextn buffer (llama_get_embeddings_nextn): the residual "
+                         "before the final norm only on a few architectures (gpt-oss, mimo2, step35), after it "
+                         "on others, never filled on most, Llama and Qwen3 among them: eyas.export.llamacpp_nextn "
+                         "refuses the others; an id above L aborts",
         }
     return out

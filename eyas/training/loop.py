@@ -97,7 +97,7 @@ CHANCE_MULTIPLE, CHANCE_MULTIPLE_NEAR_CHANCE_LOSS = 2, 10
 
 
 def step0_gate(draft_vocab_size: int, margin: float, min_acc: float, override: bool,
-               tracker=None) -> Callable[[dict], None]:
+               tracker=None, remap_step0: dict | None = None) -> Callable[[dict], None]:
     """A gate for :func:`train_drafter`: before the first update, a drafter fine-tuned from a
     trained source must predict above chance. It refuses when val ``acc_0`` is under ``min_acc``, or
     at chance level whatever the floor: at most 2 / ``draft_vocab_size``, or at most 10 /
@@ -117,10 +117,17 @@ def step0_gate(draft_vocab_size: int, margin: float, min_acc: float, override: b
     left in place score 0.00055-0.00060 (2.3x and 3.7x uniform chance). A partly wrong mapping can
     also raise the loss at equal accuracy (rows of rarely predicted tokens), so the warning names both.
 
+    ``remap_step0``: the remap stage's ``step0_val`` on the same val features (``source_own_mapping``
+    and ``remapped``, each ``{"loss_0", "acc_0"}``). When the remapped drafter kept at least 0.9 of
+    the source's own accuracy there, the mapping carried the rows and the refusal says the cause is
+    elsewhere instead of naming the mapping.
+
     Raises (from the returned callable):
-        GateError: naming the numbers and the usual causes: at chance level, a vocab mapping that
-            does not match its lm_head rows, aux layers that differ from the extraction, another
-            target; under the floor but above chance, those or a source trained on other data.
+        GateError: naming the numbers and the causes that remain: at chance level, a vocab mapping
+            that does not match its lm_head rows (not named when ``remap_step0`` clears it), a
+            source trained with tensors of its own that eyas replaced by the target's, aux layers
+            that differ from the extraction, another target; under the floor but above chance,
+            those or a source trained on other data.
         ValueError: (at once) ``draft_vocab_size`` < 2, or ``margin`` outside [0, ln(draft_vocab_size)):
             a margin past chance flags every drafter.
     """
@@ -143,9 +150,18 @@ def step0_gate(draft_vocab_size: int, margin: float, min_acc: float, override: b
         head = (f"step-0 gate: val loss_0 {loss:.3f} (chance ln({draft_vocab_size}) = {chance:.3f}, margin {margin}) "
                 f"and acc_0 {acc:.5f} (floor {min_acc}; chance level <= {multiple} / {draft_vocab_size} = "
                 f"{chance_acc:.5f}{' with the loss near chance' if near_chance else ''})")
-        mapping = ("a vocab mapping that does not match its lm_head rows (run the remap stage; compare d2t with "
-                   "`eyas inspect --vocab`), aux hidden-state layer ids that differ from the extraction, or a "
-                   "different target model/version")
+        elsewhere = ("tensors of the source's own that eyas replaced by the target's (an embed_tokens.weight of its "
+                     "own: `eyas inspect <source>`), aux hidden-state layer ids that differ from the extraction, or a "
+                     "different target model/version")
+        own, rem = (remap_step0 or {}).get("source_own_mapping"), (remap_step0 or {}).get("remapped")
+        if own and rem and math.isfinite(rem["acc_0"]) and rem["acc_0"] >= 0.9 * own["acc_0"]:
+            mapping = (f"not the vocab mapping (remap measured the source under its own mapping at acc_0 "
+                       f"{own['acc_0']:.5f} and the remapped drafter at {rem['acc_0']:.5f} on these features: the "
+                       f"new mapping kept its rows); the source itself predicts this poorly as eyas runs it: "
+                       f"{elsewhere}")
+        else:
+            mapping = ("a vocab mapping that does not match its lm_head rows (run the remap stage; compare d2t with "
+                       f"`eyas inspect --vocab`), {elsewhere}")
         shift = ("remap's step0_val (metrics/remap.json) has the source's loss and accuracy under its own mapping "
                  "on these features: near chance there too means the data differ (a domain shift, e.g. a chat-only "
                  "drafter on code-heavy features); a remapped accuracy far below the source's own, or a loss far "
@@ -158,7 +174,7 @@ def step0_gate(draft_vocab_size: int, margin: float, min_acc: float, override: b
         if not finite:
             why = ": not finite: a NaN/inf in the source drafter's weights or in the features."
         elif at_chance:
-            why = f" say this trained drafter predicts at chance on these features. Likely causes: {mapping}."
+            why = f" say this trained drafter predicts at chance on these features. Causes: {mapping}."
         else:
             why = (f": the accuracy is above chance but under the floor. Causes: {mapping}; or a source trained on "
                    f"other data: {shift}.")
