@@ -264,8 +264,8 @@ def test_aux_id_l_is_refused_on_this_llama_target_and_served_anyway_reads_a_buff
     require_served_as_trained(tmp / "id_l.gguf", tmp / "id_l", L, target_arch="GptOssForCausalLM")
     e, r, a = _served_control(built, "id_l", "cpu", drafter, aux)
     assert r["accept_len"] > 2.0, r["accept_len"]  # eyas feeds it the pre-norm state it learnt from
-    assert e["accept_len"] < 0.8 * r["accept_len"], (e["accept_len"], r["accept_len"])
-    assert a["ok"] is False, a
+    assert e["accept_len"] < r["accept_len"], (e["accept_len"], r["accept_len"])  # llama.cpp feeds it no such state
+    assert a["ok"] is False, a  # outside the agreement eval holds the engine to
 
 
 @pytest.mark.gpu
