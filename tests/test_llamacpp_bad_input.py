@@ -121,7 +121,7 @@ def test_eval_refuses_a_drafter_gguf_it_cannot_read_before_serving(tmp_path, mon
 def test_a_binary_that_cannot_start_is_an_engine_error(tmp_path, monkeypatch):
     bad = tmp_path / "llama-server"
     bad.write_text("not a program")  # not executable
-    monkeypatch.setattr("eyas.eval.llamacpp.server_binary", lambda: bad)
+    monkeypatch.setattr("eyas.eval.llamacpp.server_binary", lambda backend="cpu": bad)
     with pytest.raises(EngineError, match=r"cannot start llama-server \(.*llama-server -m .*PermissionError.*"
                                           r"build_llama_server\.sh"):
         with LlamaServer(tmp_path / "t.gguf", None, k=4, threads=1, ctx=64, log=tmp_path / "l.log"):
