@@ -61,8 +61,9 @@ def _trim(ids: list[int], stop_ids) -> list[int]:
 
 @torch.no_grad()
 def generate_batch(model, prompts_ids: list[list[int]], max_new_tokens: int, pad_id: int,
-                   stop_ids, cache_implementation: str | None = None) -> list[list[int]]:
-    """Greedy continuations of several prompts in ONE batch (left padding + attention mask).
+                   stop_ids, cache_implementation: str | None = None, *, temperature: float = 0.0,
+                   top_p: float = 1.0, seed: int = 0) -> list[list[int]]:
+    """Greedy (or sampled) continuations of several prompts in ONE batch (left padding + attention mask).
 
     Args:
         model: a transformers causal LM (or ``eyas.target.model.Target``).
@@ -76,6 +77,10 @@ def generate_batch(model, prompts_ids: list[list[int]], max_new_tokens: int, pad
             default dynamic KV cache (what self-distill runs); ``"static"``, a cache preallocated to
             prompt + ``max_new_tokens`` whose decode step transformers compiles on CUDA
             (benchmarks/bench_generate.py compares the two).
+        temperature: 0 (the default): greedy, what self-distill runs; > 0: sampled at this
+            temperature (transformers' ``do_sample``, top-k off) with nucleus ``top_p`` in (0, 1],
+            the global torch generator seeded with ``seed`` first (transformers samples with
+            ``torch.multinomial`` on it), as synthesized prompts are written (eyas.data.synth).
     Returns:
         per prompt, in input order, the generated ids (prompt excluded), up to and including the
         first stop id when one was generated:
@@ -101,9 +106,12 @@ def generate_batch(model, prompts_ids: list[list[int]], max_new_tokens: int, pad
     dev = next(model.parameters()).device
     # a fresh config, not the model's generation_config: no sampling, no repetition penalty, no
     # min_length, ... exactly argmax decoding (what eval's greedy reference does)
-    gc = GenerationConfig(do_sample=False, num_beams=1, max_new_tokens=max_new_tokens,
+    sampled = {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": 0} if temperature > 0 else {}
+    gc = GenerationConfig(**{"do_sample": False, **sampled}, num_beams=1, max_new_tokens=max_new_tokens,
                           pad_token_id=pad_id, eos_token_id=list(stop_ids) or None,
                           cache_implementation=cache_implementation)
+    if sampled:
+        torch.manual_seed(seed)
     out = model.generate(input_ids=ids.to(dev), attention_mask=att.to(dev), generation_config=gc)
     gen = out[:, T:].tolist()
     stop = set(stop_ids)

@@ -4,6 +4,7 @@ DVC reruns a stage when a declared input changes, but a stage run on its own (``
 ``python -m stages.train_scratch``) or an input DVC cannot see would silently use a stale upstream
 output. So the artifacts that later stages read record a fingerprint:
 
+- ``data/synth/fingerprint.json``, written by synthesize-prompts (read by prepare-data);
 - ``data/features/<split>/manifest.json`` (key ``fingerprint``), written by extract;
 - ``models/vocab/vocab.json`` (key ``fingerprint``), written by build-vocab;
 - ``fingerprint.json`` beside every exported drafter (stand-in, remapped, scratch, finetune).
@@ -50,6 +51,9 @@ HASH_CACHE = Path(".eyas/hash_cache.json")  # sha256 by (path, size, mtime_ns): 
 
 # the params each fingerprinting stage reads: dvc.yaml's `params` of that stage (a test keeps them equal)
 STAGE_PARAMS: dict[str, list[str]] = {
+    "synthesize-prompts": ["seed", "target", "data.source", "data.max_conversations", "data.val", "data.test",
+                           "data.publish", "data.on_bad_line", "data.synth", "distill.backend", "distill.server",
+                           "distill.batch_size", "distill.max_new_tokens"],
     "extract": ["target", "extract", "data.on_bad_line", "train.mode"],
     "build-vocab": ["vocab"],
     "stand-in-drafter": ["seed", "train", "stand_in", "target"],
