@@ -389,7 +389,7 @@ def synthesize(generate: Generate, tokenizer, stop_ids, s, *, benchmarks: dict[s
         if missing <= 0:
             break
         rate = len(kept) / totals["generated"] if totals["generated"] else 0.8
-        ask = max(math.ceil(missing / max(rate, 0.1) * 1.1), 1)
+        ask = max(math.ceil(round(missing * 1.1 / max(rate, 0.1), 6)), 1)  # round: no float fuzz past an integer
         path = _round_file(work_dir, rnd)
         saved = json.loads(path.read_text()) if path is not None and path.is_file() else None
         if saved is not None and saved.get("key") == key and saved.get("ask") == ask:
