@@ -16,8 +16,7 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from eyas.data.synth import (NearDupIndex, Overlap, SynthError, clean_turn, jaccard, shingles, synthesize,
-                             user_prefix)
+from eyas.data.synth import NearDupIndex, Overlap, SynthError, clean_turn, jaccard, shingles, synthesize, user_prefix
 from eyas.training.params import ParamsError, default_params, parse_params
 
 REPO = Path(__file__).resolve().parents[1]
