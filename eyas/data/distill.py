@@ -104,8 +104,8 @@ def generate_batch(model, prompts_ids: list[list[int]], max_new_tokens: int, pad
         ids[i, T - len(p):] = torch.tensor(p)
         att[i, T - len(p):] = 1
     dev = next(model.parameters()).device
-    # a fresh config, not the model's generation_config: no sampling, no repetition penalty, no
-    # min_length, ... exactly argmax decoding (what eval's greedy reference does)
+    # a fresh config, not the model's generation_config: no repetition penalty, no min_length, ...
+    # exactly argmax decoding (what eval's greedy reference does), or sampling with temperature and top_p alone
     sampled = {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": 0} if temperature > 0 else {}
     gc = GenerationConfig(**{"do_sample": False, **sampled}, num_beams=1, max_new_tokens=max_new_tokens,
                           pad_token_id=pad_id, eos_token_id=list(stop_ids) or None,
