@@ -125,6 +125,25 @@ def test_overlap_matches_brute_force_containment():
     assert 0 < hits < len(cands)
 
 
+# ------------------------------------------------------------------------------- sampled decode
+
+
+def test_generate_batch_samples_with_its_seed():
+    """Self-distill's batched decode, sampled: a seed repeats its draw and another seed draws another; a
+    nucleus so small that only the argmax is left gives the greedy reply (HF keeps one token at least)."""
+    from eyas.data.distill import generate_batch
+    from tests.tiny import tiny_target
+
+    model = tiny_target().model
+    prompts = [[1, 2, 3], [4, 5], [6]]
+    greedy = generate_batch(model, prompts, 12, 0, [])
+    a = generate_batch(model, prompts, 12, 0, [], temperature=1.0, top_p=1.0, seed=3)
+    assert generate_batch(model, prompts, 12, 0, [], temperature=1.0, top_p=1.0, seed=3) == a
+    assert generate_batch(model, prompts, 12, 0, [], temperature=1.0, top_p=1.0, seed=4) != a
+    assert a != greedy
+    assert generate_batch(model, prompts, 12, 0, [], temperature=1.0, top_p=1e-9, seed=3) == greedy
+
+
 # ------------------------------------------------------------------------------- one user turn
 
 
