@@ -45,8 +45,8 @@ TINY = {
              "served_prompts": 1, "served_max_new_tokens": 8, "temperatures": [0.0, 1.0], "seeds": [0],
              "tree_topk": 2, "tree_num_steps": 3, "tree_num_draft_tokens": 5},
 }
-DEFAULT_DAG = {"identify-inputs", "synthesize-prompts", "prepare-data", "self-distill", "extract", "build-vocab", "train-scratch",
-               "target-gguf", "export-gguf@scratch", "eval-accept-len@scratch"}
+DEFAULT_DAG = {"identify-inputs", "synthesize-prompts", "prepare-data", "self-distill", "extract", "build-vocab",
+               "train-scratch", "target-gguf", "export-gguf@scratch", "eval-accept-len@scratch"}
 COMPARISON = {"stand-in-drafter", "remap", "train-finetune", "export-gguf@finetune", "eval-accept-len@finetune"}
 
 

@@ -31,8 +31,8 @@ STAGES = dvcfiles.stages(ROOT)
 DERIVED = stage_deps.derived_deps(ROOT, STAGES)
 EVALS = {"eval-accept-len@scratch", "eval-accept-len@finetune"}
 # train.mode: online runs the target in the training stages (eyas/training/online.py)
-TARGET_READERS = {"synthesize-prompts", "self-distill", "extract", "stand-in-drafter", "remap", "train-scratch", "train-finetune",
-                  "target-gguf"} | EVALS
+TARGET_READERS = {"synthesize-prompts", "self-distill", "extract", "stand-in-drafter", "remap", "train-scratch",
+                  "train-finetune", "target-gguf"} | EVALS
 EXPORTS = {"export-gguf@scratch", "export-gguf@finetune"}  # they read target.dtype, not the target's files
 
 
@@ -78,7 +78,8 @@ def test_fingerprint_params_are_dvc_yaml_params():
 
 PARAM_ROWS = {  # section: (key to change, new value, the stages that read it)
     "lr": ("lr", 1.0e-4, {"train-scratch"}),
-    "seed": ("seed", 7, {"synthesize-prompts", "prepare-data", "stand-in-drafter", "remap", "train-scratch", "train-finetune"}),
+    "seed": ("seed", 7, {"synthesize-prompts", "prepare-data", "stand-in-drafter", "remap", "train-scratch",
+                         "train-finetune"}),
     "target": ("target.dtype", "bfloat16", TARGET_READERS | EXPORTS),
     "data": ("data.val", 3, {"synthesize-prompts", "prepare-data"}),  # synthesis keeps out of the test split
     "data.synth": ("data.synth.prompts", 5, {"synthesize-prompts", "prepare-data"}),
