@@ -340,3 +340,39 @@ def test_stage_end_to_end_on_the_embedded_target(tmp_path):
     assert r.returncode == 1 and r.stderr.startswith(
         "prepare-data: error: prepare-data: data/synth was built by synthesize-prompts with data.synth.seed = 1, "
         "params.yaml now has data.synth.seed = 2: rerun `dvc repro synthesize-prompts`"), r.stderr
+
+
+@pytest.mark.parametrize("mode", ["add", "only"])
+def test_prepare_data_joins_the_set_or_trains_on_it_alone(tmp_path, monkeypatch, mode):
+    """prepare-data with a set the stage would have written (its fingerprint recorded as the stage
+    does): `add` joins it to train and val in proportion, `only` makes it train and val (val the first
+    data.val); a set of another size, or one made for other params, is refused."""
+    import stages.prepare_data as stage
+    from eyas.data.conversations import DataError, write_jsonl
+    from eyas.pipeline.provenance import FILE, SOURCE_ID, StaleError, record
+
+    monkeypatch.chdir(tmp_path)
+    raw = {"data": {"max_conversations": 30, "val": 3, "test": 4, "publish": 2, "code_prompts": 0,
+                    "synth": {"prompts": 9, "mode": mode}}}
+    p = parse_params(raw)
+    synth = [{"id": f"synth-chat-{i:06d}", "messages": [{"role": "user", "content": f"q{i}"},
+                                                         {"role": "assistant", "content": ""}]} for i in range(9)]
+    write_jsonl(tmp_path / "data/synth/conversations.jsonl", synth)
+    (tmp_path / "data/synth" / FILE).write_text(json.dumps(record("synthesize-prompts", p, [SOURCE_ID])))
+    m = stage.prepare(p)
+    rows = {s: [json.loads(x)["id"] for x in (tmp_path / f"data/conversations/{s}.jsonl").read_text().splitlines()]
+            for s in ("train", "val", "test", "publish")}
+    ids = [c["id"] for c in synth]
+    if mode == "add":  # 30 - 3 - 4 - 2 = 21 train; val's share 9 * 3 // 24 = 1
+        assert m["synth"] == {"train": 8, "val": 1, "test": 0, "publish": 0}
+        assert rows["val"][3:] == ids[:1] and rows["train"][21:] == ids[1:] and len(rows["train"]) == 29
+    else:
+        assert m["synth"] == {"train": 6, "val": 3, "test": 0, "publish": 0}
+        assert rows["val"] == ids[:3] and rows["train"] == ids[3:]
+    assert len(rows["test"]) == 4 and len(rows["publish"]) == 2 and not any(i.startswith("synth-") for i in
+                                                                             rows["test"] + rows["publish"])
+    with pytest.raises(StaleError, match="with data.test = 4, params.yaml now has data.test = 5: rerun"):
+        stage.prepare(parse_params({"data": {**raw["data"], "test": 5}}))
+    (tmp_path / "data/synth" / FILE).unlink()  # a set without its fingerprint: its size is still checked
+    with pytest.raises(DataError, match=r"data/synth/conversations.jsonl: 9 conversations, data.synth.prompts is 10"):
+        stage.prepare(parse_params({"data": {**raw["data"], "synth": {"prompts": 10, "mode": mode}}}))
