@@ -232,6 +232,31 @@ def test_rounds_reach_n_and_count_every_drop(tok, tmp_path):
     assert stats["rounds"] == 2 and stats["resumed_rounds"] == 0
 
 
+def test_turns_alternate_with_the_targets_replies(tok):
+    """turns 2: the target answers each first turn (greedy), then writes the next user turn; a later turn
+    that fails its filters ends the conversation before it (its reply goes too)."""
+    script = ["Which cat breeds are calm?", "How do dogs learn tricks?", "Why do fish school together?",  # turn 0
+              "Ragdolls.", "With rewards.", "For safety.",  # the replies
+              "Are they good with children?", "Как дела?", "Do sharks do it too?"]  # turn 1
+    calls = []
+
+    def gen(prompts, max_new_tokens, *, temperature, top_p, seed):
+        calls.append((len(prompts), max_new_tokens, temperature))
+        end = tok.convert_tokens_to_ids("<|im_end|>")
+        return [tok(script.pop(0), add_special_tokens=False)["input_ids"] + [end] for _ in prompts]
+
+    convs, stats = synthesize(gen, tok, [tok.convert_tokens_to_ids("<|im_end|>")],
+                              _synth(prompts=2, turns=2, code_share=0.0), benchmarks={}, reply_tokens=8,
+                              batch_size=8, resume_key={})
+    # round 0 asks ceil(2 * 1.1 / 0.8) = 3: users sampled, replies greedy at the reply budget, users again
+    assert calls == [(3, 16, 1.0), (3, 8, 0.0), (3, 16, 1.0)]
+    assert [c["messages"] for c in convs] == [
+        [{"role": "user", "content": "Which cat breeds are calm?"}, {"role": "assistant", "content": "Ragdolls."},
+         {"role": "user", "content": "Are they good with children?"}, {"role": "assistant", "content": ""}],
+        [{"role": "user", "content": "How do dogs learn tricks?"}, {"role": "assistant", "content": ""}]]
+    assert stats["later_turns_dropped"] == 1 and stats["surplus"] == 1 and stats["kept_user_turns"] == 3
+
+
 def test_rounds_give_up_with_the_counts_and_resume(tok, tmp_path):
     """Prompts that always run past the budget: the error names the key and the counts; the rounds are
     saved, and a rerun with more rounds reuses them (the decode is not called for them again)."""
