@@ -459,3 +459,25 @@ def test_generate_batch_refuses_stop_ids_none_by_name():
 
     with pytest.raises(ValueError, match=r"stop_ids is None: pass the target's stop set .* or \[\]"):
         generate_batch(tiny_target().model, [[1, 2, 3]], 4, pad_id=0, stop_ids=None)
+
+
+def test_generate_batch_sampled_runs_generate_and_refuses_the_greedy_only_decodes():
+    """A sampled call (temperature > 0) goes through transformers' generate: the static-cache decodes
+    (argmax only) are refused by name rather than run greedy, as are a negative temperature and a top_p
+    outside (0, 1]; and the model's own generation_config eos does not leak into a sampled call either (a
+    seed repeats its draw with that eos set to a token the draw holds)."""
+    from tests.tiny import VOCAB, tiny_target
+
+    model = tiny_target().model
+    prompts = [[1, 2, 3], [4, 5]]
+    for decode in ("static", "graphed"):
+        with pytest.raises(ValueError, match=rf"decode '{decode}' is greedy only .*\(temperature 1\.0"):
+            generate_batch(model, prompts, 4, pad_id=0, stop_ids=[], decode=decode, temperature=1.0)
+    with pytest.raises(ValueError, match=r"temperature must be >= 0 \(0 = greedy\), got -0\.5"):
+        generate_batch(model, prompts, 4, pad_id=0, stop_ids=[], temperature=-0.5)
+    with pytest.raises(ValueError, match=r"top_p must be in \(0, 1\], got 0\.0"):
+        generate_batch(model, prompts, 4, pad_id=0, stop_ids=[], temperature=1.0, top_p=0.0)
+    a = generate_batch(model, prompts, 16, pad_id=0, stop_ids=[], decode="dynamic", temperature=1.0, seed=5)
+    assert all(len(r) == 16 and all(0 <= i < VOCAB for i in r) for r in a)
+    model.generation_config.eos_token_id = a[0][2]
+    assert generate_batch(model, prompts, 16, pad_id=0, stop_ids=[], temperature=1.0, seed=5) == a

@@ -45,8 +45,8 @@ TINY = {
              "served_prompts": 1, "served_max_new_tokens": 8, "temperatures": [0.0, 1.0], "seeds": [0],
              "tree_topk": 2, "tree_num_steps": 3, "tree_num_draft_tokens": 5},
 }
-DEFAULT_DAG = {"identify-inputs", "prepare-data", "self-distill", "extract", "build-vocab", "train-scratch",
-               "target-gguf", "export-gguf@scratch", "eval-accept-len@scratch"}
+DEFAULT_DAG = {"identify-inputs", "synthesize-prompts", "prepare-data", "self-distill", "extract", "build-vocab",
+               "train-scratch", "target-gguf", "export-gguf@scratch", "eval-accept-len@scratch"}
 COMPARISON = {"stand-in-drafter", "remap", "train-finetune", "export-gguf@finetune", "eval-accept-len@finetune"}
 
 
@@ -121,7 +121,10 @@ def test_dvc_repro_end_to_end(tmp_path):
     assert set(yaml.safe_load((repo / "dvc.lock").read_text())["stages"]) == DEFAULT_DAG
 
     m = {p.stem: json.loads(p.read_text()) for p in (repo / "metrics").glob("*.json")}
-    assert set(m) == {"prepare_data", "self_distill", "extract", "vocab", "train_scratch", "eval_scratch"}
+    assert set(m) == {"synthesize_prompts", "prepare_data", "self_distill", "extract", "vocab", "train_scratch",
+                      "eval_scratch"}
+    assert m["synthesize_prompts"] == {"prompts": 0} and (repo / "data/synth/conversations.jsonl").read_bytes() == b""
+    assert "synth" not in m["prepare_data"]  # off: prepare-data's outputs as before
     assert m["prepare_data"]["conversations"] == {"train": 23, "val": 4, "test": 3, "publish": 10}
     assert m["self_distill"]["splits"]["train"]["kept"] > 0
     assert m["extract"]["bytes_per_token"] == (3 + 1) * 576 * 2 + 9  # 3 aux + final, bf16

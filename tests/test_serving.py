@@ -31,7 +31,8 @@ import pytest
 
 from eyas.data.conversations import read_jsonl, write_jsonl
 from eyas.data.distill import Journal, plan_prompts
-from eyas.data.serving import ServerError, check_reply, parse_reply, regenerate_via_server, served_models
+from eyas.data.serving import ServerError, check_reply, generate_ids, parse_reply, regenerate_via_server, served_models
+from eyas.data.synth import user_prefix
 from eyas.params.full import DistillServerParams, load_params
 from eyas.target.model import embedded_target
 from stages import self_distill
@@ -175,6 +176,21 @@ def test_the_ids_are_greedy_under_hf_scoring_of_the_same_gguf(distilled):
         agree += sum(int(top[j, 0]) == y[j] for j in range(len(y)))
         total += len(y)
     assert agree / total >= 0.75, (agree, total)
+
+
+@pytest.mark.slow  # the server, the GGUF load and real generation
+def test_sampled_requests_vary_with_the_seed_and_repeat_with_it(server, smollm_tokenizer):
+    """Synthesized prompts through the engine (eyas.data.synth): the same Magpie prefix sampled four
+    times gives requests that differ (seed + k per prompt), the same seed gives the same ids again; the
+    negative control, greedy, gives one reply four times."""
+    srv = DistillServerParams(api="llamacpp", url=server, model=ALIAS, revision="r", concurrency=1, timeout=120.0)
+    prefix = user_prefix(smollm_tokenizer, [])
+    args = ([prefix] * 4, 16, [2], len(smollm_tokenizer))
+    a = generate_ids(srv, *args, temperature=1.0, top_p=1.0, seed=11)
+    assert len({tuple(x) for x in a}) > 1
+    assert generate_ids(srv, *args, temperature=1.0, top_p=1.0, seed=11) == a
+    assert generate_ids(srv, *args, temperature=1.0, top_p=1.0, seed=12)[:3] == a[1:]  # prompt k: seed + k
+    assert len({tuple(x) for x in generate_ids(srv, *args)}) == 1
 
 
 @pytest.mark.slow  # the server, the GGUF load and real generation
@@ -334,6 +350,25 @@ def test_every_failed_request_is_a_server_error_naming_the_conversation_and_url(
             regenerate_via_server(_server(url, api), char_tokenizer, [2], ONE, max_new_tokens=4)
     assert str(e.value).startswith(f"self-distill prompt 'conv-7': {url}{PATHS[api]}: "), str(e.value)
     assert len(srv.sent) == 1 and srv.sent[0] is not None
+
+
+def test_sampled_request_bodies():
+    """temperature > 0: that temperature and top_p, the other truncations off, a seed per prompt (llama-server's
+    defaults are top_k 40, min_p 0.05); temperature 0: the greedy body, as self-distill sends it."""
+    reply = _body({"tokens": [5, 2], "stop_type": "eos"})
+    with _local(reply) as (srv, url):
+        assert generate_ids(_server(url), [[1], [1, 3]], 4, [2], VOCAB, temperature=0.7, top_p=0.9, seed=5) == \
+            [[5, 2], [5, 2]]
+        greedy = generate_ids(_server(url), [[1]], 4, [2], VOCAB)
+    assert greedy == [[5, 2]]
+    sampled = sorted(srv.sent[:2], key=lambda b: b["seed"])
+    for body, seed, prompt in zip(sampled, (5, 6), ([1], [1, 3])):
+        assert body == {"model": "m", "prompt": prompt, "n_predict": 4, "return_tokens": True, "cache_prompt": False,
+                        "stream": False, "repeat_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0,
+                        "top_k": 0, "top_p": 0.9, "min_p": 0.0, "seed": seed, "temperature": 0.7}
+    assert srv.sent[2] == {"model": "m", "prompt": [1], "n_predict": 4, "return_tokens": True, "cache_prompt": False,
+                           "stream": False, "repeat_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0,
+                           "top_k": 1, "temperature": 0.0}
 
 
 def test_a_port_without_http_and_an_invalid_url_are_server_errors(char_tokenizer):

@@ -31,8 +31,8 @@ STAGES = dvcfiles.stages(ROOT)
 DERIVED = stage_deps.derived_deps(ROOT, STAGES)
 EVALS = {"eval-accept-len@scratch", "eval-accept-len@finetune"}
 # train.mode: online runs the target in the training stages (eyas/training/online.py)
-TARGET_READERS = {"self-distill", "extract", "stand-in-drafter", "remap", "train-scratch", "train-finetune",
-                  "target-gguf"} | EVALS
+TARGET_READERS = {"synthesize-prompts", "self-distill", "extract", "stand-in-drafter", "remap", "train-scratch",
+                  "train-finetune", "target-gguf"} | EVALS
 EXPORTS = {"export-gguf@scratch", "export-gguf@finetune"}  # they read target.dtype, not the target's files
 
 
@@ -51,7 +51,7 @@ def test_the_pipeline_files_are_every_dvc_yaml_of_the_repository():
     assert sorted(tracked) == sorted(dvcfiles.PIPELINES)
     root = yaml.safe_load((ROOT / "dvc.yaml").read_text())
     assert [name for name in dvcfiles.expand(root) if name != "identify-inputs"] == [
-        "prepare-data", "self-distill", "extract", "build-vocab", "train-scratch", "target-gguf",
+        "synthesize-prompts", "prepare-data", "self-distill", "extract", "build-vocab", "train-scratch", "target-gguf",
         "export-gguf@scratch", "eval-accept-len@scratch"]  # the default DAG: scratch only
 
 
@@ -78,10 +78,14 @@ def test_fingerprint_params_are_dvc_yaml_params():
 
 PARAM_ROWS = {  # section: (key to change, new value, the stages that read it)
     "lr": ("lr", 1.0e-4, {"train-scratch"}),
-    "seed": ("seed", 7, {"prepare-data", "stand-in-drafter", "remap", "train-scratch", "train-finetune"}),
+    "seed": ("seed", 7, {"synthesize-prompts", "prepare-data", "stand-in-drafter", "remap", "train-scratch",
+                         "train-finetune"}),
     "target": ("target.dtype", "bfloat16", TARGET_READERS | EXPORTS),
-    "data": ("data.val", 3, {"prepare-data"}),
-    "distill": ("distill.batch_size", 3, {"self-distill"}),
+    "data": ("data.val", 3, {"synthesize-prompts", "prepare-data"}),  # synthesis keeps out of the test split
+    "data.synth": ("data.synth.prompts", 5, {"synthesize-prompts", "prepare-data"}),
+    "data.code_prompts": ("data.code_prompts", 5, {"prepare-data"}),
+    "distill": ("distill.batch_size", 3, {"synthesize-prompts", "self-distill"}),  # a batch is a sampling seed
+    "distill.turns": ("distill.turns", "all", {"self-distill"}),
     "extract": ("extract.max_length", 200, {"self-distill", "extract"}),  # self-distill's prompt budget
     "vocab": ("vocab.draft_vocab_size", 32, {"build-vocab"}),
     "stand_in": ("stand_in.epochs", 1, {"stand-in-drafter"}),
@@ -249,7 +253,7 @@ def test_matrix_target_file(pipeline, row):
 
 @pytest.mark.slow
 def test_matrix_data_source(pipeline):
-    _input_row(pipeline, pipeline / "source.jsonl", {"prepare-data"})
+    _input_row(pipeline, pipeline / "source.jsonl", {"synthesize-prompts", "prepare-data"})
 
 
 @pytest.mark.slow

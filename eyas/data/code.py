@@ -276,20 +276,22 @@ def code_conversations(n: int, seed: int, packages: list[str]) -> tuple[list[dic
     return convs, stats
 
 
-def add_to_splits(splits: dict[str, list[dict]], code: list[dict]) -> dict[str, list[dict]]:
-    """Append code conversations to ``train`` and ``val``, in proportion to their sizes.
+def add_to_splits(splits: dict[str, list[dict]], code: list[dict],
+                  key: str = "data.code_prompts") -> dict[str, list[dict]]:
+    """Append code (or synthesized) conversations to ``train`` and ``val``, in proportion to their sizes.
 
     ``val`` gets the first ``len(code) * len(val) // (len(val) + len(train))`` (floor), ``train``
     the rest, each after its own conversations; ``test`` and ``publish`` are returned unchanged.
     Returns a new dict with the same keys; the input lists are not modified.
 
     Raises:
-        DataError: an id of ``code`` already occurs in ``splits``.
+        DataError: an id of ``code`` already occurs in ``splits`` (the message names ``key``, the
+            params key they come from).
     """
     seen = {c["id"] for rows in splits.values() for c in rows}
     clash = sorted(seen & {c["id"] for c in code})
     if clash:
-        raise DataError(f"data.code_prompts: ids already used by the source: {clash[:3]}")
+        raise DataError(f"{key}: ids already used by the source: {clash[:3]}")
     n_val = len(code) * len(splits["val"]) // (len(splits["val"]) + len(splits["train"]))
     out = dict(splits)
     out["val"] = splits["val"] + code[:n_val]

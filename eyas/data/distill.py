@@ -30,7 +30,8 @@ model: prompts are LEFT-padded into a batch (with the attention mask, so pads ar
 decoded greedily, on a CPU by transformers' ``generate``, on CUDA by a static KV cache whose one-token
 steps replay a CUDA graph (:func:`eyas.target.graphed.greedy_batch`; ``generate`` there is bound by
 kernel launches); the result must equal unbatched greedy decoding
-(:func:`eyas.eval.speculative.greedy_generate`) token for token.
+(:func:`eyas.eval.speculative.greedy_generate`) token for token. A sampled call (the user turns of
+synthesized prompts, :mod:`eyas.data.synth`) runs transformers' ``generate`` on any device.
 """
 
 from __future__ import annotations
@@ -63,8 +64,9 @@ def _trim(ids: list[int], stop_ids) -> list[int]:
 
 @torch.no_grad()
 def generate_batch(model, prompts_ids: list[list[int]], max_new_tokens: int, pad_id: int,
-                   stop_ids, cache_implementation: str | None = None, decode: str = "auto") -> list[list[int]]:
-    """Greedy continuations of several prompts in ONE batch (left padding + attention mask).
+                   stop_ids, cache_implementation: str | None = None, decode: str = "auto", *,
+                   temperature: float = 0.0, top_p: float = 1.0, seed: int = 0) -> list[list[int]]:
+    """Greedy (or sampled) continuations of several prompts in ONE batch (left padding + attention mask).
 
     Args:
         model: a transformers causal LM (or ``eyas.target.model.Target``).
@@ -82,7 +84,12 @@ def generate_batch(model, prompts_ids: list[list[int]], max_new_tokens: int, pad
         decode: :func:`eyas.target.graphed.choose`: ``"auto"`` (the default) is ``"graphed"`` on
             CUDA (:func:`eyas.target.graphed.greedy_batch`: a static KV cache, each decode step
             replayed from a CUDA graph) and ``"dynamic"`` (transformers' ``generate``) elsewhere;
-            ``"static"`` is the graphed loop without graphs (any device).
+            ``"static"`` is the graphed loop without graphs (any device). Greedy only: a sampled call
+            (``temperature`` > 0) runs ``"dynamic"`` (``"auto"`` picks it).
+        temperature: 0 (the default): greedy, what self-distill runs; > 0: sampled at this
+            temperature (transformers' ``do_sample``, top-k off) with nucleus ``top_p`` in (0, 1],
+            the global torch generator seeded with ``seed`` first (transformers samples with
+            ``torch.multinomial`` on it), as synthesized prompts are written (eyas.data.synth).
     Returns:
         per prompt, in input order, the generated ids (prompt excluded), up to and including the
         first stop id when one was generated:
@@ -90,7 +97,8 @@ def generate_batch(model, prompts_ids: list[list[int]], max_new_tokens: int, pad
     Raises:
         ValueError: ``stop_ids`` is None (say ``[]`` for none), an empty prompt, ``max_new_tokens`` < 1, an
             unknown ``decode`` (or one the target cannot run, :func:`eyas.target.graphed.choose`),
-            ``cache_implementation`` with a decode other than ``"dynamic"``.
+            ``cache_implementation`` with a decode other than ``"dynamic"``, ``temperature`` < 0, a sampled
+            call (``temperature`` > 0) with decode ``"static"``/``"graphed"`` or ``top_p`` outside (0, 1].
         eyas.target.graphed.GraphCaptureError: the CUDA graph capture failed.
     """
     from transformers import GenerationConfig
@@ -111,6 +119,15 @@ def generate_batch(model, prompts_ids: list[list[int]], max_new_tokens: int, pad
     if cache_implementation is not None and decode != "dynamic":
         raise ValueError(f"generate_batch: cache_implementation {cache_implementation!r} is transformers' "
                          f"generate's (decode 'dynamic'), not decode {decode!r}'s")
+    if not temperature >= 0:  # a NaN too
+        raise ValueError(f"generate_batch: temperature must be >= 0 (0 = greedy), got {temperature}")
+    if temperature > 0:
+        if decode in ("static", "graphed"):
+            raise ValueError(f"generate_batch: decode {decode!r} is greedy only (eyas.target.graphed.greedy_batch); "
+                             f"a sampled call (temperature {temperature}) runs decode 'dynamic' or 'auto'")
+        if not 0 < top_p <= 1:
+            raise ValueError(f"generate_batch: top_p must be in (0, 1], got {top_p}")
+        decode = "dynamic"  # transformers' generate samples; the static-cache loop is argmax
     mode = graphed.choose(model, decode)
     if mode != "dynamic":
         return graphed.greedy_batch(model, prompts_ids, max_new_tokens, pad_id, stop_ids, graphs=mode == "graphed")
@@ -121,11 +138,14 @@ def generate_batch(model, prompts_ids: list[list[int]], max_new_tokens: int, pad
         ids[i, T - len(p):] = torch.tensor(p)
         att[i, T - len(p):] = 1
     dev = next(model.parameters()).device
-    # a fresh config, not the model's generation_config: no sampling, no repetition penalty, no
-    # min_length, ... exactly argmax decoding (what eval's greedy reference does)
-    gc = GenerationConfig(do_sample=False, num_beams=1, max_new_tokens=max_new_tokens,
+    # a fresh config, not the model's generation_config: no repetition penalty, no min_length, ...
+    # exactly argmax decoding (what eval's greedy reference does), or sampling with temperature and top_p alone
+    sampled = {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": 0} if temperature > 0 else {}
+    gc = GenerationConfig(**{"do_sample": False, **sampled}, num_beams=1, max_new_tokens=max_new_tokens,
                           pad_token_id=pad_id, eos_token_id=list(stop_ids) or None,
                           cache_implementation=cache_implementation)
+    if sampled:
+        torch.manual_seed(seed)
     # generate fills the fields a passed config leaves unset from the model's own generation_config
     # (transformers generation/utils.py, _prepare_generation_config): its eos would stop a row that
     # `stop_ids` does not stop, and the pads after it would come back as tokens; a blank one meanwhile

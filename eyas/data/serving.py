@@ -60,7 +60,7 @@ from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from eyas.data.distill import Journal, build_rows
 
 __all__ = ["APIS", "ServerError", "request_for", "parse_reply", "check_reply", "served_models",
-           "generate_one", "regenerate_via_server"]
+           "generate_one", "generate_ids", "regenerate_via_server"]
 
 APIS = ("vllm", "sglang", "llamacpp")
 
@@ -70,8 +70,9 @@ class ServerError(RuntimeError):
 
 
 def request_for(api: str, model: str, prompt_ids: list[int], max_new_tokens: int,
-                stop_ids: list[int]) -> tuple[str, dict]:
-    """The (path, JSON body) of one greedy request in ``api``'s protocol (module table).
+                stop_ids: list[int], *, temperature: float = 0.0, top_p: float = 1.0,
+                seed: int = 0) -> tuple[str, dict]:
+    """The (path, JSON body) of one greedy (or sampled) request in ``api``'s protocol (module table).
 
     Greedy means temperature 0 with repetition, frequency and presence penalties off: vLLM applies
     the model's ``generation_config.json`` sampling defaults to fields a request leaves out
@@ -79,24 +80,39 @@ def request_for(api: str, model: str, prompt_ids: list[int], max_new_tokens: int
     (vLLM, SGLang); llama-server stops at the model's end-of-generation tokens (its GGUF metadata),
     and :func:`check_reply` refuses a stop outside the target's set.
 
+    ``temperature`` > 0 samples instead (synthesized prompts, eyas.data.synth): that temperature and
+    nucleus ``top_p``, every other truncation off (top-k, min-p: vLLM ``top_k: -1``, llama-server
+    ``top_k: 0``, ``min_p: 0``, whose defaults are 40 and 0.05), penalties off, and the request's
+    ``seed`` (vLLM ``seed``, llama-server ``seed``; SGLang's ``/generate`` takes none, so its samples
+    are not reproducible).
+
     Raises:
         ValueError: ``api`` is not one of :data:`APIS`.
     """
     greedy = {"temperature": 0.0, "repetition_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0}
+    sampled = temperature > 0
+    if sampled:
+        greedy = {**greedy, "temperature": temperature, "min_p": 0.0}
     if api == "vllm":
+        extra = {"top_k": -1, "seed": seed} if sampled else {}
         return "/v1/completions", {"model": model, "prompt": prompt_ids, "max_tokens": max_new_tokens,
                                    "n": 1, "stream": False, "return_token_ids": True,
-                                   "stop_token_ids": list(stop_ids), "top_p": 1.0, **greedy}
+                                   "stop_token_ids": list(stop_ids), "top_p": top_p if sampled else 1.0,
+                                   **greedy, **extra}
     if api == "sglang":
+        extra = {"top_k": -1} if sampled else {}
         return "/generate", {"model": model, "input_ids": prompt_ids, "stream": False,
                              "sampling_params": {"max_new_tokens": max_new_tokens,
-                                                 "stop_token_ids": list(stop_ids), "top_p": 1.0, **greedy}}
+                                                 "stop_token_ids": list(stop_ids),
+                                                 "top_p": top_p if sampled else 1.0, **greedy, **extra}}
     if api == "llamacpp":
         # top_k 1: argmax; cache_prompt false: the README warns a reused KV cache can change the logits
+        pick = ({"top_k": 0, "top_p": top_p, "min_p": 0.0, "seed": seed, "temperature": temperature}
+                if sampled else {"top_k": 1, "temperature": 0.0})
         return "/completion", {"model": model, "prompt": prompt_ids, "n_predict": max_new_tokens,
                                "return_tokens": True, "cache_prompt": False, "stream": False,
-                               "top_k": 1, "repeat_penalty": 1.0, "temperature": 0.0,
-                               "frequency_penalty": 0.0, "presence_penalty": 0.0}
+                               "repeat_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0,
+                               **pick}
     raise ValueError(f"distill.server.api must be one of {APIS}, got {api!r}")
 
 
@@ -235,18 +251,45 @@ def served_models(url: str, timeout: float = 30.0) -> list[dict]:
     return data
 
 
-def generate_one(server, prompt_ids: list[int], max_new_tokens: int, stop_ids, vocab_size: int) -> list[int]:
+def generate_one(server, prompt_ids: list[int], max_new_tokens: int, stop_ids, vocab_size: int, *,
+                 temperature: float = 0.0, top_p: float = 1.0, seed: int = 0) -> list[int]:
     """One prompt's reply ids through the engine (:func:`request_for`, :func:`parse_reply`,
     :func:`check_reply`). ``server``: params ``distill.server`` (``api``, ``url``, ``model``,
-    ``timeout``); ``vocab_size``: the target's (``len(tokenizer)``). Raises :class:`ServerError`
-    naming the URL."""
-    path, body = request_for(server.api, server.model, prompt_ids, max_new_tokens, stop_ids)
+    ``timeout``); ``vocab_size``: the target's (``len(tokenizer)``); ``temperature`` 0: greedy, > 0:
+    sampled (:func:`request_for`). Raises :class:`ServerError` naming the URL."""
+    path, body = request_for(server.api, server.model, prompt_ids, max_new_tokens, stop_ids,
+                             temperature=temperature, top_p=top_p, seed=seed)
     url = server.url.rstrip("/") + path
     payload = http_json(url, body, server.timeout)
     try:
         return check_reply(*parse_reply(server.api, payload), stop_ids, max_new_tokens, vocab_size)
     except ServerError as e:
         raise ServerError(f"{url}: {e}") from None
+
+
+def generate_ids(server, prompts_ids: list[list[int]], max_new_tokens: int, stop_ids, vocab_size: int, *,
+                 temperature: float = 0.0, top_p: float = 1.0, seed: int = 0) -> list[list[int]]:
+    """Each prompt's reply ids through the engine, ``server.concurrency`` requests in flight
+    (:func:`generate_one`; prompt ``k`` sampled with seed ``seed + k``), in input order.
+
+    Raises:
+        ServerError: the first failed request, naming its index, the URL and the cause; the
+            requests still queued are cancelled.
+    """
+    pool = ThreadPoolExecutor(max_workers=server.concurrency)
+    futures = [pool.submit(generate_one, server, ids, max_new_tokens, stop_ids, vocab_size,
+                           temperature=temperature, top_p=top_p, seed=seed + k) for k, ids in enumerate(prompts_ids)]
+    try:
+        out = []
+        for k, f in enumerate(futures):
+            try:
+                out.append(f.result())
+            except Exception as e:  # every failure of a request becomes one ServerError
+                why = str(e) if isinstance(e, ServerError) else f"{server.url}: {type(e).__name__}: {e}"
+                raise ServerError(f"prompt {k}: {why}") from e
+        return out
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def regenerate_via_server(server, tokenizer, stop_ids, items: list[dict], *, max_new_tokens: int,

@@ -4,6 +4,7 @@ DVC reruns a stage when a declared input changes, but a stage run on its own (``
 ``python -m stages.train_scratch``) or an input DVC cannot see would silently use a stale upstream
 output. So the artifacts that later stages read record a fingerprint:
 
+- ``data/synth/fingerprint.json``, written by synthesize-prompts (read by prepare-data);
 - ``data/conversations/fingerprint.json``, written by prepare-data (read by self-distill and the eval);
 - ``data/distilled/fingerprint.json``, written by self-distill (read by extract);
 - ``data/features/<split>/manifest.json`` (key ``fingerprint``), written by extract;
@@ -58,6 +59,9 @@ HASH_CACHE = Path(".eyas/hash_cache.json")  # sha256 by (path, size, mtime, ctim
 
 # the params each fingerprinting stage reads: dvc.yaml's `params` of that stage (a test keeps them equal)
 STAGE_PARAMS: dict[str, list[str]] = {
+    "synthesize-prompts": ["seed", "target", "data.source", "data.max_conversations", "data.val", "data.test",
+                           "data.publish", "data.on_bad_line", "data.synth", "distill.backend", "distill.server",
+                           "distill.batch_size", "distill.max_new_tokens"],
     "prepare-data": ["seed", "data"],
     "self-distill": ["target", "distill", "extract.max_length", "data.on_bad_line"],
     "extract": ["target", "extract", "data.on_bad_line", "train.mode"],
