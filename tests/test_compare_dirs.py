@@ -5,7 +5,8 @@ import os
 
 import pytest
 
-from eyas.tracking.compare import CompareError, compare_dirs, lock_params
+from eyas.tracking.compare import CompareError
+from eyas.tracking.compare_dirs import compare_dirs, lock_params
 
 LOCK = """schema: '2.0'
 stages:

@@ -158,3 +158,23 @@ def test_checker_flags_an_import_of_the_lab_injected_into_a_copy(tmp_path):
     (tmp_path / "benchmarks" / "y.py").write_text("import dev\nimport devtools\n")
     assert imports_of_the_lab(tmp_path) == ["stages/x.py: dev.bench.common", "stages/x.py: dev.bench.common.RESULTS",
                                             "benchmarks/y.py: dev"]
+
+
+def long_modules(root: Path, limit: int = 500) -> list[str]:
+    """Modules of eyas/ and stages/ over ``limit`` lines whose docstring gives no reason for it (a
+    paragraph starting "One module past 500 lines")."""
+    import ast
+
+    out = []
+    for f in sorted([*(root / "eyas").rglob("*.py"), *(root / "stages").rglob("*.py")]):
+        text = f.read_text()
+        if text.count("\n") > limit and "One module past 500 lines" not in (ast.get_docstring(ast.parse(text)) or ""):
+            out.append(str(f.relative_to(root)))
+    return out
+
+
+def test_a_module_over_500_lines_says_why():
+    # eyas/export/ and eyas/eval/ are being reworked apart: listed until their split lands
+    assert long_modules(ROOT) == [m for m in ("eyas/eval/speculative.py", "eyas/export/gguf.py",
+                                              "eyas/export/inspector.py") if (ROOT / m).is_file()
+                                  and (ROOT / m).read_text().count("\n") > 500]

@@ -76,7 +76,7 @@ def test_compare_shows_the_served_table(tmp_path, monkeypatch):
     import json
 
     from eyas.params.full import parse_params
-    from eyas.tracking import compare
+    from eyas.tracking import compare, compare_dirs
     from eyas.tracking import runs as tracking
 
     root = tmp_path / "repo"
@@ -117,7 +117,7 @@ def test_compare_shows_the_served_table(tmp_path, monkeypatch):
     (d / "eval_scratch.json").write_text(json.dumps({"served": {"humaneval": table},
                                                      "chat": {"serving_verdict": {"worth_serving": False}}}))
     (d / "params.yaml").write_text("train:\n  loss_tokens: assistant\n")  # the run's own params (a preset's)
-    lines = compare.compare_dirs([str(d)]).splitlines()
+    lines = compare_dirs.compare_dirs([str(d)]).splitlines()
     assert "| `train.loss_tokens` | assistant |" in lines  # which tokens the run supervised
     assert "| scratch humaneval served eagle/chain/T1 accept_len [95% CI] | 1.7 [1.4, 2] |" in lines
     assert "| n-gram floor humaneval served ngram/chain/T1 accept_len [95% CI] | 1.2 |" in lines
