@@ -9,7 +9,7 @@ output. So the artifacts that later stages read record a fingerprint:
 - ``fingerprint.json`` beside every exported drafter (stand-in, remapped, scratch, finetune).
 
 A fingerprint (:func:`record`) holds the producing stage's name, its params values (the sections
-``dvc.yaml`` lists for it: :data:`STAGE_PARAMS`, kept equal by tests/test_stage_deps.py), a digest
+``dvc.yaml`` lists for it: :data:`STAGE_PARAMS`, kept equal by tests/pipeline/test_stage_deps.py), a digest
 of each upstream output it read (:func:`digest`), and the target's identity
 (:func:`target_identity`: hashes of its tokenizer, chat template, config and weight files, or the
 pinned hub revision, or the embedded GGUF). :func:`check` compares a fingerprint with the params, the
