@@ -1,4 +1,4 @@
-"""Tests for the data selection of benchmarks/scaling.py: the first N conversations of a feature
+"""Tests for the data selection of dev/bench/scaling.py: the first N conversations of a feature
 store whose samples extract sorted by length, and the subset store built from them."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from benchmarks.scaling import conversation_order, subset_features
+from dev.bench.scaling import conversation_order, subset_features
 from eyas.data.conversations import render_with_loss_mask
 from eyas.features import FeatureStore, ShardWriter
 

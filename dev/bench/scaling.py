@@ -32,7 +32,7 @@ Flags:
   --threads T       torch threads per process (default 1); missing arms train as parallel
                     processes, one per arm
 
-    OMP_NUM_THREADS=1 python benchmarks/scaling.py --sizes 60 120 240 --reuse-240
+    OMP_NUM_THREADS=1 python dev/bench/scaling.py --sizes 60 120 240 --reuse-240
 
 writes ``--out`` (default ``scaling_cpu.json``).
 """
@@ -48,7 +48,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch  # noqa: E402
 
@@ -335,7 +335,7 @@ def main() -> None:
     ap.add_argument("--reuse-240", action="store_true")
     ap.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS))
     ap.add_argument("--work", type=Path, default=Path("/tmp/scaling"))
-    ap.add_argument("--root", type=Path, default=Path(__file__).resolve().parents[1])
+    ap.add_argument("--root", type=Path, default=Path(__file__).resolve().parents[2])
     ap.add_argument("--train-only", action="store_true")
     ap.add_argument("--no-train", action="store_true")
     ap.add_argument("--threads", type=int, default=1)

@@ -1,4 +1,4 @@
-"""benchmarks/feature_subset.py: every n-th shard of a feature split, read back as a store the
+"""dev/bench/feature_subset.py: every n-th shard of a feature split, read back as a store the
 train stages open (the scaling table's smaller training sets)."""
 
 import json
@@ -13,7 +13,8 @@ import torch
 from eyas.features import FeatureStore, ShardWriter
 from eyas.training.batches import PackedLoader
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+SCRIPT = Path(__file__).resolve().parents[2] / "dev" / "bench" / "feature_subset.py"
+sys.path.insert(0, str(SCRIPT.parent))
 from feature_subset import subset  # noqa: E402
 
 
@@ -174,7 +175,7 @@ def test_a_broken_manifest_is_one_line_naming_it(tmp_path, text, message):
     assert "\n" not in str(e.value)
     assert _leftovers(tmp_path) == []
     # and from the command line: that line, no traceback
-    r = subprocess.run([sys.executable, str(Path(__file__).resolve().parents[2] / "benchmarks" / "feature_subset.py"),
+    r = subprocess.run([sys.executable, str(SCRIPT),
                         str(src), str(tmp_path / "out"), "--every", "1"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 1 and r.stdout == "" and r.stderr == str(e.value) + "\n"
 
@@ -242,7 +243,7 @@ def test_an_output_path_the_file_system_refuses_is_one_line_and_leaves_nothing(t
         assert str(e.value) == f"{named}: cannot write the subset (File name too long)"
         assert _leftovers(tmp_path) == []
     assert subset(src, tmp_path / "new" / ("a" * 200), every=1)["num_tokens"] == 8
-    r = subprocess.run([sys.executable, str(Path(__file__).resolve().parents[2] / "benchmarks" / "feature_subset.py"),
+    r = subprocess.run([sys.executable, str(SCRIPT),
                         str(src), "", "--every", "1"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert (r.returncode, r.stdout, r.stderr) == (1, "", "output '': give the path of a new directory for the subset, "
                                                           "e.g. half/split\n")

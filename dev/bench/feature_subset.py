@@ -1,6 +1,6 @@
 """A smaller training set from an extracted one, for a scaling table: every n-th shard of a feature split.
 
-    python3 benchmarks/feature_subset.py data/features/train /elsewhere/data/features/train --every 4
+    python3 dev/bench/feature_subset.py data/features/train /elsewhere/data/features/train --every 4
 
 The output directory gets hard links to shards ``0, n, 2n, ...`` of the source (no bytes copied; the
 source and the output must be on one file system) and a ``manifest.json`` that lists only those,
@@ -35,7 +35,7 @@ from pathlib import Path
 
 from safetensors import safe_open
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # eyas from this checkout
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # eyas from this checkout
 from eyas.features import MANIFEST, FeatureError, FeatureStore  # noqa: E402
 from eyas.io import read_json, write_json  # noqa: E402
 
