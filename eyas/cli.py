@@ -123,7 +123,8 @@ PASSED_ON = {"preset": _preset, "remote": _remote}
 
 
 def _compare(args) -> int:
-    from eyas.tracking.compare import CompareError, compare, compare_dirs, write
+    from eyas.tracking.compare import CompareError, compare, write
+    from eyas.tracking.compare_dirs import compare_dirs
 
     try:
         text = (compare_dirs(args.metrics, all_params=args.all_params) if args.metrics else

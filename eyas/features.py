@@ -27,6 +27,10 @@ A token store (``train.mode: online``, manifest ``"contents": "tokens"``) has th
 with ``input_ids``, ``loss_mask`` and ``offsets`` only (:data:`TOKEN_BYTES` = 5 bytes per token):
 the train stages compute the hidden states from the target batch by batch (eyas/training/online.py), in
 the storage dtype the manifest names, so they equal what a feature store would hold.
+
+One module past 500 lines on purpose: it is the one on-disk format of features (the writer, the
+reader, the manifest and its checks, fp8 storage, the size estimate, the token store), and a reader
+split from its writer could drift from it.
 """
 
 from __future__ import annotations

@@ -104,7 +104,7 @@ def test_quantize_fp8_hand_worked():
 
 
 def test_fp8_store_reads_back_dequantised(tmp_path):
-    from tiny import tiny_target, write_features
+    from tests.tiny import tiny_target, write_features
 
     target = tiny_target()
     ref = write_features(target, tmp_path / "f32", 6, seed=3)  # float32 store: the reference
@@ -199,9 +199,8 @@ def test_fp8_quantised_before_the_host_copy_writes_the_same_bytes(tmp_path):
     bytes the writer's own per-sample quantisation writes; pre-quantised input that does not fit
     (no or wrong scales, another fp8 format, a scale for unquantised states, non-fp8 storage) is
     refused before anything is buffered."""
-    from tiny import tiny_target, write_features
-
     from eyas.features import quantize_capture
+    from tests.tiny import tiny_target, write_features
 
     ref = write_features(tiny_target(), tmp_path / "f32", 5, seed=4)
     samples = list(ref.iter_samples())
@@ -237,9 +236,8 @@ def test_fp8_storage_refuses_non_finite_aux_states(tmp_path, value):
     """e4m3 cannot hold inf/NaN: its per-token scale would be inf/NaN and the stored row zeros or
     NaN. The writer names the sample, token and aux layer, for both quantisation paths, and the
     samples before it stay written."""
-    from tiny import tiny_target, write_features
-
     from eyas.features import quantize_capture
+    from tests.tiny import tiny_target, write_features
 
     ref = write_features(tiny_target(), tmp_path / "ref", 3, seed=5)
     samples = list(ref.iter_samples())
@@ -266,7 +264,7 @@ def test_float16_overflow_is_refused_naming_split_shard_sample_and_layer(tmp_pat
     instead) before it reaches a shard or the training loss; the samples before it stay written.
     Negative control: the same sample stored in bfloat16 or float32 is accepted and holds the
     value, and below 65504 float16 accepts it."""
-    from tiny import tiny_target, write_features
+    from tests.tiny import tiny_target, write_features
 
     ref = write_features(tiny_target(), tmp_path / "ref", 2, seed=5)
     s0, s1 = list(ref.iter_samples())

@@ -145,9 +145,6 @@ def imports_of_the_lab(root: Path) -> list[str]:
 
 def test_the_product_imports_nothing_from_the_lab():
     assert imports_of_the_lab(ROOT) == []
-    # the lab does import the product (so the check above is one way, not a ban on the name)
-    assert "benchmarks.bench_train" in stage_deps._imported_modules(ROOT / "dev" / "bench" / "peer_speculators.py",
-                                                                    "dev.bench.peer_speculators")
 
 
 def test_checker_flags_an_import_of_the_lab_injected_into_a_copy(tmp_path):
@@ -158,3 +155,23 @@ def test_checker_flags_an_import_of_the_lab_injected_into_a_copy(tmp_path):
     (tmp_path / "benchmarks" / "y.py").write_text("import dev\nimport devtools\n")
     assert imports_of_the_lab(tmp_path) == ["stages/x.py: dev.bench.common", "stages/x.py: dev.bench.common.RESULTS",
                                             "benchmarks/y.py: dev"]
+
+
+def long_modules(root: Path, limit: int = 500) -> list[str]:
+    """Modules of eyas/ and stages/ over ``limit`` lines whose docstring gives no reason for it (a
+    paragraph starting "One module past 500 lines")."""
+    import ast
+
+    out = []
+    for f in sorted([*(root / "eyas").rglob("*.py"), *(root / "stages").rglob("*.py")]):
+        text = f.read_text()
+        if text.count("\n") > limit and "One module past 500 lines" not in (ast.get_docstring(ast.parse(text)) or ""):
+            out.append(str(f.relative_to(root)))
+    return out
+
+
+def test_a_module_over_500_lines_says_why():
+    # eyas/export/ and eyas/eval/ are being reworked apart: listed until their split lands
+    assert long_modules(ROOT) == [m for m in ("eyas/eval/speculative.py", "eyas/export/gguf.py",
+                                              "eyas/export/inspector.py") if (ROOT / m).is_file()
+                                  and (ROOT / m).read_text().count("\n") > 500]

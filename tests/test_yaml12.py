@@ -214,7 +214,8 @@ def test_launch_refuses_an_nproc_the_stage_would_refuse_before_starting_processe
     ("eval_scratch.json", b'{"a": "\xe9"}', r"cannot read {p}: 'utf-8' codec can't decode byte 0xe9"),
 ])
 def test_compare_metrics_names_the_broken_file_beside_the_metrics(tmp_path, name, data, message):
-    from eyas.tracking.compare import CompareError, compare_dirs
+    from eyas.tracking.compare import CompareError
+    from eyas.tracking.compare_dirs import compare_dirs
 
     d = tmp_path / "m"
     d.mkdir()

@@ -107,7 +107,7 @@ recipe=${1:-}; shift || true
 case "$recipe" in gpu-tests|kernels|wgrad|flex|swiglu|train|specforge|lm-head|extract|eval|ddp|online|scale) eyas_deps ;; esac  # profile: its setup installs them
 case "$recipe" in
   gpu-tests)
-    step 540 python3 -m pytest -q -p no:cacheprovider --tb=short -W ignore -m gpu $(grep -l "mark.gpu" tests/test_*.py) ;;  # the files with gpu tests: the device has no mlflow/dvc to collect the rest
+    step 540 python3 -m pytest -q -p no:cacheprovider --tb=short -W ignore -m gpu $(grep -rl --include="test_*.py" "mark.gpu" tests) ;;  # the files with gpu tests: the device has no mlflow/dvc to collect the rest
   wgrad)
     step 120 python3 dev/bench/bench_wgrad.py --out wgrad.json ;;
   flex)
@@ -115,7 +115,7 @@ case "$recipe" in
   swiglu)
     step 180 python3 dev/bench/bench_swiglu.py --out swiglu.json ;;
   kernels)
-    step 150 python3 -m pytest -q -x -p no:cacheprovider --tb=short -W ignore tests/test_triton_ttt.py tests/test_head_loss.py
+    step 150 python3 -m pytest -q -x -p no:cacheprovider --tb=short -W ignore tests/drafter/test_triton_ttt.py tests/drafter/test_head_loss.py
     step 100 python3 dev/bench/bench_kernels.py --out kernels.json ;;
   train)
     T=${1:?usage: device.sh train 2048|8192}

@@ -168,7 +168,7 @@ case "${1:-}" in
     tar cf - -C "$m" "$n" | split -b 15000000 -d - "$OUT/keep_$k.tar.part" || exit 1
     ls -la "$OUT" ;;
   variant)  # variant NAME EVERY [PRESET ...]: train-scratch in $DEV/v/NAME, a copy of the work dir whose train split
-            # is every EVERY-th shard of the profile's (benchmarks/feature_subset.py; 1 = all of it), with params =
+            # is every EVERY-th shard of the profile's (dev/bench/feature_subset.py; 1 = all of it), with params =
             # the profile's + dev/levers/eval.yaml + each PRESET (a lever's keys, applied in order)
     [ $# -ge 3 ] || { echo "variant: NAME EVERY [PRESET ...], got: ${*:2}"; exit 2; }
     name_ok variant "$2"
@@ -197,7 +197,7 @@ case "${1:-}" in
       [ "$(basename "$s")" = train ] || cp -al "$s" "$V/data/features/" || exit 1
     done
     # paths under $DEV, given relative: the log it prints is kept in dev/results/
-    (cd "$DEV" && python3 "$REPO"/benchmarks/feature_subset.py w/data/features/train "v/$n/data/features/train" --every "$every") \
+    (cd "$DEV" && python3 "$REPO"/dev/bench/feature_subset.py w/data/features/train "v/$n/data/features/train" --every "$every") \
       | tee -a "$DEV"/log.txt || exit 1
     cd "$V" || exit 1
     for r in "${presets[@]}"; do

@@ -23,6 +23,9 @@ The loss mask (:func:`render_with_loss_mask`) follows the EAGLE-3 training data 
 supervised, i.e. the assistant content plus the end-of-turn token the chat template emits right
 after it (``<|im_end|>`` for ChatML, ``<|eot_id|>`` for Llama-3, ``</s>`` for Mistral), so that
 the drafter also learns to stop.
+
+One module past 500 lines on purpose: every conversation source (chitchat, ShareGPT, OpenAI messages)
+reads into the one form that rendering and the loss mask take, and each refuses bad input by line.
 """
 
 from __future__ import annotations

@@ -67,7 +67,7 @@ class Backend:
     def of(cls, choices) -> "Backend":
         """The backend of ``choices``: params' ``train.backend`` (an :class:`eyas.params.kernels.KernelChoices`)
         or a Backend (returned as is); read field by field, so the schema and this class name the same
-        five choices (tests/test_backend.py holds them equal).
+        five choices (tests/drafter/test_backend.py holds them equal).
 
         Raises:
             BackendError: ``attention`` is not one of :data:`ATTENTION`.

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-ATTENTION = ("auto", "flex", "dense")  # as eyas.drafter.backend.ATTENTION (tests/test_backend.py holds them equal)
+# as eyas.drafter.backend.ATTENTION (tests/drafter/test_backend.py holds them equal)
+ATTENTION = ("auto", "flex", "dense")
 
 
 @dataclass(frozen=True, kw_only=True)

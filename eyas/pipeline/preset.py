@@ -25,7 +25,10 @@ reach ``dvc`` through an unquoted ``$(...)``, which splits on whitespace and exp
 patterns but removes no quotes, so a value with whitespace, or one the shell would expand to a file
 here, is refused.
 
-Run: ``python -m eyas.pipeline.preset PRESET [--params params.yaml] [--write FILE]``.
+Run: ``eyas preset PRESET [--params params.yaml] [--write FILE]`` (or ``python -m eyas.pipeline.preset``).
+
+One module past 500 lines on purpose: reading a preset, checking it against the schema and writing
+the merged file back in DVC's own layout, line by line, are one round trip; the writer is most of it.
 """
 
 from __future__ import annotations

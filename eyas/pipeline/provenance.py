@@ -13,7 +13,7 @@ output. So the artifacts that later stages read record a fingerprint:
 - ``models/target_gguf/fingerprint.json``, written by target-gguf (read by export-gguf and the eval).
 
 A fingerprint (:func:`record`) holds the producing stage's name, its params values (the sections
-``dvc.yaml`` lists for it: :data:`STAGE_PARAMS`, kept equal by tests/test_stage_deps.py), a digest
+``dvc.yaml`` lists for it: :data:`STAGE_PARAMS`, kept equal by tests/pipeline/test_stage_deps.py), a digest
 of each upstream output it read (:func:`digest`), the target's identity where the stage read the
 target (:func:`target_identity`: hashes of its tokenizer, chat template, config and weight files, or
 the pinned hub revision, or the embedded GGUF), and the data source's identity where it read that

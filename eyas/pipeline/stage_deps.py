@@ -7,7 +7,7 @@ stages.train_scratch``); the Python files it can execute are that module plus ev
 imports inside functions, which run lazily: a conservative superset). A package's ``__init__.py``
 counts when it holds code. Every stage of every pipeline file (eyas.pipeline.dvcfiles.PIPELINES:
 the default DAG and the fine-tune comparison) must list exactly these files as its code deps
-(``tests/test_stage_deps.py``); ``python3 -m eyas.pipeline.stage_deps`` prints the differences and
+(``tests/pipeline/test_stage_deps.py``); ``python3 -m eyas.pipeline.stage_deps`` prints the differences and
 ``--tradeoff`` what an edit of each module costs in reruns, derived deps against one
 whole-package dep.
 

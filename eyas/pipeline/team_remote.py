@@ -2,7 +2,7 @@
 
 A shared remote lets a second clone (another machine, another path) reuse what one clone computed:
 ``dvc push --run-cache`` there, ``dvc pull --run-cache`` here, and ``dvc repro`` runs nothing
-(docs/team.md). Two kinds are documented and tested (tests/test_team_remote.py):
+(docs/team.md). Two kinds are documented and tested (tests/pipeline/test_team_remote.py):
 
 - a shared directory (``/mnt/team/eyas-dvc``: what NFS or Lustre gives a cluster), DVC's ``local``
   remote;

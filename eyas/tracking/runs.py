@@ -40,6 +40,10 @@ The experiment is ``MLFLOW_EXPERIMENT_NAME`` (MLflow's own variable, read throug
 ``mlflow.environment_variables`` as ``mlflow.start_run`` reads it), else ``eyas``.
 ``EYAS_TRACKING=off`` turns MLflow off (every tracker is the no-op one); ``RANK`` logs on rank 0
 only, as nanochat/torchtitan do (section 4). Every variable eyas reads: docs/pipeline.md.
+
+One module past 500 lines on purpose: a stage run's whole life against one MLflow store (the store,
+the parent found or made under its lock, the child, resume, logging, the end), read top to bottom;
+the team's store checks and the parent's summary are :mod:`eyas.tracking.team`.
 """
 
 from __future__ import annotations

@@ -31,6 +31,9 @@ parent run (the reused ones too), and each exported drafter an MLflow logged mod
 
 Upstream: ``mlflow/tracking/client.py`` (logged models, ``log_inputs``), ``mlflow/system_metrics/``,
 ``mlflow/utils/validation.py`` (metric names), ``mlflow/data/meta_dataset.py`` (mlflow 3.17.2).
+
+One module past 500 lines on purpose: what a team's MLflow adds to a stage run (the store checked,
+system metrics, the parent's summary, logged models and datasets), each part small and read alone.
 """
 
 from __future__ import annotations

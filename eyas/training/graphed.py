@@ -38,7 +38,7 @@ class GraphedTTT:
     stream (compilation, cuBLAS workspaces) before capture; its shape then replaces any earlier
     graph. Whether training uses it at all is :meth:`eyas.drafter.backend.Backend.graphs`: on CUDA, one
     process (DDP's gradient hooks are not captured); a whole train_drafter run with graphs
-    matches eager (tests/test_graphed.py, on a GPU).
+    matches eager (tests/training/test_graphed.py, on a GPU).
     """
 
     def __init__(self, unroll: TTTUnroll, warmup: int = 3):

@@ -216,7 +216,7 @@ def clip_in_step(opt: torch.optim.Optimizer, max_norm: float) -> torch.Tensor:
     (0.66 ms per step for the 8B drafter's 268M fp32 gradients on an H200:
     ``dev/results/profile_train.json``). The norm is over every parameter of every group
     that has a gradient, the set the scale applies to. Equal to clipping first up to float32
-    rounding (tests/test_clip.py).
+    rounding (tests/training/test_clip.py).
 
     Args:
         opt: an optimizer built with ``fused=True`` (others reject ``grad_scale``).

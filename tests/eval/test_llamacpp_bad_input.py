@@ -1,0 +1,206 @@
+"""Bad input on the llama.cpp path refused by name: agreement with nothing to compare, a drafter
+GGUF at models/<name>.gguf that is missing, empty, truncated or a target's, a llama-server that
+cannot start or is interrupted while starting (no process left behind), and `eyas inspect`'s
+flags on a GGUF."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from eyas.cli import main
+from eyas.eval.llamacpp import (
+    EngineError,
+    LlamaServer,
+    agreement,
+    prompt_decodes,
+    request_metrics,
+    serve_benchmark,
+    server_binary,
+)
+from eyas.params.full import default_params
+from eyas.target.model import embedded_target
+from stages.eval_accept_len import engine_part
+from tests.export.test_gguf import _tiny_drafter, _write_gguf
+
+
+def _row(steps: int, new: int, sha: str) -> dict:
+    return {"verify_steps": steps, "new_tokens": new, "output_sha256": sha}
+
+
+def test_agreement_with_no_prompt_compared_is_unchecked_not_passed():
+    # the control: one equal output, within the tolerance -> ok True; outside it -> ok False
+    a = agreement([_row(10, 31, "a")], [_row(10, 31, "a")])
+    assert (a["ok"], a["compared"], a["unchecked"]) == (True, 1, None)
+    assert agreement([_row(20, 31, "a")], [_row(10, 31, "a")])["ok"] is False
+    # every output differs: nothing compared, ok is None (not True) with the reason
+    a = agreement([_row(10, 31, "a"), _row(9, 31, "b")], [_row(10, 31, "x"), _row(9, 31, "y")])
+    assert a["compared"] == 0 and a["ok"] is None
+    assert a["unchecked"].startswith("none of the 2 prompts has the same greedy output")
+    a = agreement([], [])
+    assert a["ok"] is None and a["unchecked"] == "no prompts to compare"
+    with pytest.raises(ValueError, match="1 engine prompts vs 2 of eyas'"):
+        agreement([_row(1, 2, "a")], [_row(1, 2, "a")] * 2)
+
+
+def _reply(n: int, n_decode: int, accepted: int = 0, drafted: int = 0, stop: str = "limit") -> dict:
+    return {"tokens": list(range(n)), "n_decode": n_decode, "draft_n_accepted": accepted, "draft_n": drafted,
+            "predicted_ms": 1.0, "stop_type": stop}
+
+
+def test_verify_steps_are_the_targets_decodes_after_the_prompts():
+    """Counters llama-server gave for one chat prompt of the GPU profile's eval (2,159 prompt tokens, k = 8,
+    25 tokens ending in end-of-sequence): without the drafter 26 decodes, with it 9, 18 drafts accepted.
+    Its debug log (-lv 99) shows 7 verify steps, the last accepting 8 drafts, the 8th the end token, and its
+    bonus token dropped; eyas' walk with the same drafts (its one near-tie decided llama.cpp's way) takes 7 too.
+    tokens_after_first - accepted gives 6."""
+    plain, spec = _reply(25, 26, stop="eos"), _reply(25, 9, accepted=18, drafted=56, stop="eos")
+    assert prompt_decodes(plain) == 2  # 2,159 prompt tokens: two batches of at most 2,048
+    assert request_metrics(spec, prompt_decodes(plain))["verify_steps"] == 7
+    assert 25 - 1 - 18 == 6  # the control: the count from the accepted drafts is one short here
+    # stopped at max_new_tokens (64), 49 accepted: both counts give 14 (the log shows 14 steps)
+    plain, spec = _reply(64, 65), _reply(64, 16, accepted=49, drafted=106)
+    assert request_metrics(spec, prompt_decodes(plain))["verify_steps"] == 14 == 64 - 1 - 49
+    assert request_metrics(plain, prompt_decodes(plain))["verify_steps"] == 63  # without a drafter: one a token
+    assert request_metrics(_reply(1, 2), 2)["verify_steps"] == 0  # the prompt's own token only
+    # at end-of-sequence, drafts the target accepts past the end token count as accepted, yet are not output:
+    # more steps than the tokens less the accepted drafts, up to one a token (the same counts at a limit: refused)
+    assert request_metrics(_reply(25, 12, accepted=18, drafted=80, stop="eos"), 2)["verify_steps"] == 10
+    with pytest.raises(EngineError, match="10 verify steps .* expected 6 to 7"):
+        request_metrics(_reply(25, 12, accepted=18, drafted=80), 2)
+
+
+@pytest.mark.parametrize("reply, decodes, msg", [
+    (_reply(25, 9), 9, "0 verify steps .* for 25 generated tokens with 0 accepted drafts .*: expected 24 to 25"),
+    (_reply(25, 40), 2, "38 verify steps .* for 25 generated tokens"),
+    # the drafter's decodes counted too: 57 steps where 80 accepted drafts leave 19 or 20
+    (_reply(100, 58, accepted=80, drafted=400), 1, "57 verify steps .* expected 19 to 20"),
+    (_reply(25, 30, accepted=20, drafted=5), 2, "20 accepted of 5 drafted tokens"),
+    (_reply(25, 30, accepted=-3, drafted=5), 2, "-3 accepted of 5 drafted tokens"),
+])
+def test_counters_that_do_not_count_decodes_are_an_engine_error(reply, decodes, msg):
+    with pytest.raises(EngineError, match=msg):
+        request_metrics(reply, decodes)
+    with pytest.raises(EngineError, match="counted 10 decodes for 25 tokens without a drafter"):
+        prompt_decodes(_reply(25, 10))
+
+
+def test_serve_benchmark_refuses_no_prompts_by_name(tmp_path):
+    with pytest.raises(ValueError, match="no prompts to serve with .*d.gguf"):
+        serve_benchmark(tmp_path / "t.gguf", tmp_path / "d.gguf", [], k=4, max_new_tokens=8, threads=1,
+                        log_dir=tmp_path)
+
+
+def test_eval_refuses_a_drafter_gguf_it_cannot_read_before_serving(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _tiny_drafter(tmp_path / "models" / "x")
+    gguf = tmp_path / "models" / "x.gguf"
+    good = _write_gguf(tmp_path / "eagle3.gguf").read_bytes()
+    cases = {"absent": (None, "models/x.gguf: no such GGUF file"),
+             "empty": (b"", "models/x.gguf: not a GGUF file"),
+             "truncated": (good[:200], "models/x.gguf: a GGUF file cut short (truncated: 200 bytes"),
+             "a target's": (_write_gguf(tmp_path / "llama.gguf", arch="llama").read_bytes(),
+                            "general.architecture is 'llama', not 'eagle3'"),
+             # the control: a readable eagle3 file of another drafter, refused by the checks it already had
+             "another drafter's": (good, "llama.cpp would not serve the drafter of models/x as trained")}
+    for case, (data, msg) in cases.items():
+        gguf.unlink(missing_ok=True)
+        if data is not None:
+            gguf.write_bytes(data)
+        with pytest.raises(SystemExit) as e:
+            engine_part("x", default_params(), [[1, 2, 3]], "chat", 8)
+        assert msg in str(e.value) and "`dvc repro export-gguf@x`" in str(e.value), (case, str(e.value))
+        assert str(e.value).startswith("eval x chat: "), case
+    assert not (tmp_path / ".eyas").exists()  # no server log: nothing was started
+
+
+def test_a_binary_that_cannot_start_is_an_engine_error(tmp_path, monkeypatch):
+    bad = tmp_path / "llama-server"
+    bad.write_text("not a program")  # not executable
+    monkeypatch.setattr("eyas.eval.llamacpp.server_binary", lambda backend="cpu": bad)
+    with pytest.raises(EngineError, match=r"cannot start llama-server \(.*llama-server -m .*PermissionError.*"
+                                          r"build_llama_server\.sh"):
+        with LlamaServer(tmp_path / "t.gguf", None, k=4, threads=1, ctx=64, log=tmp_path / "l.log"):
+            pass
+
+
+def _have_server() -> bool:
+    try:
+        server_binary()
+    except EngineError:
+        return False
+    return True
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return not open(f"/proc/{pid}/stat").read().split()[2] == "Z"
+
+
+@pytest.mark.slow  # starts llama-server (seconds)
+@pytest.mark.skipif(not _have_server(), reason="llama-server not built: bash scripts/build_llama_server.sh")
+def test_an_interrupt_while_the_server_starts_leaves_no_process(tmp_path, monkeypatch):
+    """Ctrl-C while llama-server loads (started, /health not answering yet): the server is stopped
+    before the KeyboardInterrupt propagates. The interrupt is raised at the health poll's wait, as
+    Ctrl-C there would: a timer's ``_thread.interrupt_main`` was lost in a long suite under load
+    (CPython drops an interrupt raised inside a finalizer) and can land after the server is healthy."""
+    import eyas.eval.llamacpp as llamacpp
+
+    d, f = embedded_target()
+    s = LlamaServer(Path(d, f), None, k=4, threads=1, ctx=64, log=tmp_path / "l.log")
+    alive_when_interrupted = []
+
+    def ctrl_c(_seconds):
+        alive_when_interrupted.append(_alive(s.proc.pid))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(llamacpp, "time", SimpleNamespace(monotonic=time.monotonic, sleep=ctrl_c))
+    entered = False
+    with pytest.raises(KeyboardInterrupt):
+        with s:
+            entered = True
+            raise KeyboardInterrupt  # healthy at its first poll: nothing interrupted the start (skipped below)
+    if entered:
+        pytest.skip("the server was healthy at its first poll: the start was not interrupted")
+    assert alive_when_interrupted == [True]  # the control: the server was running when Ctrl-C came
+    assert not _alive(s.proc.pid) and s.proc.returncode is not None
+
+
+@pytest.mark.slow  # starts llama-server (a second)
+@pytest.mark.skipif(not _have_server(), reason="llama-server not built: bash scripts/build_llama_server.sh")
+def test_a_server_that_exits_at_start_names_the_command_and_the_log(tmp_path):
+    junk = tmp_path / "junk.gguf"
+    junk.write_bytes(b"x" * 100)
+    s = LlamaServer(junk, None, k=4, threads=1, ctx=64, log=tmp_path / "l.log")
+    with pytest.raises(EngineError, match=r"(?s)llama-server exited \d+ \(.*-m .*junk\.gguf.*invalid magic"):
+        with s:
+            pass
+    assert not _alive(s.proc.pid)
+
+
+def test_inspect_flags_on_a_gguf_are_refused_by_name(tmp_path, capsys):
+    g = _write_gguf(tmp_path / "g.gguf")
+    d = _tiny_drafter(tmp_path / "d")
+    assert main(["inspect", str(g), "--drafter", str(d)]) == 1  # the control: a directory is read (its errors)
+    capsys.readouterr()
+    for bad in (g, d / "model.safetensors", tmp_path / "nope"):
+        assert main(["inspect", str(g), "--drafter", str(bad)]) == 2
+        assert f"--drafter {bad} is not a directory" in capsys.readouterr().err
+    for n in ("0", "-3", "x"):
+        with pytest.raises(SystemExit) as e:
+            main(["inspect", str(g), "--num-target-layers", n])
+        assert e.value.code == 2 and f"must be an integer >= 1, got '{n}'" in capsys.readouterr().err
+    assert main(["inspect", str(g), "--num-target-layers", "30"]) == 0
+    # a GGUF under another name is read as a GGUF, not as a checkpoint directory
+    for name in ("G.GGUF", "drafter.bin"):
+        (tmp_path / name).write_bytes(g.read_bytes())
+        assert main(["inspect", str(tmp_path / name), "--num-target-layers", "30"]) == 0, name
+        assert "[GGUF, general.architecture eagle3" in capsys.readouterr().out
+    assert main(["inspect", str(d)]) == 0  # the control: a checkpoint directory is still one
