@@ -9,7 +9,7 @@
 GPU's name, ``cpu`` without one; ``--out`` names another path).
 
 The target: ``embedded`` is eyas' embedded SmolLM2-135M-Instruct (its Q4_1 GGUF de-quantised to fp32, served
-as an F32 GGUF of the same weights, as tests/test_llamacpp.py does); ``tiny``, ``1b`` and ``8b`` are a
+as an F32 GGUF of the same weights, as tests/eval/test_llamacpp.py does); ``tiny``, ``1b`` and ``8b`` are a
 ``LlamaForCausalLM`` with random weights (seed ``--seed``, transformers' own initialisation) of that shape
 (``1b``: Llama-3.2-1B's: hidden 2048, 16 layers, 32 heads, 8 KV heads, intermediate 8192, tied embeddings;
 ``8b``: Llama-3.1-8B's: hidden 4096, 32 layers, 32/8 heads, intermediate 14336; both rope_theta 500000
@@ -24,7 +24,7 @@ made in the GGUF's precision (``--outtype``: bf16 for 1b/8b, f32 for tiny) and t
 exactly; eyas runs them in fp32 (generation, capture, its chain oracle), the nearest it gets to
 llama.cpp, which keeps activations in fp32.
 
-The drafter is trained through eyas' own library calls, as tests/test_llamacpp.py's fixture trains
+The drafter is trained through eyas' own library calls, as tests/eval/test_llamacpp.py's fixture trains
 one: the target's greedy replies (eyas.data.distill.generate_batch) to the first ``--prompts`` HumanEval
 problems (each asked as the eval asks it), their aux hidden states (layers [2, L/2, L-3]) in a
 FeatureStore, a draft vocabulary from their tokens (eyas.vocab.mapping.build_mapping), TTT training

@@ -14,7 +14,7 @@ others' greedy outputs come from batched generate and their acceptance from the 
 (its k entry is checked against the real run: `oracle_matches_real`) and the prompts whose greedy
 output falls into a repetition loop, reported apart (`repetition`). The prompt-lookup n-gram floor
 (no training) on the same prompts comes from the same oracle: the same metrics a real n-gram run
-reports (tests/test_chain_oracle.py checks they are equal), without its wall time. Reads params `target`, `eval`;
+reports (tests/eval/test_chain_oracle.py checks they are equal), without its wall time. Reads params `target`, `eval`;
 reads `models/<drafter>/`; writes `metrics/eval_<drafter>.json`.
 With `eval.served_prompts` > 0 it also writes the chain-vs-tree-vs-sampled table of the first prompts of each
 benchmark (`served.<bench>`: greedy chain, greedy static tree, speculative sampling at `eval.temperatures` /

@@ -105,8 +105,8 @@ PY
     mkdir -p "$HOME"/src && tar xJf .devcarry/f/llama-src.tar.xz -C "$HOME"/src
     step 480 bash scripts/build_llama_server.sh --cuda --sources "$HOME"/src/llama_cpp_python-0.3.36 &
     build=$!
-    step 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_graphed_decode.py tests/test_prefetch.py \
-      tests/test_graphed.py tests/test_triton_ttt.py tests/test_head_loss.py tests/test_clip.py
+    step 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/target/test_graphed_decode.py tests/training/test_prefetch.py \
+      tests/training/test_graphed.py tests/drafter/test_triton_ttt.py tests/drafter/test_head_loss.py tests/training/test_clip.py
     wait $build || { tail -30 "$LOG"; exit 1; }
     step 120 python3 dev/gpu/serve_tiny.py .devcarry/f "$OUT"/engine_tiny_gpu.json ;;
   run)

@@ -8,7 +8,7 @@ decoding every prompt one at a time, twice, dominates the eval.
 Under greedy verification the acceptance of a chain drafter is a function of the target's greedy
 output alone (eyas/eval/oracle.py), and greedy outputs can be made for many prompts in one
 batched ``generate`` (:func:`eyas.data.distill.generate_batch`, which equals unbatched greedy token for
-token on CPU, tests/test_distill.py). So :func:`evaluate_benchmark`:
+token on CPU, tests/data/test_distill.py). So :func:`evaluate_benchmark`:
 
 1. decodes the first ``timed_prompts`` prompts for real (:func:`eyas.eval.speculative.evaluate_prompts`:
    greedy and speculative interleaved, timed, checked token for token: ``lossless``, ``speedup``,
@@ -81,7 +81,7 @@ def evaluate_benchmark(target, drafter, prompts: list[list[int]], *, num_draft_t
                          "reference": "unbatched greedy (timed runs)" if n_real == len(prompts) else
                          f"unbatched greedy for the {n_real} timed prompts, batched greedy generate for the rest"}
     # the n-gram floor, exact from the oracle: its walk is a real n-gram run's verify steps
-    # (tests/test_chain_oracle.py), without that run's minutes of decoding
+    # (tests/eval/test_chain_oracle.py), without that run's minutes of decoding
     counts = [accepted_draft_counts(target, NgramProposer(), p, y, num_draft_tokens=k, aux_layer_ids=None)
               for p, y in zip(prompts, greedy)]
     eagle["k_sweep"] = k_sweep(eagle)

@@ -19,6 +19,10 @@ draft: the server samples the bonus token after it and drops it.
 
 :func:`agreement` holds the engine to eyas' own decoding loop on the prompts whose greedy outputs
 are equal (see its docstring for the tolerance and why).
+
+One module past 500 lines: which build serves (the CPU or the CUDA binary, its build record, the device it
+sees), the server's start and its checks, its counters and the agreement with eyas' loop are one contract
+with llama-server, read together when a served figure is in doubt.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ output ends at the first id of the decoder's stop set, so the walk needs no stop
 For the EAGLE drafter, up to the first mismatch the drafted tokens equal ``y``, so every chain is
 computed at once: one target forward over ``prompt + y`` (aux hidden states; or the features a
 real speculative run already fed the drafter, which the eval stage reuses) and ``k`` TTT steps
-fed ground-truth tokens (eyas/training/batches.py; ``tests/test_ttt.py`` checks TTT steps equal incremental
+fed ground-truth tokens (eyas/training/batches.py; ``tests/training/test_ttt.py`` checks TTT steps equal incremental
 decoding). Index ``t = len(prompt) + p - 2`` of that unroll is the drafter's state when ``p``
 tokens are committed: its step ``i`` predicts ``y[p + i]``.
 
@@ -196,7 +196,7 @@ def walk_metrics(counts: list[list[int]], outputs: list[list[int]], num_draft_to
     ``accepted_histogram``, ``upper_bound``, ``num_prompts``, ``num_verify_steps``,
     ``new_tokens``) of greedy chain decoding with k = ``num_draft_tokens``, from the per-prompt
     :func:`accepted_draft_counts` on the greedy ``outputs``: what a real run reports, without its
-    wall time (tests/test_chain_oracle.py checks them equal for the n-gram proposer)."""
+    wall time (tests/eval/test_chain_oracle.py checks them equal for the n-gram proposer)."""
     if len(counts) != len(outputs):
         raise ValueError(f"walk_metrics: {len(counts)} count lists for {len(outputs)} outputs")
     k = num_draft_tokens

@@ -8,7 +8,7 @@ target's distribution ``p_i`` and the proposal ``q_i`` at draft position i, draf
 accepted with probability ``min(1, p_i(x) / q_i(x))``; at the first rejection the token is
 resampled from ``norm(max(p_i - q_i, 0))`` and the step ends; when all drafts are accepted a bonus
 token is sampled from ``p_k``. Each committed token is then distributed as ``p`` (the test:
-tests/test_sampling.py, against the target's distribution computed by enumeration).
+tests/eval/test_sampling.py, against the target's distribution computed by enumeration).
 
 Proposals: the EAGLE drafter samples from its own distribution at the same temperature and top-p;
 its ``q`` lives on the draft vocab and is mapped to target ids through ``d2t`` (zero on target ids

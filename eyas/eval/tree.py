@@ -17,7 +17,7 @@ The tree is SGLang's (``--speculative-eagle-topk``, ``--speculative-num-steps``,
   always scores at least as high as its children (probabilities <= 1), so the set is a tree.
 
 With ``topk = 1`` and ``num_draft_tokens = num_steps + 1`` the tree is the chain
-:class:`eyas.eval.speculative.EagleProposer` drafts (tests/test_tree.py checks the accepted counts are
+:class:`eyas.eval.speculative.EagleProposer` drafts (tests/eval/test_tree.py checks the accepted counts are
 equal).
 
 Verification: the target reads ``[x_last, n_1..n_m]`` at positions ``n_done + depth`` with a 4D

@@ -6,6 +6,10 @@ finish); the computation is :class:`eyas.training.unroll.TTTUnroll` (loss and al
 are eyas/training/batches.py's; the kernels are ``tp.backend`` (eyas/drafter/backend.py). Logging goes through a
 :class:`eyas.tracking.runs.Tracker` (a no-op one when logging is off), so the loop has no logging
 branches.
+
+One module past 500 lines: the :class:`Trainer`'s pieces share its state (the step, the resume point,
+the batch stream and its background loader, the throughput counters), and each is short; split apart
+they would pass that state around.
 """
 
 from __future__ import annotations

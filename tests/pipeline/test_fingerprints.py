@@ -129,7 +129,7 @@ def test_artifact_without_fingerprint_is_not_checked(ws, caplog):
 
 def _distill_in(ws: Path, **distill) -> dict:
     """self-distill, the real stage code (stages/self_distill.run), on data/conversations with a tiny
-    target and a stub tokenizer (tests/test_distill.py) standing in for ./target's weights; returns
+    target and a stub tokenizer (tests/data/test_distill.py) standing in for ./target's weights; returns
     its metrics."""
     from test_distill import _conversations, _stub_target
 

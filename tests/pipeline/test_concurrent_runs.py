@@ -1,7 +1,7 @@
 """Two runs of one stage in one workspace: the second refuses at its start, naming the first (pid
 and command), and the first finishes untouched (eyas/pipeline/runlock.py).
 
-The real ``train-scratch`` stage runs on tests/test_resume.py's tiny workspace, slowed down, while a
+The real ``train-scratch`` stage runs on tests/training/test_resume.py's tiny workspace, slowed down, while a
 second ``python -m stages.train_scratch`` starts beside it. Without the lock both train into the same
 checkpoint directory and one of them dies; with it the second stops before it writes anything. A
 lock's holder killed with ``kill -9`` leaves no stale lock. Every stage of the pipeline files takes
@@ -26,7 +26,7 @@ from test_resume import CKPT, DRIVER, _copy, _env, workspace  # noqa: F401 - wor
 from eyas.pipeline import dvcfiles, runlock
 from eyas.training import checkpoint as ckpt
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 HOLDER = ("import sys, time\nfrom eyas.pipeline import runlock\nfor s in sys.argv[1:]:\n    runlock.hold(s)\n"
           "print('held', flush=True)\ntime.sleep(120)\n")
 

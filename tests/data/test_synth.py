@@ -20,7 +20,7 @@ import yaml
 from eyas.data.synth import NearDupIndex, Overlap, SynthError, clean_turn, jaccard, shingles, synthesize, user_prefix
 from eyas.params.full import ParamsError, default_params, parse_params
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def words3(text: str) -> set[tuple[str, ...]]:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "build_llama_server.sh"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "build_llama_server.sh"
 WHEELS = Path(sysconfig.get_path("data")) / "share" / "eyas" / "cuda-13.0" / "nvidia" / "cu13"
 
 

@@ -4,7 +4,7 @@ checkpoint and the target (eyas.export.gguf_fields), and an exported file's byte
 The fast tests write GGUFs with the gguf package's GGUFWriter holding the keys llama.cpp's
 converter writes for a small llama3-scaled drafter (``conversion/base.py`` set_gguf_parameters,
 ``conversion/llama.py``: the rope_freqs tensor, computed here by the converter's own formula), then
-change one field at a time. tests/test_gguf.py runs the real converter on a llama3-scaled drafter
+change one field at a time. tests/export/test_gguf.py runs the real converter on a llama3-scaled drafter
 and edits its output (:func:`rewrite_gguf`)."""
 
 import math

@@ -30,7 +30,7 @@ from eyas.tracking import runs as tracking
 from eyas.training import checkpoint as ckpt
 from tests import team_servers
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _server(root: Path, port: int) -> subprocess.Popen:

@@ -369,7 +369,7 @@ def test_a_failing_capture_is_loud():
     """A step that synchronises with the host cannot be captured: the decoder raises
     GraphCaptureError naming the shape (in a subprocess: a failed capture may poison the context)."""
     r = subprocess.run([sys.executable, "-c", _FAILING_CAPTURE], capture_output=True, text=True, timeout=300,
-                       cwd=str(Path(__file__).resolve().parents[1]))
+                       cwd=str(Path(__file__).resolve().parents[2]))
     assert "RAISED capturing the target's decode step in a CUDA graph failed (batch 1, 1 tokens per row" in r.stdout, \
         r.stdout + r.stderr
     assert "CAUSE True" in r.stdout, r.stdout  # the capture's own error (a CUDA one), not a bug of the test
