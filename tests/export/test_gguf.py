@@ -24,7 +24,7 @@ from eyas.export.eagle import save_drafter
 from eyas.export.inspector import inspect_checkpoint, inspect_gguf, render_gguf
 from eyas.io import load_safetensors
 from eyas.vocab.mapping import VocabMapping, save_mapping
-from tests.test_gguf_fields import LLAMA3, rewrite_gguf
+from tests.export.test_gguf_fields import LLAMA3, rewrite_gguf
 
 L, H, V, VD = 30, 576, 49152, 256
 DEFAULT = [2, 15, 27]  # [2, L//2, L-3] for L = 30

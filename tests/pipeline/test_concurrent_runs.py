@@ -21,10 +21,10 @@ import time
 from pathlib import Path
 
 import pytest
-from test_resume import CKPT, DRIVER, _copy, _env, workspace  # noqa: F401 - workspace is a fixture
 
 from eyas.pipeline import dvcfiles, runlock
 from eyas.training import checkpoint as ckpt
+from tests.training.test_resume import CKPT, DRIVER, _copy, _env, workspace  # noqa: F401 - workspace is a fixture
 
 ROOT = Path(__file__).resolve().parents[2]
 HOLDER = ("import sys, time\nfrom eyas.pipeline import runlock\nfor s in sys.argv[1:]:\n    runlock.hold(s)\n"

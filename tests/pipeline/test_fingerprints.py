@@ -131,10 +131,9 @@ def _distill_in(ws: Path, **distill) -> dict:
     """self-distill, the real stage code (stages/self_distill.run), on data/conversations with a tiny
     target and a stub tokenizer (tests/data/test_distill.py) standing in for ./target's weights; returns
     its metrics."""
-    from test_distill import _conversations, _stub_target
-
     from eyas.data.conversations import write_jsonl
     from stages import self_distill
+    from tests.data.test_distill import _conversations, _stub_target
 
     for split in ("train", "val", "publish", "test"):
         write_jsonl(ws / f"data/conversations/{split}.jsonl", _conversations())

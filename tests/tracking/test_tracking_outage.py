@@ -23,12 +23,12 @@ from pathlib import Path
 import pytest
 import requests
 from mlflow import MlflowClient
-from test_resume import CKPT, DRIVER, _copy, _env, workspace  # noqa: F401 - workspace is a fixture
 
 from eyas.params.full import default_params
 from eyas.tracking import runs as tracking
 from eyas.training import checkpoint as ckpt
 from tests import team_servers
+from tests.training.test_resume import CKPT, DRIVER, _copy, _env, workspace  # noqa: F401 - workspace is a fixture
 
 ROOT = Path(__file__).resolve().parents[2]
 
