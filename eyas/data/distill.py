@@ -80,7 +80,7 @@ def generate_batch(model, prompts_ids: list[list[int]], max_new_tokens: int, pad
         cache_implementation: with the ``"dynamic"`` decode, transformers'
             ``GenerationConfig.cache_implementation``: None, its default dynamic KV cache;
             ``"static"``, a cache preallocated to prompt + ``max_new_tokens`` whose decode step
-            transformers compiles on CUDA (benchmarks/bench_generate.py compares them).
+            transformers compiles on CUDA (dev/bench/bench_generate.py compares them).
         decode: :func:`eyas.target.graphed.choose`: ``"auto"`` (the default) is ``"graphed"`` on
             CUDA (:func:`eyas.target.graphed.greedy_batch`: a static KV cache, each decode step
             replayed from a CUDA graph) and ``"dynamic"`` (transformers' ``generate``) elsewhere;
