@@ -37,11 +37,14 @@ while [ $# -gt 0 ]; do
     --cuda-arch) [ $# -ge 2 ] || { echo "build_llama_server.sh: --cuda-arch needs a value (e.g. 90)" >&2; exit 2; }
                  ARCH=$2; shift ;;
     --sources) [ $# -ge 2 ] || { echo "build_llama_server.sh: --sources needs a directory" >&2; exit 2; }
-               SOURCES=$(cd "$2" && pwd) || { echo "build_llama_server.sh: --sources: no directory '$2'" >&2; exit 2; }
+               SOURCES=$(cd "$2" 2>/dev/null && pwd) \
+                 || { echo "build_llama_server.sh: --sources: no directory '$2'" >&2; exit 2; }
                grep -qx "Version: $VERSION" "$SOURCES/PKG-INFO" 2>/dev/null || { echo "build_llama_server.sh:" \
                  "--sources $2: its PKG-INFO does not name llama-cpp-python $VERSION" >&2; exit 2; }
                shift ;;
-    *) echo "build_llama_server.sh: unknown argument '$1' (usage: [--cuda] [--cuda-arch LIST] [--sources DIR])" >&2
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    *) echo "build_llama_server.sh: unknown argument '$1' (usage: [--cuda] [--cuda-arch LIST] [--sources DIR]" \
+            "[--configure-only]; --help)" >&2
        exit 2 ;;
   esac
   shift

@@ -66,3 +66,9 @@ def test_the_cuda_build_configures_without_a_gpu():
     assert "Including CUDA backend" in r.stdout, r.stdout
     assert "Using CMAKE_CUDA_ARCHITECTURES=90" in r.stdout, r.stdout
     assert "configured: llama-server-cuda (" + ("local" if _toolkit() == "local" else "PyPI wheels") in r.stdout
+
+
+def test_help_prints_the_usage_and_builds_nothing():
+    r = _run("--help")
+    assert r.returncode == 0, r.stderr
+    assert "bash scripts/build_llama_server.sh [--cuda] [--cuda-arch LIST] [--sources DIR] [--configure-only]" in r.stdout
