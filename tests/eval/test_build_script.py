@@ -71,4 +71,5 @@ def test_the_cuda_build_configures_without_a_gpu():
 def test_help_prints_the_usage_and_builds_nothing():
     r = _run("--help")
     assert r.returncode == 0, r.stderr
-    assert "bash scripts/build_llama_server.sh [--cuda] [--cuda-arch LIST] [--sources DIR] [--configure-only]" in r.stdout
+    usage = "bash scripts/build_llama_server.sh [--cuda] [--cuda-arch LIST] [--sources DIR] [--configure-only]"
+    assert usage in r.stdout, r.stdout
