@@ -29,18 +29,20 @@ set -euo pipefail
 VERSION=0.3.36
 CUDA_WHEELS="nvidia-cuda-nvcc==13.0.88 nvidia-nvvm==13.0.88 nvidia-cuda-runtime==13.0.96 nvidia-cuda-cccl==13.0.85
   nvidia-cuda-crt==13.0.88 nvidia-cublas==13.0.2.14"
-CUDA=0 ARCH=90 SOURCES="" CONFIGURE_ONLY=0
+CUDA=0 ARCH=90 ARCH_GIVEN=0 SOURCES="" CONFIGURE_ONLY=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --cuda) CUDA=1 ;;
     --configure-only) CONFIGURE_ONLY=1 ;;
     --cuda-arch) [ $# -ge 2 ] || { echo "build_llama_server.sh: --cuda-arch needs a value (e.g. 90)" >&2; exit 2; }
-                 ARCH=$2; shift ;;
+                 ARCH=$2 ARCH_GIVEN=1; shift ;;
     --sources) [ $# -ge 2 ] || { echo "build_llama_server.sh: --sources needs a directory" >&2; exit 2; }
                SOURCES=$(cd "$2" 2>/dev/null && pwd) \
                  || { echo "build_llama_server.sh: --sources: no directory '$2'" >&2; exit 2; }
-               grep -qx "Version: $VERSION" "$SOURCES/PKG-INFO" 2>/dev/null || { echo "build_llama_server.sh:" \
+               grep -qxF "Version: $VERSION" "$SOURCES/PKG-INFO" 2>/dev/null || { echo "build_llama_server.sh:" \
                  "--sources $2: its PKG-INFO does not name llama-cpp-python $VERSION" >&2; exit 2; }
+               [ -f "$SOURCES/CHANGELOG.md" ] || { echo "build_llama_server.sh: --sources $2: no CHANGELOG.md (the" \
+                 "build record's llama.cpp commit comes from it: keep it in the copy)" >&2; exit 2; }
                shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "build_llama_server.sh: unknown argument '$1' (usage: [--cuda] [--cuda-arch LIST] [--sources DIR]" \
@@ -50,6 +52,7 @@ while [ $# -gt 0 ]; do
   shift
 done
 [ $CONFIGURE_ONLY = 0 ] || [ $CUDA = 1 ] || { echo "build_llama_server.sh: --configure-only needs --cuda" >&2; exit 2; }
+[ $ARCH_GIVEN = 0 ] || [ $CUDA = 1 ] || { echo "build_llama_server.sh: --cuda-arch needs --cuda" >&2; exit 2; }
 [[ "$ARCH" =~ ^[0-9]+[a-z]?(-real|-virtual)?(\;[0-9]+[a-z]?(-real|-virtual)?)*$ ]] \
   || { echo "build_llama_server.sh: --cuda-arch '$ARCH' is not a CMAKE_CUDA_ARCHITECTURES list (e.g. 90 or '89;90')" >&2; exit 2; }
 BIN_DIR=$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')
@@ -94,6 +97,8 @@ SRC="$SOURCES/vendor/llama.cpp"
 # the sdist carries no git history: the commit is the one its CHANGELOG names for this version
 COMMIT=$(awk -v v="## [$VERSION]" '$0==v {f=1; next} /^## \[/ {f=0} f && match($0, /ggml-org\/llama\.cpp@[0-9a-f]+/) \
   {print substr($0, RSTART+19, RLENGTH-19); exit}' "$SOURCES/CHANGELOG.md")
+[ -n "$COMMIT" ] || echo "build_llama_server.sh: warning: $SOURCES/CHANGELOG.md names no llama.cpp commit under" \
+  "## [$VERSION]: the build record says unknown" >&2
 
 if [ $CONFIGURE_ONLY = 0 ] && ! converter_ok; then
   rm -rf "$CONVERTER_DIR.tmp" && mkdir -p "$CONVERTER_DIR.tmp"

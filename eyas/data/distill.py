@@ -110,6 +110,9 @@ def generate_batch(model, prompts_ids: list[list[int]], max_new_tokens: int, pad
     if stop_ids is None:
         raise ValueError("generate_batch: stop_ids is None: pass the target's stop set (Target.stop_ids), or [] "
                          "for none")
+    stop_ids = [int(t) for t in stop_ids]  # read once: a generator or a tensor is a list of ints from here on
+    if decode not in graphed.DECODES:
+        raise ValueError(f"generate_batch: decode {decode!r} is not one of {graphed.DECODES}")
     if not prompts_ids:
         return []
     if any(len(p) == 0 for p in prompts_ids):

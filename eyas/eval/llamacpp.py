@@ -108,6 +108,10 @@ def build_info(backend: str = "cpu") -> dict:
                           f"{' --cuda' if backend == 'cuda' else ''}`") from None
     if not isinstance(rec, dict):
         raise EngineError(f"{f}: the build record is {type(rec).__name__}, not a JSON object")
+    if rec.get("backend") != backend or not all(isinstance(rec.get(k), str) for k in ("sources", "cmake_flags")):
+        raise EngineError(f"{f}: the build record names backend {rec.get('backend')!r} and sources "
+                          f"{rec.get('sources')!r}, not a {backend} build of scripts/build_llama_server.sh; rebuild: "
+                          f"`bash scripts/build_llama_server.sh{' --cuda' if backend == 'cuda' else ''}`")
     return {**rec, "binary": str(exe)}
 
 
@@ -256,12 +260,21 @@ class LlamaServer:
         statistics lines llama.cpp logs, cumulative, at each request's end (``common_speculative_print_stats``
         in common/speculative.cpp, at ``-lv 4``): ``draft_calls`` and ``draft_ms`` (drafting time, ms).
         Read it once the server has stopped (its log is then complete). None with fewer than two lines
-        (no drafter, or one request)."""
+        (no drafter, or one request). Raises EngineError (naming the log) where the counters are not
+        numbers or fall between the first line and the last (another run's lines in the same log)."""
         rows = re.findall(r"statistics\s+draft-eagle3: #calls\(b,g,a\) = +(\d+) +(\d+) +(\d+).*?"
                           r"dur\(b,g,a\) = ([\d.]+), ([\d.]+), ([\d.]+) ms", self.log.read_text(errors="replace"))
         if len(rows) < 2:
             return None
-        return {"draft_calls": int(rows[-1][1]) - int(rows[0][1]), "draft_ms": float(rows[-1][4]) - float(rows[0][4])}
+        try:
+            calls, ms = int(rows[-1][1]) - int(rows[0][1]), float(rows[-1][4]) - float(rows[0][4])
+        except ValueError:
+            raise EngineError(f"{self.log}: a speculative statistics line whose duration is not a number: "
+                              f"{rows[-1]}") from None
+        if calls < 0 or ms < 0:
+            raise EngineError(f"{self.log}: the drafter's counters fell from {rows[0][1]} calls, {rows[0][4]} ms "
+                              f"to {rows[-1][1]} calls, {rows[-1][4]} ms: the log holds more than this server's run")
+        return {"draft_calls": calls, "draft_ms": ms}
 
     def __exit__(self, *exc) -> None:
         if self.proc is not None and self.proc.poll() is None:

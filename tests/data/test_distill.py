@@ -481,3 +481,28 @@ def test_generate_batch_sampled_runs_generate_and_refuses_the_greedy_only_decode
     assert all(len(r) == 16 and all(0 <= i < VOCAB for i in r) for r in a)
     model.generation_config.eos_token_id = a[0][2]
     assert generate_batch(model, prompts, 16, pad_id=0, stop_ids=[], temperature=1.0, seed=5) == a
+
+
+@pytest.mark.parametrize("decode", ["dynamic", "static"])
+def test_generate_batch_reads_stop_ids_once_whatever_their_kind(decode):
+    """A generator or a tensor of stop ids stops the rows as the same list does (negative control: before,
+    the dynamic decode read a generator twice, the second time empty, and a tensor's elements never
+    matched an int: the pads after the stop came back as tokens)."""
+    from tests.tiny import tiny_target
+
+    m = tiny_target().model
+    prompts = [[1, 2, 3], [4, 5]]
+    stop = generate_batch(m, prompts, 6, 0, [], decode=decode)[0][2]
+    want = generate_batch(m, prompts, 6, 0, [stop], decode=decode)
+    assert want[0][-1] == stop and len(want[0]) == 3
+    assert generate_batch(m, prompts, 6, 0, (t for t in [stop]), decode=decode) == want
+    assert generate_batch(m, prompts, 6, 0, torch.tensor([stop]), decode=decode) == want
+
+
+def test_generate_batch_refuses_an_unknown_decode_sampled_or_not():
+    from tests.tiny import tiny_target
+
+    m = tiny_target().model
+    for temperature in (0.0, 0.7):
+        with pytest.raises(ValueError, match=r"decode 'bogus' is not one of"):
+            generate_batch(m, [[1, 2]], 4, 0, [], decode="bogus", temperature=temperature)

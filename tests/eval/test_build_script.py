@@ -29,6 +29,7 @@ def _run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     (["--cuda", "--cuda-arch", "sm_90"], "--cuda-arch 'sm_90' is not a CMAKE_CUDA_ARCHITECTURES list"),
     (["--cuda", "--cuda-arch"], "--cuda-arch needs a value"),
     (["--configure-only"], "--configure-only needs --cuda"),
+    (["--cuda-arch", "89;90"], "--cuda-arch needs --cuda"),
     (["--sources", "/nonexistent-eyas-dir"], "--sources: no directory"),
 ])
 def test_bad_arguments_are_refused_by_name(args, says):
@@ -42,8 +43,11 @@ def test_sources_of_another_version_are_refused(tmp_path):
     r = _run("--sources", str(tmp_path))
     assert r.returncode == 2 and "does not name llama-cpp-python 0.3.36" in r.stderr, r.stderr
     (tmp_path / "PKG-INFO").write_text("Metadata-Version: 2.1\nName: llama_cpp_python\nVersion: 0.3.36\n")
-    r = _run("--sources", str(tmp_path), "--cuda", "--cuda-arch", "x")  # the right version passes that check
-    assert "does not name" not in r.stderr and "--cuda-arch 'x'" in r.stderr, r.stderr
+    r = _run("--sources", str(tmp_path))  # the right version passes that check; the commit's source is missing
+    assert r.returncode == 2 and "no CHANGELOG.md" in r.stderr and "does not name" not in r.stderr, r.stderr
+    (tmp_path / "CHANGELOG.md").write_text("## [0.3.36]\n\n- feat: update llama.cpp to ggml-org/llama.cpp@0c1e57098\n")
+    r = _run("--sources", str(tmp_path), "--cuda", "--cuda-arch", "x")
+    assert "CHANGELOG" not in r.stderr and "--cuda-arch 'x'" in r.stderr, r.stderr
 
 
 def _toolkit() -> str | None:

@@ -204,3 +204,48 @@ def test_inspect_flags_on_a_gguf_are_refused_by_name(tmp_path, capsys):
         assert main(["inspect", str(tmp_path / name), "--num-target-layers", "30"]) == 0, name
         assert "[GGUF, general.architecture eagle3" in capsys.readouterr().out
     assert main(["inspect", str(d)]) == 0  # the control: a checkpoint directory is still one
+
+
+def _record_beside(tmp_path, monkeypatch, name: str, record) -> None:
+    """A fake build of ``name`` in a scripts dir of its own, its build record holding ``record``."""
+    import json
+    import sysconfig
+
+    exe = tmp_path / name
+    exe.write_text("#!/bin/sh\n")
+    exe.chmod(0o755)
+    (tmp_path / f"{name}.eyas-build.json").write_text(json.dumps(record))
+    real = sysconfig.get_path
+    monkeypatch.setattr(sysconfig, "get_path", lambda key, *a, **k: str(tmp_path) if key == "scripts" else real(key))
+
+
+def test_a_build_record_of_another_backend_is_refused_by_name(tmp_path, monkeypatch):
+    """The CUDA binary's record must say cuda: a record that says cpu (a copied file) would label every
+    figure served on the GPU as the CPU build's (negative control: the right record passes)."""
+    from eyas.eval.llamacpp import build_info
+
+    good = {"sources": "llama-cpp-python==0.3.36 (sdist, vendor/llama.cpp)", "llama_cpp_commit": "0c1e57098",
+            "backend": "cuda", "cmake_flags": "-DGGML_CUDA=ON", "cuda_toolkit": "local"}
+    _record_beside(tmp_path, monkeypatch, "llama-server-cuda", good)
+    assert build_info("cuda")["backend"] == "cuda"
+    for bad in ({**good, "backend": "cpu"}, {}, {"backend": "cuda"}):
+        _record_beside(tmp_path, monkeypatch, "llama-server-cuda", bad)
+        with pytest.raises(EngineError, match=r"llama-server-cuda\.eyas-build\.json: the build record names backend"):
+            build_info("cuda")
+
+
+def test_draft_statistics_that_fall_or_are_not_numbers_are_an_engine_error(tmp_path):
+    """llama.cpp's cumulative speculative statistics read as a difference: counters that fall (another
+    run's lines in the log) are refused, not turned into negative times (negative control: rising ones
+    give the difference)."""
+    line = ("spec common_specu: statistics     draft-eagle3: #calls(b,g,a) =    1 {g}   {g}, #gen drafts = 1, "
+            "#acc drafts = 1, #gen tokens = 1, #acc tokens = 1, dur(b,g,a) = 0.010, {ms}, 0.100 ms\n")
+    s = LlamaServer(tmp_path / "t.gguf", None, k=4, threads=1, ctx=64, log=tmp_path / "l.log")
+    s.log.write_text(line.format(g=5, ms="10.0") + line.format(g=12, ms="17.5"))
+    assert s.draft_stats() == {"draft_calls": 7, "draft_ms": 7.5}
+    s.log.write_text(line.format(g=12, ms="17.5") + line.format(g=5, ms="10.0"))
+    with pytest.raises(EngineError, match=r"counters fell from 12 calls"):
+        s.draft_stats()
+    s.log.write_text(line.format(g=5, ms="10.0") + line.format(g=6, ms="1.2.3"))
+    with pytest.raises(EngineError, match=r"duration is not a number"):
+        s.draft_stats()
