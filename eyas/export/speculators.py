@@ -179,7 +179,9 @@ def speculators_config(drafter, verifier: dict | None = None) -> dict:
     """
     c = drafter.config
     ident = verifier or {"verifier": {"name_or_path": None, "architectures": []}, "eyas": None}
-    record = {"num_target_layers": c.num_target_layers, "format_version": 1}
+    # embed_tokens.weight in the file is the target's, frozen (eyas trains over it): the engines that read
+    # it and the ones that swap in the target's serve the same function (eyas.export.own_tensors.disagreements)
+    record = {"num_target_layers": c.num_target_layers, "format_version": 1, "embedding": "target"}
     if ident.get("eyas"):
         record["verifier"] = ident["eyas"]
     return {
