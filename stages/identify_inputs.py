@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 
 from eyas.params.full import load_params
+from eyas.params.schema import ParamsError
 from eyas.pipeline.provenance import identify_inputs
 from eyas.pipeline.runlock import hold
 
@@ -23,7 +24,11 @@ from eyas.pipeline.runlock import hold
 def main() -> None:
     hold("identify-inputs")  # one run of this stage at a time in this workspace (eyas/pipeline/runlock.py)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    ids = identify_inputs(load_params())
+    try:  # the whole params file is checked here, the first stage of every run: one line naming the key
+        p = load_params()
+    except ParamsError as e:
+        raise SystemExit(f"identify-inputs: error: {e}") from None
+    ids = identify_inputs(p)
     t = ids["target"]
     print(f"identify-inputs: target {t['kind']} {t['path']} ({len(t['files'])} files hashed, "
           f"revision {t['revision']}); source {ids['source']['source']}")

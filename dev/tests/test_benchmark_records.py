@@ -37,7 +37,7 @@ def test_readme_recipes_are_the_drivers(tmp_path):
     driver = (REPO / "dev" / "gpu" / "device.sh").read_text()
     cases = set(re.findall(r"^  ([\w-]+)\)$", driver, re.M))
     assert listed == cases == {"gpu-tests", "kernels", "wgrad", "flex", "swiglu", "train", "specforge", "lm-head",
-                               "extract", "eval", "ddp", "online", "scale", "profile"}
+                               "extract", "decode", "eval", "ddp", "online", "scale", "profile"}
     r = subprocess.run(["bash", str(REPO / "dev" / "gpu" / "device.sh"), "nope"], cwd=REPO, capture_output=True,
                        text=True, timeout=60, env={"PATH": "/usr/bin:/bin", "OUT": str(tmp_path)})
     assert r.returncode == 2 and "train 2048|8192" in r.stderr  # unknown recipe: the usage, nothing run

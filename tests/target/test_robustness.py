@@ -114,9 +114,13 @@ def test_prepare_data_unwritable_split_writes_nothing(tmp_path, monkeypatch):
 
 
 def test_params_errors_name_the_key(tmp_path):
-    r = run_stage("stages.prepare_data", tmp_path, {"train": {"lrr": 1.0}})
-    assert r.returncode == 1 and r.stderr.startswith("prepare-data: error: params.yaml: unknown key 'train.lrr'")
+    """A stage checks the sections it reads; identify-inputs, the first stage of every run, the whole file."""
+    r = run_stage("stages.prepare_data", tmp_path, {"data": {"lrr": 1.0}})
+    assert r.returncode == 1 and r.stderr.startswith("prepare-data: error: params.yaml: unknown key 'data.lrr'")
     assert r.stderr.count("\n") == 1  # one line, no traceback
+    r = run_stage("stages.identify_inputs", tmp_path, {"train": {"lrr": 1.0}})
+    assert r.returncode == 1 and r.stderr.startswith("identify-inputs: error: params.yaml: unknown key 'train.lrr'")
+    assert r.stderr.count("\n") == 1
     (tmp_path / "p.yaml").write_text("extract:\n  max_length: long\n")
     with pytest.raises(ParamsError, match=r"p.yaml: 'extract.max_length' must be an integer, got 'long'"):
         load_params(tmp_path / "p.yaml")

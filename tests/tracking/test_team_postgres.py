@@ -55,14 +55,18 @@ stages:
     metrics: [{metrics/prepare_data.json: {cache: false}}]
   extract:
     cmd: python -m stages.extract
+    deps: [data/conversations]
     outs: [data/features]
   train-scratch:
     cmd: python -m eyas.training.launch stages.train_scratch
+    deps: [data/features]
+    outs: [models/scratch]
     metrics: [{metrics/train_scratch.json: {cache: false}}]
   eval-accept-len:
     foreach: [scratch]
     do:
       cmd: python -m stages.eval_accept_len ${item}
+      deps: ["models/${item}"]  # so train-scratch is upstream of the eval (a reused figure shows under it)
       metrics:
         - metrics/eval_${item}.json:
             cache: false
