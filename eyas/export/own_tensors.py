@@ -111,8 +111,8 @@ def check_source(drafter_dir: str | Path, hidden_size: int, target_embed: torch.
 def disagreements(cfg: dict, tensor_names) -> list[str]:
     """Where the engines would serve a checkpoint's tensors differently from each other (the
     table :data:`ENGINES`): its own ``embed_tokens.weight`` (unless its hidden size differs from
-    ``target_hidden_size``, where SGLang keeps it too, or eyas' own export records it as the target's:
-    ``eyas.embedding`` ``"target"``, eyas.export.speculators.speculators_config), and its
+    ``target_hidden_size``, where SGLang keeps it too, or eyas' own export records it as the target's: its
+    config's ``eyas`` record says ``"embedding": "target"``, eyas.export.speculators.speculators_config), and its
     ``lm_head.weight`` without ``draft_vocab_size``.
 
     Args:
