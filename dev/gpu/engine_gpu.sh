@@ -43,29 +43,27 @@ deps() {  # the carried wheels eyas imports here
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/eyas-deps "$1"/*.whl >>"$LOG" 2>&1
   export PYTHONPATH=/tmp/eyas-deps:$PWD
 }
+build_cuda() {  # build_cuda CARRY LIMIT_S: the carried CPU build installed (the script then skips it), the CUDA
+  # build started from the carried sources in the background ($build: its process id); $bin: the scripts dir
+  bin=$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')
+  xz -dc "$1"/llama-server.xz > "$bin"/llama-server && chmod 755 "$bin"/llama-server \
+    && cp "$1"/llama-server.eyas-build.json "$bin"/ || exit 1
+  ldconfig -p | grep -q libgomp.so.1 || { cp "$1"/libgomp.so.1 /usr/local/lib/ && ldconfig; }
+  mkdir -p "$HOME"/src && tar xJf "$1"/llama-src.tar.xz -C "$HOME"/src
+  step "$2" bash scripts/build_llama_server.sh --cuda --sources "$HOME"/src/llama_cpp_python-0.3.36 &
+  build=$!
+}
 case "${1:-}" in
   park-build)
     mkdir -p "$HOME"/gg && cp .devcarry/a/part.aa "$HOME"/gg/ || exit 1
     deps .devcarry/a
-    bin=$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')
-    xz -dc .devcarry/a/llama-server.xz > "$bin"/llama-server && chmod 755 "$bin"/llama-server \
-      && cp .devcarry/a/llama-server.eyas-build.json "$bin"/ || exit 1
-    ldconfig -p | grep -q libgomp.so.1 || { cp .devcarry/a/libgomp.so.1 /usr/local/lib/ && ldconfig; }
-    mkdir -p "$HOME"/src && tar xJf .devcarry/a/llama-src.tar.xz -C "$HOME"/src
-    step 540 bash scripts/build_llama_server.sh --cuda --sources "$HOME"/src/llama_cpp_python-0.3.36 &
-    build=$!
+    build_cuda .devcarry/a 540
     step 300 python3 benchmarks/bench_decode.py --parts step --out-step "$OUT"/decode_step.json
     wait $build || { tail -30 "$LOG"; exit 1; }
     "$bin"/llama-server-cuda --list-devices | tee -a "$LOG" ;;
   tiny)
     deps .devcarry/f
-    bin=$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')
-    xz -dc .devcarry/f/llama-server.xz > "$bin"/llama-server && chmod 755 "$bin"/llama-server \
-      && cp .devcarry/f/llama-server.eyas-build.json "$bin"/ || exit 1
-    ldconfig -p | grep -q libgomp.so.1 || { cp .devcarry/f/libgomp.so.1 /usr/local/lib/ && ldconfig; }
-    mkdir -p "$HOME"/src && tar xJf .devcarry/f/llama-src.tar.xz -C "$HOME"/src
-    step 480 bash scripts/build_llama_server.sh --cuda --sources "$HOME"/src/llama_cpp_python-0.3.36 &
-    build=$!
+    build_cuda .devcarry/f 480
     step 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/target/test_graphed_decode.py tests/training/test_prefetch.py \
       tests/training/test_graphed.py tests/drafter/test_triton_ttt.py tests/drafter/test_head_loss.py tests/training/test_clip.py
     wait $build || { tail -30 "$LOG"; exit 1; }
