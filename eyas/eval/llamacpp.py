@@ -442,13 +442,19 @@ def serve_benchmark(target_gguf: Path, drafter_gguf: Path, prompts: list[list[in
         ``verify_ms_per_step``, ``lossless`` (every output equals the engine's own greedy output) with
         ``mismatched_prompts``, ``per_prompt`` (:func:`request_metrics`) and, with a sweep, ``k_sweep``:
         ``{"rows": {k: {accept_len, tokens_per_second, speedup, draft_ms_per_step, verify_ms_per_step,
-        lossless}}, "recommended_k"}`` (the k of the highest speedup: the engine's own choice).
+        lossless}}, "recommended_k"}`` (:func:`recommended_k`: the engine's own choice).
     Raises:
         EngineError: as :class:`LlamaServer`.
-        ValueError: ``prompts`` is empty, or a k is below 1.
+        ValueError: ``prompts`` is empty or holds an empty prompt, a k is below 1, or ``max_new_tokens``
+            or ``threads`` is below 1.
     """
     if not prompts:
         raise ValueError(f"serve_benchmark: no prompts to serve with {drafter_gguf}")
+    empty = [i for i, p in enumerate(prompts) if len(p) == 0]
+    if empty:
+        raise ValueError(f"serve_benchmark: prompts {empty[:5]} hold no token (a served request needs its prompt)")
+    if max_new_tokens < 1 or threads < 1:
+        raise ValueError(f"serve_benchmark: max_new_tokens {max_new_tokens} and threads {threads} must be >= 1")
     ks = sorted(set(k_sweep) | {k}) if k_sweep else [k]
     if ks[0] < 1:
         raise ValueError(f"serve_benchmark: k must be >= 1, got {ks[0]} (k_sweep {list(k_sweep)})")
@@ -467,9 +473,17 @@ def serve_benchmark(target_gguf: Path, drafter_gguf: Path, prompts: list[list[in
     if k_sweep:
         rows = {str(kk): {key: r[key] for key in ("accept_len", "tokens_per_second", "speedup", "draft_ms_per_step",
                                                   "verify_ms_per_step", "lossless")} for kk, r in runs.items()}
-        best = max(runs, key=lambda kk: runs[kk]["speedup"] or 0.0)
-        out["k_sweep"] = {"rows": rows, "recommended_k": best}
+        out["k_sweep"] = {"rows": rows, "recommended_k": recommended_k(rows)}
     return out
+
+
+def recommended_k(rows: dict[str, dict]) -> int | None:
+    """The k to serve with, from a wall-clock sweep's ``rows`` (``{str(k): {"speedup", "lossless", ...}}``,
+    :func:`serve_benchmark`): the k of the highest speedup among the lossless rows (the smaller k on a tie).
+    None when no row is lossless or none has a speedup: a k whose outputs differ from the target's own
+    greedy outputs is a broken engine, not a choice."""
+    ok = [int(kk) for kk, r in rows.items() if r.get("lossless") and r.get("speedup") is not None]
+    return max(sorted(ok), key=lambda kk: rows[str(kk)]["speedup"]) if ok else None
 
 
 def agreement(engine_per_prompt: list[dict], eyas_per_prompt: list[dict]) -> dict:

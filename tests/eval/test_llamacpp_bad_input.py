@@ -18,6 +18,7 @@ from eyas.eval.llamacpp import (
     LlamaServer,
     agreement,
     prompt_decodes,
+    recommended_k,
     request_metrics,
     serve_benchmark,
     server_binary,
@@ -93,6 +94,29 @@ def test_serve_benchmark_refuses_no_prompts_by_name(tmp_path):
     with pytest.raises(ValueError, match="no prompts to serve with .*d.gguf"):
         serve_benchmark(tmp_path / "t.gguf", tmp_path / "d.gguf", [], k=4, max_new_tokens=8, threads=1,
                         log_dir=tmp_path)
+
+
+@pytest.mark.parametrize("prompts, kw, msg", [
+    ([[1, 2], []], {}, r"prompts \[1\] hold no token"),
+    ([[1, 2]], {"max_new_tokens": 0}, "max_new_tokens 0 and threads 1 must be >= 1"),
+    ([[1, 2]], {"threads": 0}, "max_new_tokens 8 and threads 0 must be >= 1"),
+    ([[1, 2]], {"k_sweep": [0, 3]}, r"k must be >= 1, got 0"),
+])
+def test_serve_benchmark_refuses_bad_arguments_before_serving(tmp_path, prompts, kw, msg):
+    # no GGUF exists at these paths: the argument is refused before any server starts
+    args = {"k": 4, "max_new_tokens": 8, "threads": 1, "log_dir": tmp_path, **kw}
+    with pytest.raises(ValueError, match=msg):
+        serve_benchmark(tmp_path / "t.gguf", tmp_path / "d.gguf", prompts, **args)
+    assert not list(tmp_path.iterdir())
+
+
+def test_the_recommended_k_is_the_fastest_lossless_one():
+    rows = {"2": {"speedup": 1.4, "lossless": True}, "4": {"speedup": 1.9, "lossless": False},
+            "6": {"speedup": 1.6, "lossless": True}, "8": {"speedup": None, "lossless": True}}
+    assert recommended_k(rows) == 6  # k = 4 is faster but changes the output: no choice
+    assert recommended_k({**rows, "4": {"speedup": 1.9, "lossless": True}}) == 4
+    assert recommended_k({"3": {"speedup": 1.2, "lossless": True}, "5": {"speedup": 1.2, "lossless": True}}) == 3
+    assert recommended_k({"4": {"speedup": 1.9, "lossless": False}}) is None
 
 
 def test_eval_refuses_a_drafter_gguf_it_cannot_read_before_serving(tmp_path, monkeypatch):
