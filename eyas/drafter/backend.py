@@ -1,7 +1,7 @@
 """Which kernels the TTT unroll runs: one explicit, frozen choice made at the entry point.
 
 A :class:`Backend` is built once from ``params.yaml``'s ``train.backend`` (its schema,
-:class:`eyas.params.kernels.KernelChoices`: :meth:`Backend.of`) by the stage that trains or evaluates,
+:class:`eyas.params.train.KernelChoices`: :meth:`Backend.of`) by the stage that trains or evaluates,
 and passed down to
 everything that picks a kernel: :func:`eyas.training.loop.train_drafter` and :class:`eyas.training.unroll.TTTUnroll`
 (and through it :meth:`eyas.drafter.model.Eagle3Drafter.ttt_step`, :func:`eyas.drafter.attention.flex_ttt_attention`
@@ -65,7 +65,7 @@ class Backend:
 
     @classmethod
     def of(cls, choices) -> "Backend":
-        """The backend of ``choices``: params' ``train.backend`` (an :class:`eyas.params.kernels.KernelChoices`)
+        """The backend of ``choices``: params' ``train.backend`` (an :class:`eyas.params.train.KernelChoices`)
         or a Backend (returned as is); read field by field, so the schema and this class name the same
         five choices (tests/drafter/test_backend.py holds them equal).
 

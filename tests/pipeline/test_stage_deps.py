@@ -205,11 +205,11 @@ def test_matrix_params_section(pipeline, section):
 
 
 # a section's schema reruns only the stages that read the section (identify-inputs, which checks the whole
-# file and runs on every `dvc repro`, aside): the eval's schema only the evals, the kernel choices
-# (train.backend's schema) only the stages that read `train` (extract reads train.mode)
+# file and runs on every `dvc repro`, aside): the eval's schema only the evals, train's (with the kernel
+# choices, train.backend) only the stages that read `train` (extract reads train.mode)
 SCHEMA_ROWS = {
     "eyas/params/eval.py": EVALS,
-    "eyas/params/kernels.py": {"extract", "stand-in-drafter", "remap", "train-scratch", "train-finetune"},
+    "eyas/params/train.py": {"extract", "stand-in-drafter", "remap", "train-scratch", "train-finetune"},
     "eyas/params/vocab.py": {"build-vocab"},
 }
 
