@@ -65,7 +65,7 @@ case "${1:-}" in
     deps .devcarry/f
     build_cuda .devcarry/f 480
     step 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/target/test_graphed_decode.py tests/training/test_prefetch.py \
-      tests/training/test_graphed.py tests/drafter/test_triton_ttt.py tests/drafter/test_head_loss.py tests/training/test_clip.py
+      tests/training/test_loop.py tests/drafter/test_triton_ttt.py tests/drafter/test_head_loss.py
     wait $build || { tail -30 "$LOG"; exit 1; }
     step 120 python3 dev/gpu/serve_tiny.py .devcarry/f "$OUT"/engine_tiny_gpu.json ;;
   run)

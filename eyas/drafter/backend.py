@@ -26,7 +26,7 @@ reference definitions the CPU tests check). On CUDA:
   merge and the SwiGLU gating, when Triton is importable (``false``: their torch definitions,
   compiled).
 - ``cuda_graphs``: replay each training step's forward + backward as one CUDA graph
-  (:class:`eyas.training.graphed.GraphedTTT`) in a single process (DDP's and FSDP's hooks are not
+  (:class:`eyas.training.loop.GraphedTTT`) in a single process (DDP's and FSDP's hooks are not
   captured, so ``train.nproc`` > 1 trains without).
 
 This module imports no torch.
@@ -112,7 +112,7 @@ class Backend:
         return importlib.util.find_spec("triton") is not None
 
     def graphs(self, device, world: int = 1) -> bool:
-        """Whether training replays CUDA graphs (:class:`eyas.training.graphed.GraphedTTT`) on ``device``
+        """Whether training replays CUDA graphs (:class:`eyas.training.loop.GraphedTTT`) on ``device``
         (a ``torch.device`` or its string) with ``world`` processes: on CUDA, one process, with
         ``compile`` and ``cuda_graphs`` on."""
         kind = device if isinstance(device, str) else device.type
