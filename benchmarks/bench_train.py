@@ -6,7 +6,7 @@ documents (2048 tokens/step: 1024+640+384; 8192: 2048+1536+1024+1024+1024+768+51
 rows of 2048, eyas' row length); bf16 autocast, fp32 master weights, AdamW, grad clip, cosine
 schedule; the step body of eyas.training.loop.Trainer.train_step (the TTT unroll, finite check, backward,
 clip, step, loss.item()), in two modes: ``graphs`` (forward + backward replayed as one CUDA graph,
-eyas/training/graphed.py, what train_drafter does on one GPU) and ``eager`` (compiled parts only). The
+eyas.training.loop.GraphedTTT, what train_drafter does on one GPU) and ``eager`` (compiled parts only). The
 kernels are ``params.yaml``'s ``train.backend`` (eyas/drafter/backend.py) unless --attention /
 --no-compile / --no-compile-layers / --no-triton say otherwise.
 
@@ -53,8 +53,7 @@ from eyas.drafter.backend import ATTENTION, Backend  # noqa: E402
 from eyas.drafter.model import DrafterConfig, Eagle3Drafter  # noqa: E402
 from eyas.params.full import load_params  # noqa: E402
 from eyas.training.batches import Batch, autocast, prefetch  # noqa: E402
-from eyas.training.graphed import GraphedTTT  # noqa: E402
-from eyas.training.loop import clip_in_step  # noqa: E402
+from eyas.training.loop import GraphedTTT, clip_in_step  # noqa: E402
 from eyas.training.unroll import TTTUnroll, ttt_forward  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -161,7 +160,7 @@ def bench(c, dev, tokens: int, ttt: int, freeze_lm_head: bool, warmup: int, step
           backend: Backend, graphs: bool = False, profile: int = 0, profile_top: int = 25,
           batch_on: str = "device") -> dict:
     """One timed configuration; ``graphs``: forward + backward replayed as a CUDA graph
-    (eyas.training.graphed.GraphedTTT, as train_drafter does on one GPU), else eager with compiled parts.
+    (eyas.training.loop.GraphedTTT, as train_drafter does on one GPU), else eager with compiled parts.
     ``batch_on``: one of BATCH_ON (the module docstring). ``profile`` > 0: then that many steps under
     torch.profiler (:func:`profile_steps`)."""
     torch.manual_seed(0)

@@ -16,7 +16,7 @@ if ! { command -v sshd >/dev/null || [ -x /usr/sbin/sshd ]; } || ! ls /usr/lib/p
       openssh-server postgresql >/dev/null
   else
     echo "install.sh: openssh-server and postgresql are missing (Debian: apt-get install openssh-server postgresql);" \
-         "tests/pipeline/test_team_remote.py and tests/tracking/test_team_postgres.py skip their parts" >&2
+         "tests/pipeline/test_team_remote.py and tests/tracking/test_team.py skip their parts" >&2
   fi
 fi
 # the embedded target: its package imports `llm` (a CLI eyas does not need): no dependencies

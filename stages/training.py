@@ -21,8 +21,10 @@ log = logging.getLogger(__name__)
 
 
 def finish_training(stage: str, drafter: Eagle3Drafter, result: TrainResult, out_dir: Path,
-                    tracker, extra: dict | None = None, fingerprint: dict | None = None) -> dict:
-    """Export the drafter, write ``metrics/<stage>.json`` and ``plots/<stage>/{train,val}.tsv``,
+                    tracker, extra: dict | None = None, fingerprint: dict | None = None,
+                    curves: bool = True) -> dict:
+    """Export the drafter, write ``metrics/<stage>.json`` and, with ``curves``,
+    ``plots/<stage>/{train,val}.tsv`` (the stages whose pipeline file declares them as ``plots``),
     and log the same to MLflow (plus ``<stage>_curves.png``, the exported ``config.json`` and the
     vocab report: ``VOCAB_REPORTS[stage]`` or ``extra["vocab"]``). Returns the metrics dict.
     Under torchrun only rank 0 writes (the others return an empty dict)."""
@@ -47,7 +49,7 @@ def finish_training(stage: str, drafter: Eagle3Drafter, result: TrainResult, out
         **(extra or {}),
     }
     write_json(METRICS / f"{name}.json", metrics)
-    for split in ("train", "val"):
+    for split in ("train", "val") if curves else ():
         rows = [{k: v for k, v in r.items() if k != "split"} for r in result.curve if r["split"] == split]
         write_tsv(PLOTS / name / f"{split}.tsv", rows)
     tracker.log_metrics({"final/" + k: v for k, v in result.final_val.items()}, step=result.steps)

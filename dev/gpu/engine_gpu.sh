@@ -44,8 +44,8 @@ step() {  # step LIMIT_S CMD...: run CMD under its own time limit (its output to
 }
 # the GPU tests that need neither llama-server-cuda nor the embedded GGUF (listed: a test module importing DVC
 # or MLflow, absent here, would stop the collection)
-GPU_TESTS="tests/target/test_graphed_decode.py tests/training/test_prefetch.py tests/training/test_graphed.py
-  tests/drafter/test_triton_ttt.py tests/drafter/test_head_loss.py tests/training/test_clip.py"
+GPU_TESTS="tests/target/test_graphed_decode.py tests/training/test_prefetch.py tests/training/test_loop.py
+  tests/drafter/test_triton_ttt.py tests/drafter/test_head_loss.py"
 deps() {  # the carried wheels eyas imports here
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/eyas-deps "$1"/*.whl >>"$LOG" 2>&1
   export PYTHONPATH=/tmp/eyas-deps:$PWD

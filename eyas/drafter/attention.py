@@ -53,7 +53,7 @@ def doc_causal_block_mask(doc_ids: torch.Tensor, backend: Backend):
     key j <= t when ``doc_ids[b, t] == doc_ids[b, j]`` (doc_ids [B, T] int64); built by a
     compiled function on CUDA when ``backend.compile`` is on. Memoised on the tensor and its
     version: every TTT step of a batch shares one mask, and ``copy_`` into ``doc_ids`` (as
-    eyas.training.graphed.GraphedTTT does, inside its graph) builds a new one."""
+    eyas.training.loop.GraphedTTT does, inside its graph) builds a new one."""
     global _mask_memo
     import weakref
 

@@ -1,7 +1,7 @@
 """Which kernels the TTT unroll runs: one explicit, frozen choice made at the entry point.
 
 A :class:`Backend` is built once from ``params.yaml``'s ``train.backend`` (its schema,
-:class:`eyas.params.kernels.KernelChoices`: :meth:`Backend.of`) by the stage that trains or evaluates,
+:class:`eyas.params.train.KernelChoices`: :meth:`Backend.of`) by the stage that trains or evaluates,
 and passed down to
 everything that picks a kernel: :func:`eyas.training.loop.train_drafter` and :class:`eyas.training.unroll.TTTUnroll`
 (and through it :meth:`eyas.drafter.model.Eagle3Drafter.ttt_step`, :func:`eyas.drafter.attention.flex_ttt_attention`
@@ -26,7 +26,7 @@ reference definitions the CPU tests check). On CUDA:
   merge and the SwiGLU gating, when Triton is importable (``false``: their torch definitions,
   compiled).
 - ``cuda_graphs``: replay each training step's forward + backward as one CUDA graph
-  (:class:`eyas.training.graphed.GraphedTTT`) in a single process (DDP's and FSDP's hooks are not
+  (:class:`eyas.training.loop.GraphedTTT`) in a single process (DDP's and FSDP's hooks are not
   captured, so ``train.nproc`` > 1 trains without).
 
 This module imports no torch.
@@ -65,7 +65,7 @@ class Backend:
 
     @classmethod
     def of(cls, choices) -> "Backend":
-        """The backend of ``choices``: params' ``train.backend`` (an :class:`eyas.params.kernels.KernelChoices`)
+        """The backend of ``choices``: params' ``train.backend`` (an :class:`eyas.params.train.KernelChoices`)
         or a Backend (returned as is); read field by field, so the schema and this class name the same
         five choices (tests/drafter/test_backend.py holds them equal).
 
@@ -112,7 +112,7 @@ class Backend:
         return importlib.util.find_spec("triton") is not None
 
     def graphs(self, device, world: int = 1) -> bool:
-        """Whether training replays CUDA graphs (:class:`eyas.training.graphed.GraphedTTT`) on ``device``
+        """Whether training replays CUDA graphs (:class:`eyas.training.loop.GraphedTTT`) on ``device``
         (a ``torch.device`` or its string) with ``world`` processes: on CUDA, one process, with
         ``compile`` and ``cuda_graphs`` on."""
         kind = device if isinstance(device, str) else device.type

@@ -23,7 +23,6 @@ from eyas.params import (
 from eyas.params.distill import DistillParams, DistillServerParams
 from eyas.params.eval import EvalParams
 from eyas.params.extract import ExtractParams
-from eyas.params.kernels import KernelChoices
 from eyas.params.remap import STAND_IN, RemapParams
 from eyas.params.schema import (
     DEFAULTS_FILE,
@@ -41,7 +40,7 @@ from eyas.params.schema import (
 from eyas.params.serve import ServeParams
 from eyas.params.stand_in import StandInParams
 from eyas.params.target import TargetParams
-from eyas.params.train import LOSS_TOKENS, TrainParams
+from eyas.params.train import LOSS_TOKENS, KernelChoices, TrainParams
 from eyas.params.train_finetune import TrainFinetuneParams
 from eyas.params.vocab import VocabParams
 

@@ -103,7 +103,7 @@ def _build(cls: type, raw: dict, prefix: str, source: str) -> Any:
     }
     try:
         return cls(**kwargs)
-    except ValueError as e:  # a section that checks its own values (eyas.params.kernels.KernelChoices)
+    except ValueError as e:  # a section that checks its own values (eyas.params.train.KernelChoices)
         # named by the key its message starts with ("attention must be ..."), so its line is the key's own
         key = next((f"{prefix}.{k}" for k in raw if str(e).startswith(f"{k} ")), prefix)
         raise ParamsError(f"{source}: '{key}': {e}") from None

@@ -1,16 +1,43 @@
 """``train``: TTT training of a drafter (stages train-scratch, train-finetune, stand-in-drafter and remap;
-eyas/training/loop.py). Its kernel choices (``train.backend``) are :mod:`eyas.params.kernels`."""
+eyas/training/loop.py), and its kernel choices ``train.backend`` (:class:`KernelChoices`).
+
+``train.backend`` is the schema only: what each choice means, and the
+:class:`eyas.drafter.backend.Backend` the training entry points build from it (``Backend.of``), are
+eyas/drafter/backend.py's (kept apart so that the schema is a dep of the stages that read ``train``
+only, not of every stage that imports the backend).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from eyas.params.kernels import KernelChoices
 from eyas.params.schema import EPOCHS_RANGE, MAX_EPOCHS
 
 NAME = "train"
 
 LOSS_TOKENS = ("assistant", "all")  # train.loss_tokens (eyas.training.batches.supervised)
+
+# train.backend.attention, as eyas.drafter.backend.ATTENTION (tests/drafter/test_backend.py holds them equal)
+ATTENTION = ("auto", "flex", "dense")
+
+
+@dataclass(frozen=True, kw_only=True)
+class KernelChoices:
+    """``train.backend``'s keys (eyas/drafter/backend.py says what each one picks).
+
+    Raises:
+        ValueError: ``attention`` is not one of :data:`ATTENTION` (the loader names the key).
+    """
+
+    attention: str
+    compile: bool
+    compile_layers: bool
+    triton: bool
+    cuda_graphs: bool
+
+    def __post_init__(self):
+        if self.attention not in ATTENTION:
+            raise ValueError(f"attention must be one of {ATTENTION}, got {self.attention!r}")
 
 
 @dataclass(kw_only=True)
@@ -30,7 +57,7 @@ class TrainParams:
     mode: str  # 'offline': hidden states from extract's shards; 'online': the target computes them
     #            batch by batch, extract stores tokens only (eyas/training/online.py)
     loss_tokens: str  # positions the TTT loss supervises: 'assistant' or 'all' (eyas.training.batches.supervised)
-    backend: KernelChoices  # the TTT unroll's kernels (eyas/params/kernels.py, eyas/drafter/backend.py)
+    backend: KernelChoices  # the TTT unroll's kernels (KernelChoices above, eyas/drafter/backend.py)
 
 
 SCHEMA = TrainParams

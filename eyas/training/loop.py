@@ -1,4 +1,5 @@
-"""The TTT training loop: AdamW, cosine schedule with warmup, grad clipping, val evaluation.
+"""The TTT training loop: AdamW, cosine schedule with warmup, grad clipping, val evaluation, and on
+one GPU the training step's forward + backward replayed as one CUDA graph (:class:`GraphedTTT`).
 
 Used by train-scratch, train-finetune and the stand-in drafter stage. :func:`train_drafter` is a
 short loop over the named pieces of a :class:`Trainer` (setup, resume, step, log, checkpoint,
@@ -9,7 +10,8 @@ branches.
 
 One module past 500 lines: the :class:`Trainer`'s pieces share its state (the step, the resume point,
 the batch stream and its background loader, the throughput counters), and each is short; split apart
-they would pass that state around.
+they would pass that state around. :class:`GraphedTTT` is the Trainer's step on one GPU, used nowhere
+else.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from eyas.params.train import TrainParams
 from eyas.training import checkpoint as ckpt
 from eyas.training import distributed as dist_utils
 from eyas.training.batches import (
+    TENSOR_FIELDS,
     Batch,
     add_counts,
     autocast,
@@ -42,7 +45,6 @@ from eyas.training.batches import (
     summarise,
     supervised,
 )
-from eyas.training.graphed import GraphedTTT
 from eyas.training.online import loader_for
 from eyas.training.unroll import TTTUnroll, evaluate, supervised_counts
 
@@ -220,7 +222,7 @@ def clip_in_step(opt: torch.optim.Optimizer, max_norm: float) -> torch.Tensor:
     (0.66 ms per step for the 8B drafter's 268M fp32 gradients on an H200:
     ``dev/results/profile_train.json``). The norm is over every parameter of every group
     that has a gradient, the set the scale applies to. Equal to clipping first up to float32
-    rounding (tests/training/test_clip.py).
+    rounding (tests/training/test_loop.py).
 
     Args:
         opt: an optimizer built with ``fused=True`` (others reject ``grad_scale``).
@@ -244,13 +246,100 @@ def clip_in_step(opt: torch.optim.Optimizer, max_norm: float) -> torch.Tensor:
     return norm
 
 
+# --- the CUDA-graph step -------------------------------------------------------------------------
+# The TTT forward + backward of one training step, captured in a CUDA graph and replayed.
+
+class GraphedTTT:
+    """Forward + backward of the TTT loss over a batch as one CUDA graph replay.
+
+    ``step(batch)`` runs ``unroll``'s forward and backward on ``batch``, leaves the gradient in
+    ``p.grad`` of every trainable parameter (overwritten, not accumulated) and returns (loss:
+    detached scalar float32 tensor on the device, metrics as in :func:`eyas.training.unroll.ttt_forward`,
+    counts as there). The first batch of a new shape is run ``warmup`` times eagerly on a side
+    stream (compilation, cuBLAS workspaces) before capture; its shape then replaces any earlier
+    graph. Whether training uses it at all is :meth:`eyas.drafter.backend.Backend.graphs`: on CUDA, one
+    process (DDP's gradient hooks are not captured); a whole train_drafter run with graphs
+    matches eager (tests/training/test_loop.py, on a GPU).
+
+    At a few thousand tokens per step the TTT unroll is launch/overhead-bound: 7 steps of compiled
+    layer halves, flex attention, the compiled head+loss and the eager bookkeeping between them issue
+    a few thousand kernels, each behind Python, Dynamo guard checks and the autograd engine. Shapes
+    are static for a given batch shape, so the whole forward (block masks included) and backward can
+    be recorded once and replayed as one launch (PyTorch's "whole network capture",
+    https://pytorch.org/docs/stable/notes/cuda.html#cuda-graphs).
+
+    What the graph holds: :class:`eyas.training.unroll.TTTUnroll`'s forward under bf16 autocast (the flex block mask of
+    the batch is rebuilt from the static ``doc_ids`` inside the graph, so every batch gets its own
+    mask) and ``loss.backward()``, whose gradients are allocated in the graph's memory pool during
+    capture and rewritten by every replay (no zeroing pass, no accumulation into old gradients). Not
+    in the graph: copying the batch into the static inputs, the finiteness check, clipping and the
+    optimizer step (eager, unchanged), so a non-finite loss still stops training before any update.
+    The caller must not replace ``.grad`` (``zero_grad(set_to_none=True)``) between steps: the
+    optimizer must read the tensors the graph writes.
+
+    One graph (one batch shape) at a time: :func:`eyas.training.batches.pad_batch` pads batches to a
+    fixed shape with rows that carry no loss and attend only to themselves, so a training run captures
+    once.
+    """
+
+    def __init__(self, unroll: TTTUnroll, warmup: int = 3):
+        self.unroll, self.warmup = unroll, warmup
+        self.params = [p for p in unroll.parameters() if p.requires_grad]
+        self.graph = self.static = self.loss = self.stats = None
+        self.captures = 0
+
+    def _body(self):
+        # gradients are written, not accumulated: during capture backward allocates them in the
+        # graph's pool and every replay rewrites that memory (no zeroing pass, no add into it)
+        for p in self.params:
+            p.grad = None
+        with autocast(self.static.input_ids.device):
+            loss, stats = self.unroll(self.static)
+        loss.backward()
+        return loss.detach(), stats
+
+    def _load(self, batch: Batch) -> None:
+        for name in TENSOR_FIELDS:
+            getattr(self.static, name).copy_(getattr(batch, name), non_blocking=True)
+
+    def _capture(self, batch: Batch) -> None:
+        self.graph = self.loss = self.stats = None
+        self.static = Batch(**{n: getattr(batch, n).clone() for n in TENSOR_FIELDS}, sample_ids=[])
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(self.warmup):
+                self._body()
+        torch.cuda.current_stream().wait_stream(side)
+        # copy_ bumps doc_ids' version, so the block-mask memo (eyas.drafter.attention.doc_causal_block_mask)
+        # misses and the mask is built INSIDE the graph, from the static doc_ids
+        self._load(batch)
+        self.graph = torch.cuda.CUDAGraph()
+        # thread_local: the loader's thread (eyas.training.batches.prefetch) may pin a batch meanwhile;
+        # pin_memory queries CUDA events, which "global" mode forbids in every thread during a capture
+        # (pytorch/pytorch PR #146924); nothing of that thread touches the captured stream
+        with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
+            self.loss, self.stats = self._body()
+        self.captures += 1
+
+    def step(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float], dict]:
+        if self.static is None or self.static.input_ids.shape != batch.input_ids.shape \
+                or self.static.aux_hidden.shape != batch.aux_hidden.shape:
+            self._capture(batch)
+        else:
+            self._load(batch)
+        self.graph.replay()
+        counts = counts_from_stats(self.stats)
+        return self.loss, dict(summarise(counts, self.unroll.ttt_length)), counts
+
+
 class Trainer:
     """The pieces of one training run, torchtitan-style: setup (:meth:`__init__`, :meth:`build`),
     resume (:meth:`resume`), step (:meth:`train_step`), log (:meth:`log_val`) and checkpoint
     (:meth:`checkpoint`), then :meth:`finish`. :func:`train_drafter` is the loop that calls them.
 
     The computation is one :class:`eyas.training.unroll.TTTUnroll` over ``drafter``: wrapped by DDP or FSDP
-    under torchrun (eyas/training/distributed.py), replayed as a CUDA graph on one GPU (eyas/training/graphed.py,
+    under torchrun (eyas/training/distributed.py), replayed as a CUDA graph on one GPU (:class:`GraphedTTT`,
     when ``tp.backend`` allows), called eagerly otherwise; evaluation runs a second, never-wrapped
     unroll of the same drafter (under FSDP inside :func:`eyas.training.distributed.gathered`).
     """
@@ -288,7 +377,7 @@ class Trainer:
         self.opt = torch.optim.AdamW(self.params, lr=self.lr, betas=(0.9, 0.95), weight_decay=tp.weight_decay,
                                      fused=device.type == "cuda")
         self.clip_in_kernel = device.type == "cuda" and not self.fsdp
-        # CUDA, one process: forward + backward replayed as one CUDA graph (eyas/training/graphed.py)
+        # CUDA, one process: forward + backward replayed as one CUDA graph (GraphedTTT)
         self.graphed = GraphedTTT(unroll) if self.backend.graphs(device, self.world) else None
         # compiled code (and the graph) sees one batch shape: every batch padded to it
         # (eyas.training.batches.static_shape)

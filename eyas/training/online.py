@@ -150,7 +150,7 @@ class OnlineLoader(PackedLoader):
     GPU they run while the drafter trains on batch i (PyTorch orders the cross-device copy in
     ``Batch.to`` after them); on the drafter's GPU they queue ahead of its step, and the host-side
     launch work overlaps the GPU's. One thread launches everything: no second thread can disturb
-    the training step's CUDA graph capture (eyas/training/graphed.py).
+    the training step's CUDA graph capture (eyas.training.loop.GraphedTTT).
     """
 
     # no background thread (eyas.training.batches.prefetch): the capture runs the target, and GPU work

@@ -21,7 +21,7 @@ Metrics per step k (``loss_k``, ``acc_k``, ``full_acc_k``, ``cond_acc_k``) are d
 eyas/training/batches.py, from the per-step counts the unroll returns.
 
 :class:`TTTUnroll` owns the computation: its ``forward`` is what the eager training step, the
-CUDA-graph step (:class:`eyas.training.graphed.GraphedTTT` captures it), DDP and FSDP (they wrap it:
+CUDA-graph step (:class:`eyas.training.loop.GraphedTTT` captures it), DDP and FSDP (they wrap it:
 eyas/training/distributed.py) and evaluation (:func:`evaluate`) run. Its kernels are its
 :class:`eyas.drafter.backend.Backend`'s choice.
 """
@@ -105,7 +105,7 @@ class TTTUnroll(nn.Module):
     A module, so DDP and FSDP can wrap it (DDP's gradient hooks and FSDP's all-gather /
     reduce-scatter hooks run around ``forward``; eyas/training/distributed.py strips the ``drafter.``
     prefix from its parameter names). The forward makes no device->host transfer, so a CUDA graph
-    can capture it (eyas/training/graphed.py).
+    can capture it (eyas.training.loop.GraphedTTT).
 
     Args:
         drafter: the drafter (its trainable parameters are this module's).

@@ -97,13 +97,13 @@ def test_no_environment_switches_for_backends():
 
 
 def test_the_schema_and_the_backend_name_the_same_choices():
-    """train.backend's schema (eyas/params/kernels.py) and the Backend built from it
+    """train.backend's schema (eyas/params/train.py KernelChoices) and the Backend built from it
     (eyas/drafter/backend.py) are kept apart so that the schema is a dep of the training stages only;
     they must name the same choices, and Backend.of carries every one across."""
     import dataclasses
 
     from eyas.drafter import backend
-    from eyas.params import kernels
+    from eyas.params import train as kernels
 
     assert [f.name for f in dataclasses.fields(kernels.KernelChoices)] == [
         f.name for f in dataclasses.fields(backend.Backend)]

@@ -205,11 +205,11 @@ def test_matrix_params_section(pipeline, section):
 
 
 # a section's schema reruns only the stages that read the section (identify-inputs, which checks the whole
-# file and runs on every `dvc repro`, aside): the eval's schema only the evals, the kernel choices
-# (train.backend's schema) only the stages that read `train` (extract reads train.mode)
+# file and runs on every `dvc repro`, aside): the eval's schema only the evals, train's (with the kernel
+# choices, train.backend) only the stages that read `train` (extract reads train.mode)
 SCHEMA_ROWS = {
     "eyas/params/eval.py": EVALS,
-    "eyas/params/kernels.py": {"extract", "stand-in-drafter", "remap", "train-scratch", "train-finetune"},
+    "eyas/params/train.py": {"extract", "stand-in-drafter", "remap", "train-scratch", "train-finetune"},
     "eyas/params/vocab.py": {"build-vocab"},
 }
 
@@ -288,3 +288,27 @@ def test_matrix_remap_source(pipeline):
     finally:
         stand_in.write_text(was)
     assert _changed(pipeline) == set()
+
+
+def test_every_metrics_or_plots_file_is_an_output_its_pipeline_declares():
+    """A file under metrics/ or plots/ in git is a ``metrics`` or ``plots`` output of a stage of the
+    pipeline files (else no stage remakes it, and it goes stale in git), and each stage whose script
+    writes TTT curves (``stages.training.finish_training`` with ``curves`` on) declares both
+    ``plots/<stage>/{train,val}.tsv``; one that writes none declares none."""
+    import ast
+
+    declared = {o for st in STAGES.values() for o in _outs(st)}
+    tracked = subprocess.run(["git", "ls-files", "metrics", "plots"], cwd=ROOT, capture_output=True, text=True,
+                             check=True).stdout.split()
+    assert tracked and [f for f in tracked if f not in declared] == []
+    writers = {}
+    for f in sorted((ROOT / "stages").glob("*.py")):
+        for node in ast.walk(ast.parse(f.read_text(), str(f))):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "finish_training":
+                curves = next((ast.literal_eval(k.value) for k in node.keywords if k.arg == "curves"), True)
+                writers[f"stages.{f.stem}"] = (ast.literal_eval(node.args[0]).replace("-", "_"), curves)
+    assert set(writers) == {"stages.train_scratch", "stages.train_finetune", "stages.stand_in"}
+    for module, (name, curves) in writers.items():
+        stage = next(n for n, st in STAGES.items() if st["cmd"].endswith(f" {module}"))
+        plots = {o for o in _outs(STAGES[stage]) if o.startswith(f"plots/{name}/")}
+        assert plots == ({f"plots/{name}/train.tsv", f"plots/{name}/val.tsv"} if curves else set()), (stage, plots)

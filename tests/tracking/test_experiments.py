@@ -232,7 +232,7 @@ def repo(tmp_path_factory) -> Path:
     sh(root, "dvc", "config", "core.analytics", "false")
     sh(root, "dvc", "config", "cache.type", "hardlink,symlink")
     # the MLflow schema made here, in-process (a fresh store's migrations take ~10 s in a
-    # subprocess; test_tracking.py covers creating one from parallel stages)
+    # subprocess; test_runs.py covers creating one from parallel stages)
     MlflowClient(tracking_uri=f"sqlite:///{root / 'mlflow.db'}").search_experiments()
     r = sh(root, "dvc", "repro")
     assert ran_stages(r.stdout) == ALL_STAGES, r.stdout

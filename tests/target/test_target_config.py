@@ -1,17 +1,52 @@
-"""The teacher is the target's own distribution: a post-head logit transform is honoured (a scalar)
-or refused by name before anything is extracted (eyas/target/model.py ``check_head``). Each case is a
-real transformers architecture with tiny random weights; the reference is that model's own
-forward logits, computed by transformers."""
+"""How eyas reads a target's config (eyas/target/).
+
+- The one reader of HF config fields (eyas/target/hf_config.py): head_dim, kv heads and the RoPE base
+  (which eyas/target/rope.py's normal form takes), from dicts and transformers config objects.
+- The teacher is the target's own distribution: a post-head logit transform is honoured (a scalar)
+  or refused by name before anything is extracted (eyas/target/model.py ``check_head``). Each case is
+  a real transformers architecture with tiny random weights; the reference is that model's own
+  forward logits, computed by transformers.
+"""
 
 from __future__ import annotations
 
 import pytest
 import torch
 import transformers
+from transformers import LlamaConfig
 
 from eyas.drafter.model import DrafterConfig
+from eyas.target import hf_config, rope
 from eyas.target.model import Target, TargetError, check_head, summarise_config
 from eyas.training.unroll import teacher_logits
+
+# --- the HF config fields --------------------------------------------------------------------------
+
+def test_head_dim_and_kv_heads_from_dicts_and_transformers_configs():
+    assert hf_config.head_dim({"hidden_size": 4096, "num_attention_heads": 32}) == 128
+    assert hf_config.head_dim({"hidden_size": 2560, "num_attention_heads": 32, "head_dim": 128}) == 128
+    assert hf_config.head_dim({"hidden_size": 64, "num_attention_heads": 4, "head_dim": None}) == 16
+    assert hf_config.num_key_value_heads({"num_attention_heads": 32}) == 32
+    assert hf_config.num_key_value_heads({"num_attention_heads": 32, "num_key_value_heads": 8}) == 8
+    c = LlamaConfig(hidden_size=96, num_attention_heads=6, num_key_value_heads=2)
+    assert (hf_config.head_dim(c), hf_config.num_key_value_heads(c)) == (16, 2)
+    with pytest.raises(KeyError, match="num_attention_heads"):
+        hf_config.head_dim({"hidden_size": 64})
+
+
+def test_rope_theta_precedence():
+    assert hf_config.rope_theta({}) == 10000.0  # LlamaConfig's default
+    assert hf_config.rope_theta({"rope_theta": 5e5}) == 5e5
+    assert hf_config.rope_theta({"rope_scaling": {"rope_type": "llama3", "rope_theta": 2e5}}) == 2e5
+    v5 = {"rope_theta": 1e4, "rope_parameters": {"rope_type": "default", "rope_theta": 1e6}}
+    assert hf_config.rope_theta(v5) == 1e6
+    c = LlamaConfig(rope_theta=250000.0)
+    assert hf_config.rope_theta(c) == 250000.0  # transformers 4: rope_theta; 5: rope_parameters
+    # eyas/target/rope.py's normal form takes its base from the same reader
+    assert rope.normalise({"rope_parameters": {"rope_type": "default", "rope_theta": 1e6}}) == (1e6, None)
+
+
+# --- the post-head transform: the teacher is the target's own distribution ---------------------
 
 SHAPE = dict(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
              num_key_value_heads=1, max_position_embeddings=64, tie_word_embeddings=False)

@@ -1,10 +1,17 @@
-"""eyas/training/graphed.py: padding to a static shape leaves the TTT loss, gradients and counts unchanged
-(CPU), and on CUDA one graph replay gives the eager loss and gradients for batches whose documents
-differ (the block mask is rebuilt inside the graph)."""
+"""The training step of eyas/training/loop.py.
+
+- Its CUDA-graph replay (``GraphedTTT``): padding to a static shape leaves the TTT loss, gradients and
+  counts unchanged (CPU), and on CUDA one graph replay gives the eager loss and gradients for batches
+  whose documents differ (the block mask is rebuilt inside the graph).
+- ``clip_in_step``: the clip left to the fused AdamW kernel equals clip_grad_norm_ then the step, with
+  the clip active and not, over several steps and two param groups (CPU fused AdamW; CUDA's too on a
+  GPU).
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 import torch
@@ -12,7 +19,7 @@ import torch
 from eyas.drafter.backend import Backend
 from eyas.drafter.model import DrafterConfig, Eagle3Drafter
 from eyas.training.batches import Batch, autocast, pad_batch
-from eyas.training.graphed import GraphedTTT
+from eyas.training.loop import GraphedTTT, clip_in_step
 from eyas.training.unroll import TTTUnroll, ttt_forward
 
 CFG = DrafterConfig(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
@@ -95,7 +102,6 @@ def test_training_stage_with_graphs_matches_eager(tmp_path, monkeypatch):
     """train_drafter on a GPU, the default (graph replay: padded static batches, one capture)
     against ``train.backend.cuda_graphs: false`` (eager): same train losses, val metrics and weights to bf16
     precision over 6 optimizer steps."""
-    import eyas.training.graphed as graphed
     from eyas.params.full import default_params
     from eyas.tracking.runs import Tracker
     from eyas.training.loop import new_drafter, train_drafter
@@ -109,8 +115,8 @@ def test_training_stage_with_graphs_matches_eager(tmp_path, monkeypatch):
     ids, mask = train.token_stats()
     mapping, _ = build_mapping(count_tokens(ids, mask, train.manifest["vocab_size"]), 64)
     captures = []
-    real_capture = graphed.GraphedTTT._capture
-    monkeypatch.setattr(graphed.GraphedTTT, "_capture",
+    real_capture = GraphedTTT._capture
+    monkeypatch.setattr(GraphedTTT, "_capture",
                         lambda self, b: (captures.append(tuple(b.input_ids.shape)), real_capture(self, b))[1])
     runs = {}
     for mode in (True, False):
@@ -166,3 +172,62 @@ def test_validation_compiles_once_for_batches_of_every_length():
     assert graphs[0] > 0 and graphs[1] == graphs[0]
     assert got["loss_0"] == pytest.approx(ref["loss_0"], rel=2e-3)
     assert got["loss_2"] == pytest.approx(ref["loss_2"], rel=2e-3)
+
+
+# --- the clip in the fused optimizer step ---------------------------------------------------------
+
+DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA")])]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("max_norm", [0.5, 1e6])
+def test_clip_in_step_equals_clip_then_step(device, max_norm):
+    g = torch.Generator().manual_seed(0)
+    init = [torch.randn(40, 24, generator=g), torch.randn(24, generator=g), torch.randn(3, 5, generator=g)]
+    ours = [p.clone().to(device).requires_grad_() for p in init]
+    ref = [p.clone().to(device).requires_grad_() for p in init]
+    frozen = torch.zeros(4, device=device, requires_grad=True)  # no gradient: skipped, not updated
+
+    def groups(ps, extra=()):  # two groups, as a trainer with decay / no-decay groups has
+        return [{"params": ps[:1], "weight_decay": 0.1}, {"params": ps[1:] + list(extra), "weight_decay": 0.0}]
+
+    opt = torch.optim.AdamW(groups(ours, [frozen]), lr=1e-2, fused=True)
+    opt_ref = torch.optim.AdamW(groups(ref), lr=1e-2, fused=True)
+    for _ in range(3):
+        grads = [3 * torch.randn(p.shape, generator=g).to(device) for p in init]
+        for p, q, gr in zip(ours, ref, grads):
+            p.grad, q.grad = gr.clone(), gr.clone()
+        by_hand = math.sqrt(sum(float(gr.double().square().sum()) for gr in grads))
+        norm = clip_in_step(opt, max_norm)
+        norm_ref = torch.nn.utils.clip_grad_norm_(ref, max_norm)
+        assert norm.dtype == torch.float32 and norm.shape == ()
+        assert float(norm) == pytest.approx(by_hand, rel=1e-6)
+        assert float(norm) == pytest.approx(float(norm_ref), rel=1e-6)
+        opt.step()
+        opt_ref.step()
+        for p, q in zip(ours, ref):
+            torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7)
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-6, atol=1e-7)  # left clipped, as clip_grad_norm_ does
+        if max_norm < by_hand:  # the clip acted: the gradients now have norm max_norm
+            clipped = math.sqrt(sum(float(p.grad.double().square().sum()) for p in ours))
+            assert clipped == pytest.approx(max_norm, rel=1e-5)
+    assert frozen.abs().max() == 0
+
+
+def test_clip_in_step_rejects_a_threshold_that_is_not_positive():
+    p = torch.zeros(3, requires_grad=True)
+    p.grad = torch.ones(3)
+    opt = torch.optim.AdamW([p], fused=True)
+    for bad in (0.0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="max_norm must be > 0"):
+            clip_in_step(opt, bad)
+
+
+@pytest.mark.parametrize("make", [lambda ps: torch.optim.AdamW(ps), lambda ps: torch.optim.RMSprop(ps)])
+def test_clip_in_step_rejects_an_optimizer_that_would_not_clip(make):
+    """Non-fused AdamW would fail at step() with an assertion; RMSprop would silently not clip."""
+    p = torch.zeros(3, requires_grad=True)
+    p.grad = torch.full((3,), 100.0)
+    with pytest.raises(ValueError, match="does not apply grad_scale"):
+        clip_in_step(make([p]), 1.0)
