@@ -7,8 +7,9 @@
 #                                           llama-server.xz + llama-server.eyas-build.json (the workstation's CPU build,
 #                                           stripped: the script then builds only the CUDA one), libgomp.so.1 and the wheels.
 #                                           Parks part.aa in $HOME/gg for the next call and builds llama-server-cuda;
-#                                           meanwhile bench_engine.py makes the 1B-shaped pair (its tokenizer from part.aa),
-#                                           which the new build then serves: engine_1b.json.
+#                                           meanwhile bench_engine.py makes the 1B-shaped pair (its tokenizer from part.aa)
+#                                           and the GPU tests of $GPU_TESTS run; the new build then serves the pair:
+#                                           engine_1b.json.
 #   bash dev/gpu/engine_gpu.sh engine       carry .devcarry/b: part.ab (the rest: tail -c +46000001 ...) and
 #                                           chitchat.tar.xz (the chitchat-dataset wheel's contents). The call right after
 #                                           park-build (a machine stays warm 30 s): the CUDA serve tests, bench_engine.py
@@ -75,6 +76,7 @@ case "${1:-}" in
     embedded none
     build_cuda .devcarry/a 540
     step 330 python3 benchmarks/bench_engine.py --shape 1b --backends --work "$HOME"/w1b
+    step 200 python3 -m pytest -q -m gpu -p no:cacheprovider $GPU_TESTS
     wait $build || { tail -30 "$LOG"; exit 1; }
     "$bin"/llama-server-cuda --list-devices | tee -a "$LOG"
     step 150 python3 benchmarks/bench_engine.py --shape 1b --backends cuda --work "$HOME"/w1b --out "$OUT"/engine_1b.json ;;
