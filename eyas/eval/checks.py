@@ -122,7 +122,7 @@ def sampled_verdict(rows: dict) -> dict:
     as served (and the other way round).
 
     Args:
-        rows: ``served[bench]["rows"]`` of ``metrics/eval_<drafter>.json`` (eyas/eval/served.py): keys
+        rows: ``served[bench]["rows"]`` of ``metrics/eval_<drafter>.json`` (eyas/eval/modes.py): keys
             ``<proposer>/chain/T<t>`` with ``accept_len`` (tokens per verify step) and ``ci95``
             (``[low, high]`` or None).
     Returns:

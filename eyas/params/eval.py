@@ -19,7 +19,8 @@ class EvalParams:
     max_prompt_tokens: int  # chat: earliest turns of a longer prompt dropped (eyas.data.distill.fit_prompt); 0 = none
     timed_prompts: int  # prompts per benchmark decoded for real (timed, lossless check); 0 = all
     batch_size: int  # prompts per batched greedy call for the untimed prompts' reference
-    # the served table (eyas/eval/served.py): chain vs tree vs sampled on the first served_prompts prompts
+    # the decoding-modes table (eyas/eval/modes.py): chain vs tree vs sampled on the first served_prompts prompts,
+    # by eyas' own loops (no engine serves them: `served_*` names the modes engines serve with)
     served_prompts: int  # prompts per benchmark decoded for the table; 0 = no table
     served_max_new_tokens: int
     temperatures: list[float]  # 0 = greedy

@@ -86,7 +86,7 @@ def check_eval(ev: dict) -> None:
         verdict = ev[bench]["serving_verdict"]  # against this benchmark's own n-gram floor
         assert verdict["beats_ngram_floor"] == (ev[bench]["accept_len"] > ev["ngram"][bench]["accept_len"])
         assert set(verdict["sampled"]) == {"T1"}  # the served table's one temperature > 0
-        rows = ev["served"][bench]["rows"]  # the served table (eyas/eval/served.py)
+        rows = ev["served"][bench]["rows"]  # the decoding-modes table (eyas/eval/modes.py)
         assert set(rows) == {"eagle/chain/T0", "ngram/chain/T0", "eagle/chain/T1", "ngram/chain/T1", "eagle/tree/T0"}
         assert rows["eagle/tree/T0"]["matches_greedy"] is True
         engine = ev[bench]["engine"]  # llama.cpp serving this drafter (eyas/eval/llamacpp.py)
