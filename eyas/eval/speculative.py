@@ -22,6 +22,11 @@ tokenizer's EOS (Llama-3 ``<|eot_id|>``); :func:`eyas.target.model.stop_token_id
 
 Proposers are pluggable: :class:`EagleProposer` (an EAGLE-3 drafter fed the target's aux hidden
 states) and :class:`NgramProposer` (prompt lookup, no training).
+
+One module past 500 lines: the accept rule, the proposers, the target's cache and its roll-back,
+the chain loop and its timed, checked run over prompts are one mechanism read top to bottom (each
+step of the loop calls the pieces above it), and eyas/eval/tree.py and eyas/eval/sampling.py build
+on the same cache and proposers.
 """
 
 from __future__ import annotations
