@@ -330,7 +330,7 @@ def evaluate_drafter(name: str, p, target, drafter, benchmarks: dict[str, tuple]
         _report_chain(name, bench, r, n, log_metrics)
         if e.served_prompts:
             modes = _part(name, parts, f"{bench}/served", _is_modes,
-                          lambda: _modes_part(target, drafter, prompts, e), f"{bench}: served table")
+                          lambda: _modes_part(target, drafter, prompts, e), f"{bench}: served table")  # the key's name
             metrics.setdefault("served", {})[bench] = modes
             _report_modes(name, bench, modes, r, log_metrics)
     return metrics

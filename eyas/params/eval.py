@@ -1,4 +1,4 @@
-"""``eval``: acceptance length and the served table (stage eval-accept-len, eyas/eval/)."""
+"""``eval``: acceptance length and the decoding-modes table (stage eval-accept-len, eyas/eval/)."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ RANGES = [
     ("eval.timed_prompts", lambda v: v >= 0, ">= 0 (0 = every prompt is decoded for real)"),
     ("eval.batch_size", lambda v: v >= 1, ">= 1"),
     ("eval.timing_repeats", lambda v: v >= 1, ">= 1 (each prompt's greedy and speculative runs are timed this often)"),
-    ("eval.served_prompts", lambda v: v >= 0, ">= 0 (0 = no served table)"),
+    ("eval.served_prompts", lambda v: v >= 0, ">= 0 (0 = no decoding-modes table)"),
     ("eval.served_max_new_tokens", lambda v: v >= 2, ">= 2"),
     ("eval.temperatures", lambda v: len(v) > 0 and len(set(v)) == len(v) and all(t >= 0 for t in v),
      "a non-empty list of distinct numbers >= 0 (0 = greedy; a repeat would decode every prompt twice)"),

@@ -72,7 +72,7 @@ def test_bootstrap_ci_hand_worked():
 
 def test_compare_shows_the_served_table(tmp_path, monkeypatch):
     """`eyas compare` (MLflow) and `eyas compare --metrics` (metrics dirs) both show every row
-    of the served table and the serving verdict."""
+    of the decoding-modes table and the serving verdict."""
     import json
 
     from eyas.params.full import parse_params
