@@ -71,15 +71,15 @@ def main(name: str) -> None:
     hold(f"eval-accept-len@{name}")  # one run of this stage at a time in this workspace (eyas/pipeline/runlock.py)
     # data: the conversations' fingerprint names their source (checked below, eyas/pipeline/provenance.py)
     p = load_sections(target_schema, eval_schema, serve_schema, data_schema)
-    e = p.eval
+    e, files = p.eval, eval_files(name)
     with start_stage_run(f"eval-accept-len@{name}", p) as tracker:
         # stale drafter: refuse (eyas/pipeline/provenance.py)
-        check(f"models/{name}", p, reader=f"eval-accept-len@{name}")
+        check(files.drafter, p, reader=f"eval-accept-len@{name}")
         for a in (CONVERSATIONS, TARGET_GGUF):  # its prompts and the target llama.cpp serves
             check(a, p, reader=f"eval-accept-len@{name}")
         target = load_target(p.target.path, p.target.gguf_file, p.target.dtype, p.target.trust_remote_code,
                              revision=p.target.revision)
-        drafter = load_drafter(f"models/{name}", num_target_layers=target.num_layers)
+        drafter = load_drafter(files.drafter, num_target_layers=target.num_layers)
         benchmarks = {
             "chat": chat_prompts(read_jsonl(CONVERSATIONS / "test.jsonl"), e.chat_prompts),
             "humaneval": humaneval_prompts(e.humaneval_prompts),
