@@ -216,7 +216,7 @@ def test_failures_name_the_prompt_and_url_and_the_journal_keeps_what_finished(tm
     with pytest.raises(RemoteError, match="c0.*no reply within distill.server.timeout 0.001"):
         regenerate_remote(slow, smollm_tokenizer, [2], items[:1], max_new_tokens=8)
     other = _params(tmp_path, server, model="another-model").distill.server
-    with pytest.raises(RemoteError, match=r"serves \['smollm2'\], not distill.server.model 'another-model'"):
+    with pytest.raises(RemoteError, match=r"lists \['smollm2'\], not distill.server.model 'another-model'"):
         self_distill.check_hosted_model(other)
 
 
