@@ -71,6 +71,7 @@ import torch  # noqa: E402
 from benchmarks.common import device_tag, write_result  # noqa: E402
 from eyas.data.conversations import code_user_turn, humaneval_problems  # noqa: E402
 from eyas.data.distill import generate_batch  # noqa: E402
+from eyas.eval.evaluate import fit_benchmarks  # noqa: E402
 from eyas.eval.llamacpp import EngineError, agreement, build_info, serve_benchmark, server_binary  # noqa: E402
 from eyas.eval.oracle import accepted_draft_counts, per_prompt_walks, walk_metrics  # noqa: E402
 from eyas.export.eagle import save_drafter  # noqa: E402
@@ -81,7 +82,6 @@ from eyas.target.model import Target, load_target, load_tokenizer_and_config  # 
 from eyas.tracking.runs import Tracker  # noqa: E402
 from eyas.training.loop import new_drafter, train_drafter  # noqa: E402
 from eyas.vocab.mapping import build_mapping, count_tokens  # noqa: E402
-from stages.eval_accept_len import fit_benchmarks  # noqa: E402
 
 LLAMA = {"rms_norm_eps": 1e-5, "max_position_embeddings": 8192, "hidden_act": "silu", "initializer_range": 0.02}
 SHAPES = {
@@ -133,7 +133,7 @@ def make_target(shape: str, outtype: str, seed: int, dev: torch.device, embed_st
 
 
 def prompts_for(tok, n: int) -> list[list[int]]:
-    """The first ``n`` HumanEval problems as the eval asks them (stages.eval_accept_len.fit_benchmarks)."""
+    """The first ``n`` HumanEval problems as the eval asks them (eyas.eval.evaluate.fit_benchmarks)."""
     chats = [[code_user_turn(p["prompt"])] for p in humaneval_problems()[:n]]
     return fit_benchmarks(tok, {"humaneval": chats}, 0)["humaneval"][0]
 

@@ -5,11 +5,11 @@
 Run from a pipeline workspace (params.yaml, data/conversations/test.jsonl, models/NAME,
 models/NAME.gguf, models/target_gguf/target.gguf: target-gguf writes it with ``serve.engine: llamacpp``)
 whose ``metrics/eval_NAME.json`` was written by ``eval-accept-len@NAME``, with the engine or without it. It builds the eval's prompts as the stage
-does (stages.eval_accept_len.fit_benchmarks, params ``eval``), serves each benchmark with
+does (eyas.eval.evaluate.fit_benchmarks, params ``eval``), serves each benchmark with
 llama-server ``--spec-type draft-eagle3`` exactly as the stage's engine block does
-(stages.eval_accept_len.engine_part: the F32 target, and the target's own GGUF when
+(eyas.eval.evaluate.engine_part: the F32 target, and the target's own GGUF when
 ``serve.quantized_target``; ``serve.threads`` CPU threads) and holds the engine's per-prompt counts to
-the ones the eval recorded (stages.eval_accept_len.report_engine, eyas.eval.llamacpp.agreement).
+the ones the eval recorded (eyas.eval.evaluate.report_engine, eyas.eval.llamacpp.agreement).
 
 So the GPU profile needs no llama.cpp time on the GPU machine: its eval runs with ``serve.engine: none``
 (dev/levers/eval.yaml) and this script serves the drafter afterwards, on any machine with
@@ -34,12 +34,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # eyas and stages from this checkout
 from eyas.data.conversations import chat_prompts, humaneval_prompts, read_jsonl  # noqa: E402
+from eyas.eval.evaluate import EvalError, engine_part, fit_benchmarks, report_engine  # noqa: E402
 from eyas.io import read_json, write_json  # noqa: E402
 from eyas.params.full import load_params  # noqa: E402
 from eyas.target.model import load_tokenizer_and_config  # noqa: E402
-from eyas.tracking.runs import Tracker  # noqa: E402
 from stages.common import CONVERSATIONS, METRICS, TARGET_GGUF  # noqa: E402
-from stages.eval_accept_len import engine_part, fit_benchmarks, report_engine  # noqa: E402
+from stages.eval_accept_len import eval_files  # noqa: E402
 
 EYAS_KEYS = ("accept_len", "lossless", "num_prompts", "num_verify_steps", "new_tokens", "oracle_matches_real")
 
@@ -90,11 +90,14 @@ def check(name: str, out: Path, benchmarks: tuple[str, ...] = BENCHMARKS) -> dic
     failed = []
     for bench, (prompts, _) in benchmarks.items():
         r = ev[bench]
-        engine = engine_part(name, p, prompts, bench, cfg.num_hidden_layers)
+        try:
+            engine = engine_part(name, p, prompts, bench, cfg.num_hidden_layers, eval_files(name))
+        except EvalError as err:
+            raise SystemExit(str(err)) from None
         result["eyas_eval"][bench] = {k: r.get(k) for k in EYAS_KEYS}
         try:
-            report_engine(name, bench, engine, r, Tracker())
-        except SystemExit as err:  # the figures are kept; the exit comes after the file
+            report_engine(name, bench, engine, r, lambda metrics: None)  # no MLflow run here
+        except EvalError as err:  # the figures are kept; the exit comes after the file
             failed.append(str(err))
         result[bench] = r["engine"]
     write_json(out, result)

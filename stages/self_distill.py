@@ -10,10 +10,11 @@ Every prompt is rendered with the tokenizer before the target's weights load, so
 chat template refuses stops the stage (or, with `data.on_bad_line: skip`, is counted by id) in
 seconds. Splits not named in `distill.splits` (and every split when `distill.enabled` is false) are
 copied byte for byte, so the DAG is the same either way. `distill.backend: server` sends the
-prompts, as token ids, to an engine already serving the target (eyas/data/serving.py) instead of loading
-it here. Finished replies are journaled in `self_distill` under `.eyas/work`: a killed run, rerun,
-generates only the rest (eyas.data.distill.Journal). The test split is never touched (eval reads it from
-data/conversations). Run from the repository root: `python -m stages.self_distill`.
+prompts, as token ids, to an engine already hosting the target (eyas/data/remote.py: it only generates
+the replies) instead of loading it here. Finished replies are journaled in `self_distill` under
+`.eyas/work`: a killed run, rerun, generates only the rest (eyas.data.distill.Journal). The test
+split is never touched (eval reads it from data/conversations).
+Run from the repository root: `python -m stages.self_distill`.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from pathlib import Path
 
 from eyas.data.conversations import read_jsonl, write_jsonl
 from eyas.data.distill import Journal, plan_prompts, regenerate
-from eyas.data.serving import ServerError, regenerate_via_server, served_models
+from eyas.data.remote import RemoteError, hosted_models, regenerate_remote
 from eyas.io import write_json
 from eyas.params import data as data_schema
 from eyas.params import distill as distill_schema
@@ -67,17 +68,18 @@ def resume_key(p, stop_ids: list[int]) -> dict:
     return {**key, "dtype": p.target.dtype}
 
 
-def check_served_model(server) -> dict:
-    """``distill.server.model`` must be among the engine's served models (``GET /v1/models``);
-    returns ``{"api", "url", "model", "revision", "served": that model's entry}`` for the metrics.
+def check_hosted_model(server) -> dict:
+    """``distill.server.model`` must be among the models the engine hosts (``GET /v1/models``);
+    returns ``{"api", "url", "model", "revision", "served": that model's entry}`` for the metrics
+    (the key ``served`` kept from before: the entry ``GET /v1/models`` lists).
 
     Raises:
-        ServerError: the server cannot be reached, or does not serve the model (the ids it serves
+        RemoteError: the server cannot be reached, or does not host the model (the ids it lists
             are named)."""
-    models = served_models(server.url, server.timeout)
+    models = hosted_models(server.url, server.timeout)
     entry = next((m for m in models if m.get("id") == server.model), None)
     if entry is None:
-        raise ServerError(f"{server.url}/v1/models serves {[m.get('id') for m in models]}, not "
+        raise RemoteError(f"{server.url}/v1/models lists {[m.get('id') for m in models]}, not "
                           f"distill.server.model {server.model!r}")
     return {"api": server.api, "url": server.url, "model": server.model, "revision": server.revision,
             "served": entry}
@@ -109,7 +111,7 @@ def run(p, in_dir: Path = IN_DIR, out_dir: Path = OUT_DIR, metrics_path: Path = 
         if d.backend == "server":  # the engine holds the weights: only the stop set is needed here
             stop_ids = stop_token_ids(tokenizer, load_generation_config(
                 p.target.path, p.target.gguf_file, p.target.trust_remote_code, revision=p.target.revision))
-            metrics["server"] = check_served_model(d.server)
+            metrics["server"] = check_hosted_model(d.server)
         else:
             if load_target is None:
                 from eyas.target.model import load_target
@@ -131,7 +133,7 @@ def run(p, in_dir: Path = IN_DIR, out_dir: Path = OUT_DIR, metrics_path: Path = 
         journal = Journal(work_dir / f"{split}.jsonl", resume_key=resume_key(p, stop_ids))
         progress = lambda i, n, s=split: print(f"self-distill {s}: {i}/{n}", flush=True)
         if d.backend == "server":
-            rows, stats = regenerate_via_server(d.server, tokenizer, stop_ids, items, max_new_tokens=d.max_new_tokens,
+            rows, stats = regenerate_remote(d.server, tokenizer, stop_ids, items, max_new_tokens=d.max_new_tokens,
                                                 journal=journal, progress=progress)
         else:
             rows, stats = regenerate(target, items, max_new_tokens=d.max_new_tokens, batch_size=d.batch_size,

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from eyas.data.conversations import DataError, encode_jsonl, humaneval_problems, load_conversations, split_conversations
-from eyas.data.serving import ServerError, generate_ids
+from eyas.data.remote import RemoteError, generate_ids
 from eyas.data.synth import benchmark_texts, synthesize
 from eyas.io import atomic_dir, atomic_path, write_json
 from eyas.params import data as data_schema
@@ -57,10 +57,10 @@ def decoder(p, tokenizer):
 
     t = p.target
     if p.distill.backend == "server":
-        from stages.self_distill import check_served_model
+        from stages.self_distill import check_hosted_model
 
         server = p.distill.server
-        info = check_served_model(server)
+        info = check_hosted_model(server)
         stop_ids = stop_token_ids(tokenizer, load_generation_config(t.path, t.gguf_file, t.trust_remote_code,
                                                                     revision=t.revision))
 
@@ -82,7 +82,7 @@ def decoder(p, tokenizer):
 
 def run(p, out_dir: Path = OUT_DIR, metrics_path: Path = METRICS, work_dir: Path = WORK) -> dict:
     """Synthesize ``data.synth.prompts`` conversations for params ``p`` and write them (module docstring).
-    Raises DataError (SynthError), ParamsError or ServerError naming the key; nothing is replaced then."""
+    Raises DataError (SynthError), ParamsError or RemoteError naming the key; nothing is replaced then."""
     s = p.data.synth
     with start_stage_run(STAGE, p) as tracker:
         if s.prompts == 0:
@@ -134,7 +134,7 @@ def main() -> None:
     hold(STAGE)  # one run of this stage at a time in this workspace (eyas/pipeline/runlock.py)
     try:
         run(load_sections(target_schema, data_schema, distill_schema))
-    except (DataError, ParamsError, ServerError) as e:
+    except (DataError, ParamsError, RemoteError) as e:
         raise SystemExit(f"{STAGE}: error: {e}") from None
 
 

@@ -7,13 +7,13 @@ CPU or on a GPU.
     python3 dev/bench/bench_distill_backends.py --backend cuda   # GPU -> dev/results/distill_backends_<gpu>.json
 
 The same planned prompts go through :func:`eyas.data.distill.regenerate` (batch ``--batch-size``, the
-target in ``--dtype``) and through :func:`eyas.data.serving.regenerate_via_server` at each ``--concurrency``
+target in ``--dtype``) and through :func:`eyas.data.remote.regenerate_remote` at each ``--concurrency``
 (llama-server with that many slots, ``-np``, decoded together by its continuous batching, and
 ``--threads`` threads; on ``cuda`` llama-server-cuda with every layer on the GPU, checked in its log:
 eyas.eval.llamacpp.LlamaServer). The prompts (``--source``): ``chitchat``, the conversations' assistant
 turns as the stage plans them (``--turns``, ``--max-prompt-tokens``), or ``humaneval``, the HumanEval
 problems as the eval asks them, repeated in order up to ``--prompts`` (requests never reuse a cached
-prompt: eyas.data.serving sends ``cache_prompt: false``); the default is chitchat where its package is
+prompt: eyas.data.remote sends ``cache_prompt: false``); the default is chitchat where its package is
 installed, else humaneval, and the result says which.
 
 The GGUF served (``--gguf``): ``converted`` (default), the HF weights as loaded (de-quantised from the
@@ -45,7 +45,7 @@ from benchmarks.common import device_tag  # noqa: E402
 from dev.bench.common import write_result  # noqa: E402
 from eyas.data.conversations import code_user_turn, humaneval_problems, load_conversations  # noqa: E402
 from eyas.data.distill import plan_prompts, regenerate  # noqa: E402
-from eyas.data.serving import regenerate_via_server  # noqa: E402
+from eyas.data.remote import regenerate_remote  # noqa: E402
 from eyas.eval.llamacpp import LlamaServer, build_info  # noqa: E402
 from eyas.export.gguf import OUTTYPES, convert, write_target_dir  # noqa: E402
 from eyas.params.full import default_params  # noqa: E402
@@ -142,7 +142,7 @@ def main() -> None:
         with s:
             load = time.perf_counter() - t0
             server = SimpleNamespace(api="llamacpp", url=s.url, model=gguf.name, concurrency=c, timeout=600.0)
-            rows, st = regenerate_via_server(server, tok, stop_ids, items, max_new_tokens=a.max_new_tokens)
+            rows, st = regenerate_remote(server, tok, stop_ids, items, max_new_tokens=a.max_new_tokens)
         hf_by_id = {r["id"]: r["reply_ids"] for r in hf_rows}
         same = sum(hf_by_id.get(r["id"]) == r["reply_ids"] for r in rows)
         results[f"server_c{c}"] = {"load_seconds": round(load, 1), "concurrency": c, "slots": c,

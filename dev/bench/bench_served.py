@@ -1,5 +1,5 @@
-"""Cost of the served table (eyas/eval/served.py) at the params' eval settings: wall and process CPU
-seconds of evaluate_served per benchmark, with the trained drafter of a local pipeline run.
+"""Cost of the decoding-modes table (eyas/eval/modes.py) at the params' eval settings: wall and process CPU
+seconds of evaluate_modes per benchmark, with the trained drafter of a local pipeline run.
 
 The eval stage adds this to its chain eval; on a loaded CPU the process time is the better
 estimate of what an unloaded run takes (wall time counts the waits for a core). Needs a local
@@ -22,7 +22,7 @@ import torch  # noqa: E402
 from dev.bench.common import write_result  # noqa: E402
 from eyas.data.conversations import chat_prompts, humaneval_prompts, read_jsonl  # noqa: E402
 from eyas.data.distill import fit_prompt  # noqa: E402
-from eyas.eval.served import evaluate_served  # noqa: E402
+from eyas.eval.modes import evaluate_modes  # noqa: E402
 from eyas.export.load import load_drafter  # noqa: E402
 from eyas.params.full import load_params  # noqa: E402
 from eyas.target.model import load_target  # noqa: E402
@@ -47,11 +47,11 @@ def main():
     for bench, (chats, budget) in benches.items():
         prompts = [f[1] for f in (fit_prompt(target.tokenizer, m, budget) for m in chats) if f is not None]
         w0, c0 = time.perf_counter(), time.process_time()
-        table = evaluate_served(target, drafter, prompts[:e.served_prompts], num_draft_tokens=e.num_draft_tokens,
-                                max_new_tokens=e.served_max_new_tokens, stop_ids=target.stop_ids,
-                                aux_layer_ids=drafter.config.resolved_aux_layers(), temperatures=e.temperatures,
-                                top_p=e.top_p, seeds=e.seeds, tree_topk=e.tree_topk, tree_num_steps=e.tree_num_steps,
-                                tree_num_draft_tokens=e.tree_num_draft_tokens)
+        table = evaluate_modes(target, drafter, prompts[:e.served_prompts], num_draft_tokens=e.num_draft_tokens,
+                               max_new_tokens=e.served_max_new_tokens, stop_ids=target.stop_ids,
+                               aux_layer_ids=drafter.config.resolved_aux_layers(), temperatures=e.temperatures,
+                               top_p=e.top_p, seeds=e.seeds, tree_topk=e.tree_topk, tree_num_steps=e.tree_num_steps,
+                               tree_num_draft_tokens=e.tree_num_draft_tokens)
         out[bench] = {"wall_s": time.perf_counter() - w0, "process_cpu_s": time.process_time() - c0, **table}
         print(bench, {k: out[bench][k] for k in ("wall_s", "process_cpu_s")},
               {r: v["accept_len"] for r, v in table["rows"].items()})

@@ -4,6 +4,7 @@ Owns conversation sources, splits and chat-template rendering (:mod:`eyas.data.c
 :func:`~eyas.data.conversations.load_conversations`, :func:`~eyas.data.conversations.read_jsonl`),
 code prompts (:mod:`eyas.data.code`: :func:`~eyas.data.code.code_conversations`),
 self-distillation by the target (:mod:`eyas.data.distill`: :func:`~eyas.data.distill.regenerate`)
-and its server backend (:mod:`eyas.data.serving`: :func:`~eyas.data.serving.regenerate_via_server`).
+and its backend through an inference engine that hosts the target (``distill.backend: server``,
+:mod:`eyas.data.remote`: :func:`~eyas.data.remote.regenerate_remote`).
 It imports the ground and :mod:`eyas.target`. This ``__init__`` re-exports nothing.
 """

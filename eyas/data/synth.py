@@ -260,7 +260,7 @@ def clean_turn(tokenizer, ids: list[int], stop_ids, *, min_tokens: int, min_asci
 Generate = Callable[..., list[list[int]]]
 """``generate(prompts_ids, max_new_tokens, *, temperature, top_p, seed) -> ids per prompt`` (each up to
 and including the first stop id): :func:`eyas.data.distill.generate_batch` or
-:func:`eyas.data.serving.generate_ids` with the target bound; ``temperature`` 0 is greedy."""
+:func:`eyas.data.remote.generate_ids` with the target bound; ``temperature`` 0 is greedy."""
 
 
 def _seed(*parts) -> int:

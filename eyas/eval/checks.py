@@ -11,7 +11,7 @@
 - :func:`serving_verdict`: whether the drafter is worth serving at all: it must commit more tokens
   per verify step than prompt lookup, the training-free n-gram floor the engines ship, and decode
   faster than plain greedy on the device that measured it; :func:`sampled_verdict` makes the same
-  comparison at each sampling temperature of the served table, where users serve.
+  comparison at each sampling temperature of the decoding-modes table, where users serve.
 """
 
 from __future__ import annotations
@@ -115,14 +115,14 @@ def _finite(x) -> float | None:
 
 
 def sampled_verdict(rows: dict) -> dict:
-    """The drafter against the n-gram floor at each sampling temperature of the served table.
+    """The drafter against the n-gram floor at each sampling temperature of the decoding-modes table.
 
     Engines serve at temperature 0.6-1.0 with top-p, where prompt lookup's exact-match drafts are
     rejected far more often than at greedy, so a drafter below the floor greedily may be above it
     as served (and the other way round).
 
     Args:
-        rows: ``served[bench]["rows"]`` of ``metrics/eval_<drafter>.json`` (eyas/eval/served.py): keys
+        rows: ``served[bench]["rows"]`` of ``metrics/eval_<drafter>.json`` (eyas/eval/modes.py): keys
             ``<proposer>/chain/T<t>`` with ``accept_len`` (tokens per verify step) and ``ci95``
             (``[low, high]`` or None).
     Returns:

@@ -40,7 +40,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from eyas.data.serving import ServerError, http_json
+from eyas.data.remote import RemoteError, http_json
 
 ENGINE = "llama.cpp llama-server (llama-cpp-python 0.3.36 sources), --spec-type draft-eagle3"
 """What the engine block names: the pinned sources of scripts/build_llama_server.sh."""
@@ -163,7 +163,8 @@ class LlamaServer:
             chain does (llama.cpp's default stops a draft at a low-probability token).
         threads: ``-t`` (CPU threads). ctx: ``-c``, the context length in tokens (shared by the slots).
         slots: ``-np``, the requests decoded together (llama-server's continuous batching); 1 for every
-            speculative figure (batch 1), more to serve many prompts at once (self-distill).
+            speculative figure (batch 1), more to generate replies to many prompts at once (the
+            target hosted for self-distill, eyas/data/remote.py).
         backend: ``cpu`` or ``cuda`` (:data:`BACKENDS`). On ``cuda`` the target and the drafter are
             put on the first CUDA device by name, every layer (``-dev CUDA0 -ngl 999``, ``-devd CUDA0
             -ngld 999``): llama.cpp's CUDA build otherwise falls back to the CPU, silently, where it
@@ -304,7 +305,7 @@ class LlamaServer:
         before = self._decodes(timeout)
         try:
             r = http_json(self.url + "/completion", body, timeout)
-        except ServerError as e:
+        except RemoteError as e:
             raise EngineError(f"{e}\n{self._tail()}") from None
         n_decode = self._decodes(timeout) - before  # one slot: no other request decodes meanwhile
         t = r.get("timings") or {}

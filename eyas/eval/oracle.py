@@ -11,7 +11,7 @@ comes from the prefill, not from a verify step), cut at the output end as
 :func:`eyas.eval.speculative.speculative_generate` cuts at ``max_new_tokens`` or at a stop token (the
 output ends at the first id of the decoder's stop set, so the walk needs no stop set of its own)
 (:func:`chain_acceptance_length`). A chain of ``j`` drafts is the first ``j`` of a chain of ``k``
-(both proposers draft left to right), so one set of counts serves every ``j <= k``.
+(both proposers draft left to right), so one set of counts gives every ``j <= k``.
 
 For the EAGLE drafter, up to the first mismatch the drafted tokens equal ``y``, so every chain is
 computed at once: one target forward over ``prompt + y`` (aux hidden states; or the features a

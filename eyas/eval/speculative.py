@@ -22,6 +22,11 @@ tokenizer's EOS (Llama-3 ``<|eot_id|>``); :func:`eyas.target.model.stop_token_id
 
 Proposers are pluggable: :class:`EagleProposer` (an EAGLE-3 drafter fed the target's aux hidden
 states) and :class:`NgramProposer` (prompt lookup, no training).
+
+One module past 500 lines: the accept rule, the proposers, the target's cache and its roll-back,
+the chain loop and its timed, checked run over prompts are one mechanism read top to bottom (each
+step of the loop calls the pieces above it), and eyas/eval/tree.py and eyas/eval/sampling.py build
+on the same cache and proposers.
 """
 
 from __future__ import annotations
@@ -343,6 +348,40 @@ def target_cache(model, decode: str, max_len: int) -> TargetCache:
     return TargetCache(model, graphed.choose(model, decode), max_len)
 
 
+def _target_step(cache: TargetCache, ids: list[int], aux_ids: list[int] | None,
+                 last_only: bool = False) -> tuple[list[int], torch.Tensor | None]:
+    """Run ``ids`` through the target at the next positions of ``cache``: -> (argmax ids
+    [len(ids)] (only the last with ``last_only``), aux [1, len(ids), n_aux*H] or None). The ids
+    come to the host (``tolist``), so the call returns once the device has finished the forward."""
+    _, greedy, aux = cache(ids, aux_ids, last_only)
+    return greedy[0].tolist(), aux
+
+
+def _prefill(cache: TargetCache, proposer: Proposer, prompt_ids: list[int],
+             aux_ids: list[int] | None) -> tuple[int, torch.Tensor | None]:
+    """Steps 1 and 2 of the loop: the target reads the prompt (n ids) and emits the first new token
+    x_n (generated, not a verify step); the proposer starts on prompt + x_n, fed the target's aux
+    states at the prompt's positions (pairs (g_t, x_{t+1})). Returns (x_n, aux [1, n, n_aux*H] or None)."""
+    greedy, aux = _target_step(cache, prompt_ids, aux_ids, last_only=True)
+    x = greedy[-1]
+    proposer.prefill(prompt_ids + [x], aux)
+    return x, aux
+
+
+def _roll_back(cache: TargetCache, proposer: Proposer, n_done: int, committed: list[int],
+               aux: torch.Tensor | None) -> int:
+    """After a verify step over ``[x_last, d1..dk]`` that committed ``committed`` (m ids): the
+    target's cache entries for x_last, d1..d_{m-1} are valid (it read exactly these tokens), those
+    of rejected drafts are not; the last committed token (the bonus) has not been read yet, it is
+    the next x_last. Keeps the first ``n_done + m`` positions, feeds the proposer ``committed`` with
+    the aux states [1, m, n_aux*H] of those positions (None for a proposer without features), and
+    returns ``n_done + m``."""
+    n_done += len(committed)
+    cache.keep(n_done)
+    proposer.accept(committed, None if aux is None else aux[:, : len(committed)])
+    return n_done
+
+
 @torch.no_grad()
 def speculative_generate(target_model, drafter, prompt_ids: list[int], *, num_draft_tokens: int,
                          max_new_tokens: int, stop_ids: Sequence[int],
@@ -394,20 +433,10 @@ def speculative_generate(target_model, drafter, prompt_ids: list[int], *, num_dr
     # the verify step writes k + 1 positions past the committed ones
     cache = target_cache(model, decode, len(prompt_ids) + max_new_tokens + k + 1)
 
-    def target(ids: list[int], last_only: bool = False):
-        """Run ``ids`` through the target at the next positions of ``cache``: -> (argmax ids
-        [len(ids)] (only the last with ``last_only``), aux [1, len(ids), n_aux*H] or None)."""
-        _, greedy, aux = cache(ids, aux_ids, last_only)
-        return greedy[0].tolist(), aux
-
     clock = time.perf_counter
     t_start = clock()
-    # 1. prefill: the target reads the prompt and emits the first new token x_n
-    greedy, aux = target(prompt_ids, last_only=True)
-    x = greedy[-1]
+    x, aux = _prefill(cache, proposer, prompt_ids, aux_ids)  # 1. target prefill, x_n; 2. drafter prefill
     tokens, n_done = [x], len(prompt_ids)  # n_done: positions the target's cache holds
-    # 2. drafter prefill on pairs (g_t, x_{t+1}) of the prompt
-    proposer.prefill(prompt_ids + [x], aux)
     _sync(model)
     t_prev = clock()
     result["seconds"]["prefill"] = t_prev - t_start
@@ -419,7 +448,7 @@ def speculative_generate(target_model, drafter, prompt_ids: list[int], *, num_dr
         t_drafted = clock()
         drafter_s.append(t_drafted - t_prev)
         # 3. verify: one target forward over [x_last, d1..dk]; greedy[i] follows x_last, d1..di
-        greedy, aux = target([x] + drafts)
+        greedy, aux = _target_step(cache, [x] + drafts, aux_ids)
         t_prev = clock()
         verify_s.append(t_prev - t_drafted)
         accepted, committed = verify_chain(drafts, greedy, stop)
@@ -427,13 +456,8 @@ def speculative_generate(target_model, drafter, prompt_ids: list[int], *, num_dr
         tokens += committed
         committed_per_step.append(len(committed))
         accepted_per_step.append(min(accepted, len(committed)))
-        # roll back: the target's entries for x_last, d1..d_accepted are valid (it read exactly
-        # these tokens); the entries for rejected drafts are not. The last committed token
-        # (bonus) has not been read yet: it is the next x_last.
-        n_done += len(committed)
-        cache.keep(n_done)
+        n_done = _roll_back(cache, proposer, n_done, committed, aux if hs else None)  # 5. roll back
         x = committed[-1]
-        proposer.accept(committed, aux[:, : len(committed)] if hs else None)
         if fed is not None:  # a copy: a graphed step's aux buffer is rewritten by the next step
             fed.append(aux[:, : len(committed)].clone())
     result.update(tokens=tokens, committed_per_step=committed_per_step,
@@ -524,6 +548,101 @@ def _timing_report(greedy_s, spec_s, greedy_steps, spec_runs, outputs, model, re
     }
 
 
+def _check_repeats_and_baseline(prompts: list[list[int]], timing_repeats: int,
+                                baseline: list[list[int]] | None) -> None:
+    """:func:`evaluate_prompts`' argument checks.
+
+    Raises:
+        ValueError: ``timing_repeats`` < 0, a baseline with ``timing_repeats`` >= 1 (timing runs
+            greedy anyway), or a baseline whose length differs from the prompts'."""
+    if timing_repeats < 0:
+        raise ValueError(f"timing_repeats must be >= 0, got {timing_repeats}")
+    if baseline is not None and timing_repeats:
+        raise ValueError("evaluate_prompts: a baseline replaces the greedy runs, which timing needs; "
+                         "pass timing_repeats=0 with it")
+    if baseline is not None and len(baseline) != len(prompts):
+        raise ValueError(f"baseline has {len(baseline)} outputs for {len(prompts)} prompts")
+
+
+def _interleaved_runs(model, proposer: Proposer, prompts: list[list[int]], skw: dict, stop: frozenset[int],
+                      timing_repeats: int, baseline: list[list[int]] | None, with_features: bool) -> dict:
+    """The timing scheme of :func:`evaluate_prompts`: each prompt decoded greedily and
+    speculatively back to back, greedy first iff prompt index + repeat is even, ``max(timing_repeats,
+    1)`` times, each run timed between two device syncs (host seconds). Greedy runs are skipped
+    where ``baseline`` gives the reference.
+
+    Args:
+        skw: :func:`speculative_generate`'s keyword arguments (k, budget, stop set, aux ids, decode).
+        with_features: keep repeat 0's ``features`` of every speculative run.
+    Returns:
+        ``{"runs": repeat 0's speculative_generate result per prompt (without ``features``),
+        "greedy": the greedy reference output per prompt (repeat 0's, or ``baseline``),
+        "features": per prompt, in order, when ``with_features``, else [],
+        "greedy_s" / "spec_s": per prompt, the seconds of each repeat,
+        "greedy_steps": per prompt and repeat, :func:`_greedy_timed`'s per-forward seconds,
+        "spec_steps": per prompt and repeat, the run's ``seconds``}``.
+    """
+    mode, max_new_tokens = skw["decode"], skw["max_new_tokens"]
+    n = len(prompts)
+    runs: list = [None] * n
+    greedy: list = list(baseline) if baseline is not None else [None] * n
+    features: list = []
+    greedy_s, spec_s = [[] for _ in prompts], [[] for _ in prompts]
+    greedy_steps, spec_steps = [[] for _ in prompts], [[] for _ in prompts]
+    for r in range(max(timing_repeats, 1)):
+        for i, p in enumerate(prompts):
+            for method in (("greedy", "spec") if (i + r) % 2 == 0 else ("spec", "greedy")):
+                if method == "greedy" and baseline is not None:
+                    continue
+                _sync(model)
+                t0 = time.perf_counter()
+                if method == "greedy":
+                    out, steps = _greedy_timed(model, p, max_new_tokens, stop, mode)
+                else:
+                    run = speculative_generate(model, proposer, p, **skw, return_features=with_features and r == 0)
+                _sync(model)
+                dt = time.perf_counter() - t0
+                if method == "greedy":
+                    greedy_s[i].append(dt)
+                    greedy_steps[i].append(steps)
+                    if r == 0:
+                        greedy[i] = out
+                else:
+                    spec_s[i].append(dt)
+                    spec_steps[i].append(run["seconds"])
+                    if r == 0:
+                        runs[i] = run
+                        if "features" in run:
+                            features.append(run.pop("features"))
+    return {"runs": runs, "greedy": greedy, "features": features, "greedy_s": greedy_s, "spec_s": spec_s,
+            "greedy_steps": greedy_steps, "spec_steps": spec_steps}
+
+
+def _decoding_metrics(runs: list[dict], greedy: list[list[int]], k: int) -> dict:
+    """The decoding keys of :func:`evaluate_prompts` from one speculative run per prompt and the
+    greedy reference outputs: ``accept_len`` (pooled over every verify step), its per-prompt mean,
+    ``per_position_accept_rate``, ``accepted_histogram``, ``upper_bound`` (k + 1), ``lossless`` /
+    ``mismatches`` (runs whose tokens differ from the reference), ``num_prompts``,
+    ``num_verify_steps``, ``new_tokens`` (conventions and sources: :func:`evaluate_prompts`)."""
+    committed = [c for r in runs for c in r["committed_per_step"]]
+    accepted = [a for r in runs for a in r["accepted_per_step"]]
+    steps = len(committed)
+    mismatches = sum(r["tokens"] != list(b) for r, b in zip(runs, greedy))
+    per_prompt = [acceptance_length(r["committed_per_step"]) for r in runs if r["num_verify_steps"]]
+    return {
+        "accept_len": acceptance_length(committed) if steps else None,
+        "accept_len_per_prompt_mean": statistics.fmean(per_prompt) if per_prompt else None,
+        "per_position_accept_rate": [sum(a > i for a in accepted) / steps if steps else 0.0 for i in range(k)],
+        "accepted_histogram": [sum(a == j for a in accepted) for j in range(k + 1)],
+        "upper_bound": k + 1,
+        "lossless": mismatches == 0,
+        "mismatches": mismatches,
+        "num_prompts": len(runs),
+        "num_verify_steps": steps,
+        "new_tokens": sum(len(r["tokens"]) for r in runs),
+    }
+
+
 def evaluate_prompts(target, drafter, prompts: list[list[int]], *, num_draft_tokens: int,
                      max_new_tokens: int, stop_ids: Sequence[int], aux_layer_ids: list[int] | None,
                      timing_repeats: int = 1, baseline: list[list[int]] | None = None,
@@ -580,13 +699,7 @@ def evaluate_prompts(target, drafter, prompts: list[list[int]], *, num_draft_tok
     """
     model, proposer, k = _model(target), as_proposer(drafter), num_draft_tokens
     stop = stop_set(stop_ids)
-    if timing_repeats < 0:
-        raise ValueError(f"timing_repeats must be >= 0, got {timing_repeats}")
-    if baseline is not None and timing_repeats:
-        raise ValueError("evaluate_prompts: a baseline replaces the greedy runs, which timing needs; "
-                         "pass timing_repeats=0 with it")
-    if baseline is not None and len(baseline) != len(prompts):
-        raise ValueError(f"baseline has {len(baseline)} outputs for {len(prompts)} prompts")
+    _check_repeats_and_baseline(prompts, timing_repeats, baseline)
     mode = graphed.choose(model, decode)
     if mode != "dynamic" and prompts:  # one static cache long enough for every prompt: captured once
         graphed.decoder(model, 1, max(map(len, prompts)) + max_new_tokens + k + 1, graphs=mode == "graphed")
@@ -597,61 +710,20 @@ def evaluate_prompts(target, drafter, prompts: list[list[int]], *, num_draft_tok
         speculative_generate(model, proposer, prompts[0], **dict(skw, max_new_tokens=k + 2))
         _greedy_timed(model, prompts[0], k + 2, stop, mode)
 
-    n = len(prompts)
-    runs: list = [None] * n
-    greedy: list = list(baseline) if baseline is not None else [None] * n
-    greedy_s, spec_s = [[] for _ in prompts], [[] for _ in prompts]
-    greedy_steps, spec_steps = [[] for _ in prompts], [[] for _ in prompts]
-    for r in range(max(timing_repeats, 1)):
-        for i, p in enumerate(prompts):
-            for method in (("greedy", "spec") if (i + r) % 2 == 0 else ("spec", "greedy")):
-                if method == "greedy" and baseline is not None:
-                    continue
-                _sync(model)
-                t0 = time.perf_counter()
-                if method == "greedy":
-                    out, steps = _greedy_timed(model, p, max_new_tokens, stop, mode)
-                else:
-                    run = speculative_generate(model, proposer, p, **skw,
-                                               return_features=features_out is not None and r == 0)
-                _sync(model)
-                dt = time.perf_counter() - t0
-                if method == "greedy":
-                    greedy_s[i].append(dt)
-                    greedy_steps[i].append(steps)
-                    if r == 0:
-                        greedy[i] = out
-                else:
-                    spec_s[i].append(dt)
-                    spec_steps[i].append(run["seconds"])
-                    if r == 0:
-                        runs[i] = run
-                        if "features" in run:
-                            features_out.append(run.pop("features"))
+    t = _interleaved_runs(model, proposer, prompts, skw, stop, timing_repeats, baseline, features_out is not None)
+    runs, greedy = t["runs"], t["greedy"]
+    if features_out is not None:
+        features_out.extend(t["features"])
     if greedy_out is not None:
         greedy_out.extend(greedy)
-
-    committed = [c for r in runs for c in r["committed_per_step"]]
-    accepted = [a for r in runs for a in r["accepted_per_step"]]
-    steps = len(committed)
-    mismatches = sum(r["tokens"] != list(b) for r, b in zip(runs, greedy))
-    per_prompt = [acceptance_length(r["committed_per_step"]) for r in runs if r["num_verify_steps"]]
-    timing = (_timing_report(greedy_s, spec_s, greedy_steps, spec_steps, greedy, model, timing_repeats)
+    timing = (_timing_report(t["greedy_s"], t["spec_s"], t["greedy_steps"], t["spec_steps"], greedy, model,
+                             timing_repeats)
               if timed and prompts else
               {"speedup": None, "speedup_iqr": None, "speedup_predicted": None, "speedup_flagged": None})
     return {
-        "accept_len": acceptance_length(committed) if steps else None,
-        "accept_len_per_prompt_mean": statistics.fmean(per_prompt) if per_prompt else None,
-        "per_position_accept_rate": [sum(a > i for a in accepted) / steps if steps else 0.0 for i in range(k)],
-        "accepted_histogram": [sum(a == j for a in accepted) for j in range(k + 1)],
-        "upper_bound": k + 1,
-        "lossless": mismatches == 0,
-        "mismatches": mismatches,
-        "num_prompts": len(prompts),
-        "num_verify_steps": steps,
-        "new_tokens": sum(len(r["tokens"]) for r in runs),
-        "speculative_seconds": sum(map(sum, spec_s)) if timed else None,
-        "greedy_seconds": sum(map(sum, greedy_s)) if timed else None,
+        **_decoding_metrics(runs, greedy, k),
+        "speculative_seconds": sum(map(sum, t["spec_s"])) if timed else None,
+        "greedy_seconds": sum(map(sum, t["greedy_s"])) if timed else None,
         **timing,
         "settings": {"mode": "chain", "target_decode": mode, "num_draft_tokens": k, "temperature": 0.0,
                      "max_new_tokens": max_new_tokens, "num_prompts": len(prompts),

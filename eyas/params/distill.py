@@ -1,5 +1,5 @@
 """``distill``: self-distillation, the target regenerating assistant turns (stage self-distill,
-eyas/data/distill.py; through an inference server: eyas/data/serving.py)."""
+eyas/data/distill.py; through an inference server: eyas/data/remote.py)."""
 
 from __future__ import annotations
 
@@ -14,11 +14,12 @@ NAME = "distill"
 
 @dataclass(kw_only=True)
 class DistillServerParams:
-    """``distill.backend: server``: an inference engine already serving the target (eyas.data.serving)."""
+    """``distill.backend: server``: an inference engine already hosting the target generates the replies
+    (eyas.data.remote)."""
     api: str  # 'vllm' (/v1/completions), 'sglang' (/generate) or 'llamacpp' (/completion)
     url: str  # the engine's base URL (no path)
-    model: str  # the served model name: checked against GET /v1/models; part of DVC's params
-    revision: str  # the served model's revision (hub commit sha or a weights hash): DVC's key
+    model: str  # the hosted model's name: checked against GET /v1/models; part of DVC's params
+    revision: str  # the hosted model's revision (hub commit sha or a weights hash): DVC's key
     concurrency: int  # requests in flight (the engine batches them)
     timeout: float  # seconds per request before it counts as failed
 
@@ -50,7 +51,7 @@ RANGES = [
 
 
 def _base_url(v: str) -> bool:
-    """``http(s)://host[:port]`` with at most a ``/`` after it (eyas.data.serving appends ``/v1/...``)."""
+    """``http(s)://host[:port]`` with at most a ``/`` after it (eyas.data.remote appends ``/v1/...``)."""
     try:
         u = urllib.parse.urlsplit(v)
         u.port  # noqa: B018 - raises ValueError on a port that is not a number in [0, 65535]
@@ -66,9 +67,9 @@ SERVER_RANGES = [
     ("distill.server.url", _base_url,
      "an http:// or https:// base URL with a host and no path, e.g. http://127.0.0.1:8000 (not .../v1: "
      "eyas appends /v1/completions, /generate or /completion)"),
-    ("distill.server.model", lambda v: v != "", "the served model's name (GET /v1/models)"),
+    ("distill.server.model", lambda v: v != "", "the hosted model's name (GET /v1/models)"),
     ("distill.server.revision", lambda v: v.strip() != "",
-     "the served weights' revision (a hub commit sha or a weights hash): DVC reruns self-distill when it changes"),
+     "the hosted weights' revision (a hub commit sha or a weights hash): DVC reruns self-distill when it changes"),
     ("distill.server.concurrency", lambda v: 1 <= v <= 1024, "in [1, 1024] (one thread per request in flight)"),
     ("distill.server.timeout", lambda v: math.isfinite(v) and v > 0, "a finite number > 0 (seconds)"),
 ]

@@ -1,4 +1,4 @@
-"""``eval``: acceptance length and the served table (stage eval-accept-len, eyas/eval/)."""
+"""``eval``: acceptance length and the decoding-modes table (stage eval-accept-len, eyas/eval/)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ class EvalParams:
     max_prompt_tokens: int  # chat: earliest turns of a longer prompt dropped (eyas.data.distill.fit_prompt); 0 = none
     timed_prompts: int  # prompts per benchmark decoded for real (timed, lossless check); 0 = all
     batch_size: int  # prompts per batched greedy call for the untimed prompts' reference
-    # the served table (eyas/eval/served.py): chain vs tree vs sampled on the first served_prompts prompts
+    # the decoding-modes table (eyas/eval/modes.py): chain vs tree vs sampled on the first served_prompts prompts,
+    # by eyas' own loops (no engine serves them: `served_*` names the modes engines serve with)
     served_prompts: int  # prompts per benchmark decoded for the table; 0 = no table
     served_max_new_tokens: int
     temperatures: list[float]  # 0 = greedy
@@ -40,7 +41,7 @@ RANGES = [
     ("eval.timed_prompts", lambda v: v >= 0, ">= 0 (0 = every prompt is decoded for real)"),
     ("eval.batch_size", lambda v: v >= 1, ">= 1"),
     ("eval.timing_repeats", lambda v: v >= 1, ">= 1 (each prompt's greedy and speculative runs are timed this often)"),
-    ("eval.served_prompts", lambda v: v >= 0, ">= 0 (0 = no served table)"),
+    ("eval.served_prompts", lambda v: v >= 0, ">= 0 (0 = no decoding-modes table)"),
     ("eval.served_max_new_tokens", lambda v: v >= 2, ">= 2"),
     ("eval.temperatures", lambda v: len(v) > 0 and len(set(v)) == len(v) and all(t >= 0 for t in v),
      "a non-empty list of distinct numbers >= 0 (0 = greedy; a repeat would decode every prompt twice)"),

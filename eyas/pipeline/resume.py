@@ -1,7 +1,7 @@
 """Finished parts of a long stage, kept so that a killed run, rerun, recomputes only the others.
 
 ``eval-accept-len`` runs a few long parts in turn (per benchmark the chain evaluation, then the
-served table); a device call that is killed after some of them would otherwise lose them all,
+decoding-modes table); a device call that is killed after some of them would otherwise lose them all,
 because the stage writes its metrics only at the end. :class:`Parts` records each part's result
 as soon as it finishes.
 

@@ -61,7 +61,7 @@ DECODES = ("auto", "dynamic", "static", "graphed")
 # attention implementations that apply a 4D additive float mask as given (transformers
 # integrations/sdpa_attention.py, modeling_llama.py eager_attention_forward)
 _MASKED_ATTENTION = ("sdpa", "eager")
-# cache lengths are rounded up to a multiple of this, so that a few decoders serve prompts of every length
+# cache lengths are rounded up to a multiple of this, so that a few decoders cover prompts of every length
 LEN_QUANTUM = 128
 
 

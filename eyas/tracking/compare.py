@@ -17,7 +17,7 @@ column per parent (latest first) and one row per key param / stage metric:
   eyas.eval.checks.serving_verdict);
 - llama.cpp serving each drafter (eyas/eval/llamacpp.py): ``<bench>/engine/accept_len`` and ``speedup``
   (the target eyas evaluates, as a GGUF) and ``<bench>/engine_quantized/...`` (the target's own GGUF);
-- the served table (eyas/eval/served.py): every ``<bench>/served/<row>/accept_len`` an eval child
+- the decoding-modes table (eyas/eval/modes.py): every ``<bench>/served/<row>/accept_len`` an eval child
   logged (greedy chain, greedy tree, sampled chain per temperature; the n-gram rows from either
   eval child), with its 95% interval (``ci95_low`` / ``ci95_high``) in brackets.
 

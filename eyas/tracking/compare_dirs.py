@@ -82,7 +82,7 @@ def _file_key(d: str, fname: str, files: dict, keys: tuple) -> Any:
 def _engine_number(d: str, fname: str, keys: tuple, alt: tuple[str, tuple], files: dict) -> str:
     """An engine row (``<bench>.engine.<block>.<what>`` of ``fname``), else the same figure from the file
     llama.cpp served apart wrote (``alt``: :func:`_engine_apart`), formatted. A null block (``quantized``
-    without ``serve.quantized_target``: stages.eval_accept_len.engine_part) shows ``–``.
+    without ``serve.quantized_target``: eyas.eval.evaluate.engine_part) shows ``–``.
 
     Raises:
         CompareError: as :func:`_file_number`.
@@ -171,7 +171,7 @@ def _number(v: Any) -> bool:
 
 
 def _served_rows(d: str, fname: str, doc: Any) -> dict[tuple[str, str], tuple[Any, list | None]]:
-    """The served table of one eval metrics file (eyas/eval/served.py's layout:
+    """The served table of one eval metrics file (eyas/eval/modes.py's layout:
     ``served.<bench>.rows.<row>`` holding ``accept_len`` and ``ci95``) as
     ``{(bench, row): (accept_len, ci95)}``; empty when the file has none.
 
@@ -317,7 +317,7 @@ def compare_dirs(dirs: list[str], params_default: str | Path = "params.yaml", ro
         cells = [_engine_number(d, fname, keys, alt, files) if alt
                  else (_file_verdict if verdict else _file_number)(d, fname, files, keys) for d, *_, files in cols]
         lines.append(f"| {_cell(label)} | " + " | ".join(cells) + " |")
-    # the served tables (eyas/eval/served.py): every row any column has, the n-gram rows from eval_scratch.json
+    # the served tables (eyas/eval/modes.py): every row any column has, the n-gram rows from eval_scratch.json
     tables = [{fname: _served_rows(d, fname, files.get(fname)) for fname in ("eval_scratch.json", "eval_finetune.json")}
               for d, *_, files in cols]
     served: dict[tuple[str, str, str], None] = {}

@@ -1,7 +1,9 @@
-"""A killed eval-accept-len resumes the parts it finished (eyas/pipeline/resume.py, stages/eval_accept_len.py).
+"""A killed eval-accept-len resumes the parts it finished (eyas/pipeline/resume.py, stages/eval_accept_len.py,
+eyas/eval/evaluate.py).
 
-The stage's body (`run`) on the tiny target with a briefly trained drafter, in a temporary
-workspace; the kill is a fault injected into the real evaluate_benchmark / evaluate_served (an
+The stage's body (`run`: eyas.eval.evaluate.evaluate_drafter between its parts file and its outputs)
+on the tiny target with a briefly trained drafter, in a temporary
+workspace; the kill is a fault injected into the real evaluate_benchmark / evaluate_modes (an
 exception on a chosen call), which also count the calls. A rerun must not call a finished part
 again, and must print, log and write what the interrupted run saved; the rest of the metrics must
 equal an uninterrupted run's apart from wall-clock figures. Plus :class:`eyas.pipeline.resume.Parts` alone.
@@ -17,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import eyas.eval.evaluate as front
 import stages.eval_accept_len as stage
 from eyas.params.full import default_params
 from eyas.pipeline.resume import Parts
@@ -73,7 +76,7 @@ def ws(tmp_path, monkeypatch):
 
 def run(setup, p, monkeypatch, capsys, kill_at: tuple[str, int] | None = None):
     """The stage body once; returns (metrics or None when killed, printed lines, logged metrics,
-    calls: the prompts each of evaluate_benchmark ("chain") and evaluate_served ("served") got)."""
+    calls: the prompts each of evaluate_benchmark ("chain") and evaluate_modes ("served") got)."""
     target, drafter, benchmarks = setup
     calls: dict[str, list] = {"chain": [], "served": []}
 
@@ -87,8 +90,8 @@ def run(setup, p, monkeypatch, capsys, kill_at: tuple[str, int] | None = None):
 
     tracker, metrics = Recorder(), None
     with monkeypatch.context() as mp:
-        mp.setattr(stage, "evaluate_benchmark", counted("chain", stage.evaluate_benchmark))
-        mp.setattr(stage, "evaluate_served", counted("served", stage.evaluate_served))
+        mp.setattr(front, "evaluate_benchmark", counted("chain", front.evaluate_benchmark))
+        mp.setattr(front, "evaluate_modes", counted("served", front.evaluate_modes))
         try:
             metrics = stage.run("scratch", p, target, drafter, benchmarks, tracker)
         except Killed:

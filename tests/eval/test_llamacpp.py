@@ -39,6 +39,7 @@ from safetensors.torch import load_file, save_file
 
 from eyas.data.conversations import code_user_turn, humaneval_problems
 from eyas.data.distill import generate_batch
+from eyas.eval.evaluate import fit_benchmarks
 from eyas.eval.llamacpp import EngineError, LlamaServer, agreement, serve_benchmark, server_binary
 from eyas.eval.oracle import accepted_draft_counts, per_prompt_walks, walk_metrics
 from eyas.export.eagle import save_drafter
@@ -49,7 +50,6 @@ from eyas.target.model import load_target
 from eyas.tracking.runs import Tracker
 from eyas.training.loop import new_drafter, train_drafter
 from eyas.vocab.mapping import build_mapping, count_tokens
-from stages.eval_accept_len import fit_benchmarks
 
 K = 4
 MAX_NEW = 48

@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from eyas.cli import main
+from eyas.eval.evaluate import EvalError, engine_part
 from eyas.eval.llamacpp import (
     EngineError,
     LlamaServer,
@@ -25,7 +26,7 @@ from eyas.eval.llamacpp import (
 )
 from eyas.params.full import default_params
 from eyas.target.model import embedded_target
-from stages.eval_accept_len import engine_part
+from stages.eval_accept_len import eval_files
 from tests.export.test_gguf import _tiny_drafter, _write_gguf
 
 
@@ -135,8 +136,8 @@ def test_eval_refuses_a_drafter_gguf_it_cannot_read_before_serving(tmp_path, mon
         gguf.unlink(missing_ok=True)
         if data is not None:
             gguf.write_bytes(data)
-        with pytest.raises(SystemExit) as e:
-            engine_part("x", default_params(), [[1, 2, 3]], "chat", 8)
+        with pytest.raises(EvalError) as e:
+            engine_part("x", default_params(), [[1, 2, 3]], "chat", 8, eval_files("x"))
         assert msg in str(e.value) and "`dvc repro export-gguf@x`" in str(e.value), (case, str(e.value))
         assert str(e.value).startswith("eval x chat: "), case
     assert not (tmp_path / ".eyas").exists()  # no server log: nothing was started

@@ -131,9 +131,9 @@ def _served(**server) -> dict:
     ({"url": "http://host:8000?x=1"}, r"'distill\.server\.url' must be"),
     ({"concurrency": 0}, r"'distill\.server\.concurrency' must be in \[1, 1024\]"),
     ({"concurrency": 1025}, r"'distill\.server\.concurrency' must be in \[1, 1024\]"),
-    ({"revision": ""}, r"'distill\.server\.revision' must be the served weights' revision"),
+    ({"revision": ""}, r"'distill\.server\.revision' must be the hosted weights' revision"),
     ({"revision": "  "}, r"'distill\.server\.revision' must be"),
-    ({"model": ""}, r"'distill\.server\.model' must be the served model's name"),
+    ({"model": ""}, r"'distill\.server\.model' must be the hosted model's name"),
 ])
 def test_bad_server_params_name_the_key_and_file(tmp_path, server, message):
     f = tmp_path / "params.yaml"

@@ -81,15 +81,15 @@ def set_params(repo: Path, **sections) -> None:
 
 
 def check_eval(ev: dict) -> None:
-    """metrics/eval_<drafter>.json of a tiny run: lossless, in range, the served table and llama.cpp's block."""
+    """metrics/eval_<drafter>.json of a tiny run: lossless, in range, the decoding-modes table and llama.cpp's block."""
     for bench in ("chat", "humaneval"):
         assert ev[bench]["lossless"] is True  # speculative greedy == plain greedy
         assert 1.0 <= ev[bench]["accept_len"] <= 4.0
         assert ev[bench]["settings"]["num_draft_tokens"] == 3
         verdict = ev[bench]["serving_verdict"]  # against this benchmark's own n-gram floor
         assert verdict["beats_ngram_floor"] == (ev[bench]["accept_len"] > ev["ngram"][bench]["accept_len"])
-        assert set(verdict["sampled"]) == {"T1"}  # the served table's one temperature > 0
-        rows = ev["served"][bench]["rows"]  # the served table (eyas/eval/served.py)
+        assert set(verdict["sampled"]) == {"T1"}  # the decoding-modes table's one temperature > 0
+        rows = ev["served"][bench]["rows"]  # the decoding-modes table (eyas/eval/modes.py)
         assert set(rows) == {"eagle/chain/T0", "ngram/chain/T0", "eagle/chain/T1", "ngram/chain/T1", "eagle/tree/T0"}
         assert rows["eagle/tree/T0"]["matches_greedy"] is True
         engine = ev[bench]["engine"]  # llama.cpp serving this drafter (eyas/eval/llamacpp.py)

@@ -1,12 +1,12 @@
-"""The served table (eyas/eval/served.py) on the tiny target: every row, each checked against runs
+"""The decoding-modes table (eyas/eval/modes.py) on the tiny target: every row, each checked against runs
 made here independently (greedy chain, seeded sampled runs, the tree's output against greedy),
 and the bootstrap interval on hand-worked cases."""
 
 import pytest
 import torch
 
+from eyas.eval.modes import bootstrap_ci, evaluate_modes, row_name
 from eyas.eval.sampling import sampled_generate
-from eyas.eval.served import bootstrap_ci, evaluate_served, row_name
 from eyas.eval.speculative import greedy_generate, speculative_generate
 from tests.tiny import VOCAB, tiny_target
 from tests.tiny import trained_drafter as train_tiny_drafter
@@ -34,8 +34,8 @@ def _pooled(runs):
 def test_served_rows_equal_independent_runs(setup):
     target, prompts, outputs, drafter = setup
     kw = dict(max_new_tokens=16, stop_ids=[])
-    out = evaluate_served(target, drafter, prompts, num_draft_tokens=K, aux_layer_ids=None, temperatures=[0, 0.8],
-                          top_p=0.9, seeds=[3, 4], tree_topk=2, tree_num_steps=3, tree_num_draft_tokens=6, **kw)
+    out = evaluate_modes(target, drafter, prompts, num_draft_tokens=K, aux_layer_ids=None, temperatures=[0, 0.8],
+                         top_p=0.9, seeds=[3, 4], tree_topk=2, tree_num_steps=3, tree_num_draft_tokens=6, **kw)
     rows = out["rows"]
     assert set(rows) == {"eagle/chain/T0", "ngram/chain/T0", "eagle/chain/T0.8", "ngram/chain/T0.8",
                          "eagle/tree/T0"}
@@ -55,11 +55,11 @@ def test_served_rows_equal_independent_runs(setup):
     assert rows["eagle/chain/T0.8"]["num_runs"] == 4 and rows["eagle/chain/T0"]["num_runs"] == 2
     assert out["settings"]["seeds"] == [3, 4] and out["settings"]["tree"]["topk"] == 2
     with pytest.raises(ValueError, match="no prompts"):
-        evaluate_served(target, drafter, [], num_draft_tokens=K, aux_layer_ids=None, temperatures=[0], top_p=1.0,
-                        seeds=[0], tree_topk=1, tree_num_steps=K, tree_num_draft_tokens=K + 1, **kw)
+        evaluate_modes(target, drafter, [], num_draft_tokens=K, aux_layer_ids=None, temperatures=[0], top_p=1.0,
+                       seeds=[0], tree_topk=1, tree_num_steps=K, tree_num_draft_tokens=K + 1, **kw)
     with pytest.raises(ValueError, match="needs at least one seed"):
-        evaluate_served(target, drafter, prompts, num_draft_tokens=K, aux_layer_ids=None, temperatures=[1.0],
-                        top_p=1.0, seeds=[], tree_topk=1, tree_num_steps=K, tree_num_draft_tokens=K + 1, **kw)
+        evaluate_modes(target, drafter, prompts, num_draft_tokens=K, aux_layer_ids=None, temperatures=[1.0],
+                       top_p=1.0, seeds=[], tree_topk=1, tree_num_steps=K, tree_num_draft_tokens=K + 1, **kw)
 
 
 def test_bootstrap_ci_hand_worked():
@@ -72,7 +72,7 @@ def test_bootstrap_ci_hand_worked():
 
 def test_compare_shows_the_served_table(tmp_path, monkeypatch):
     """`eyas compare` (MLflow) and `eyas compare --metrics` (metrics dirs) both show every row
-    of the served table and the serving verdict."""
+    of the decoding-modes table and the serving verdict."""
     import json
 
     from eyas.params.full import parse_params

@@ -1,9 +1,13 @@
-"""Acceptance as served: chain vs tree vs sampled, for a drafter and the n-gram floor, on a few
-prompts decoded for real.
+"""The decoding-modes table: chain vs tree vs sampled, for a drafter and the n-gram floor, on a few
+prompts decoded for real by eyas' own loops.
 
 Engines serve at temperature 0.6-1.0 with top-p, and draft trees (SGLang ``topk`` /
 ``num_steps`` / ``num_draft_tokens``); a drafter ranked on greedy chain acceptance can rank
-differently there. :func:`evaluate_served` decodes the first ``prompts`` prompts of a benchmark:
+differently there. :func:`evaluate_modes` decodes the first ``prompts`` prompts of a benchmark in
+those modes (no engine serves here; llama.cpp serving the drafter is eyas/eval/llamacpp.py). Its
+params (``eval.served_prompts``, ``eval.served_max_new_tokens``), its metrics key (``served.<bench>``)
+and its MLflow keys (``<bench>/served/<row>/accept_len``) keep the older name ``served``: the modes
+engines serve with. Rows:
 
 - ``<proposer>/chain/T<t>``: chain drafts of ``num_draft_tokens``; ``t`` 0 is greedy
   (:func:`eyas.eval.speculative.speculative_generate`, one run per prompt), ``t`` > 0 speculative
@@ -30,7 +34,7 @@ from eyas.eval.sampling import sampled_generate
 from eyas.eval.speculative import NgramProposer, acceptance_length, speculative_generate
 from eyas.eval.tree import tree_generate
 
-__all__ = ["bootstrap_ci", "evaluate_served", "row_name"]
+__all__ = ["bootstrap_ci", "evaluate_modes", "row_name"]
 
 BOOTSTRAP_RESAMPLES = 1000
 
@@ -77,10 +81,10 @@ def _row(runs: dict[int, list[dict]], extra: dict | None = None) -> dict:
             **(extra or {})}
 
 
-def evaluate_served(target, drafter, prompts: list[list[int]], *, num_draft_tokens: int, max_new_tokens: int,
-                    stop_ids: Sequence[int], aux_layer_ids: list[int], temperatures: Sequence[float], top_p: float,
-                    seeds: Sequence[int], tree_topk: int, tree_num_steps: int,
-                    tree_num_draft_tokens: int) -> dict:
+def evaluate_modes(target, drafter, prompts: list[list[int]], *, num_draft_tokens: int, max_new_tokens: int,
+                   stop_ids: Sequence[int], aux_layer_ids: list[int], temperatures: Sequence[float], top_p: float,
+                   seeds: Sequence[int], tree_topk: int, tree_num_steps: int,
+                   tree_num_draft_tokens: int) -> dict:
     """The chain-vs-tree-vs-sampled table of one benchmark (module docstring).
 
     Args:
@@ -97,11 +101,11 @@ def evaluate_served(target, drafter, prompts: list[list[int]], *, num_draft_toke
         ValueError: no prompts, no seeds with a temperature > 0, a negative temperature.
     """
     if not prompts:
-        raise ValueError("evaluate_served: no prompts")
+        raise ValueError("evaluate_modes: no prompts")
     if any(t < 0 for t in temperatures):
-        raise ValueError(f"evaluate_served: temperatures must be >= 0, got {list(temperatures)}")
+        raise ValueError(f"evaluate_modes: temperatures must be >= 0, got {list(temperatures)}")
     if any(t > 0 for t in temperatures) and not seeds:
-        raise ValueError("evaluate_served: sampling (a temperature > 0) needs at least one seed")
+        raise ValueError("evaluate_modes: sampling (a temperature > 0) needs at least one seed")
     k = num_draft_tokens
     kw = dict(max_new_tokens=max_new_tokens, stop_ids=stop_ids)
     proposers = {"eagle": lambda: drafter, "ngram": NgramProposer}

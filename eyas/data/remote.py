@@ -1,4 +1,4 @@
-"""Self-distill through an inference engine that already serves the target (``distill.backend: server``).
+"""Self-distill through an inference engine that already hosts the target (``distill.backend: server``).
 
 At scale nobody regenerates replies with HF ``generate``: SpecForge regenerates through SGLang,
 vLLM's speculators through vLLM. This client sends each planned prompt (:func:`eyas.data.distill.plan_prompts`)
@@ -29,17 +29,17 @@ engine that reports ``stop`` without a stop id at the end (e.g. a stop set that 
 target's, or an engine that drops the stop token), a ``length`` reply shorter than
 ``max_new_tokens`` (the engine's context cut it), a reply longer than ``max_new_tokens`` (the
 engine ignored the budget), a reply with no ids, or an id outside the target's vocabulary
-(``[0, len(tokenizer))``: e.g. an engine serving another model, or one whose embedding is padded
+(``[0, len(tokenizer))``: e.g. an engine hosting another model, or one whose embedding is padded
 past the tokenizer) is refused with an error naming the conversation id and the URL.
 
-The engine's model identity: :func:`served_models` reads ``GET /v1/models`` (vLLM, SGLang and
-llama-server all serve it) and the stage refuses to run unless ``distill.server.model`` is among
-the served ids; ``distill.server.model`` and ``distill.server.revision`` are params of
+The engine's model identity: :func:`hosted_models` reads ``GET /v1/models`` (vLLM, SGLang and
+llama-server all answer it) and the stage refuses to run unless ``distill.server.model`` is among
+the ids it lists; ``distill.server.model`` and ``distill.server.revision`` are params of
 self-distill, so naming another model or revision reruns the stage (DVC), and the journal of
 finished replies is keyed by them (a resumed run never mixes two models' replies).
 
-Errors (:class:`ServerError`): every failure of a request, each naming the URL (and, from
-:func:`regenerate_via_server`, the conversation id): the server down (connection refused), a
+Errors (:class:`RemoteError`): every failure of a request, each naming the URL (and, from
+:func:`regenerate_remote`, the conversation id): the server down (connection refused), a
 timeout, an HTTP 4xx/5xx (the body's first 300 characters are quoted), a reply cut off mid-body, a
 port that does not speak HTTP, an invalid URL, a body that is not a JSON object, a field of the
 protocol missing or null, an id eyas cannot train on. The first failure cancels the requests not
@@ -59,13 +59,13 @@ from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
 from eyas.data.distill import Journal, build_rows
 
-__all__ = ["APIS", "ServerError", "request_for", "parse_reply", "check_reply", "served_models",
-           "generate_one", "generate_ids", "regenerate_via_server"]
+__all__ = ["APIS", "RemoteError", "request_for", "parse_reply", "check_reply", "hosted_models",
+           "generate_one", "generate_ids", "regenerate_remote"]
 
 APIS = ("vllm", "sglang", "llamacpp")
 
 
-class ServerError(RuntimeError):
+class RemoteError(RuntimeError):
     """The engine could not be reached, failed a request, or returned a reply eyas cannot train on."""
 
 
@@ -117,7 +117,7 @@ def request_for(api: str, model: str, prompt_ids: list[int], max_new_tokens: int
 
 
 def _field(api: str, payload, path: tuple) -> object:
-    """``payload[path[0]][path[1]]...``, or :class:`ServerError` naming the first step that is
+    """``payload[path[0]][path[1]]...``, or :class:`RemoteError` naming the first step that is
     missing or null (``choices[0]``, ``meta_info.finish_reason``)."""
     node, name = payload, ""
     for step in path:
@@ -128,7 +128,7 @@ def _field(api: str, payload, path: tuple) -> object:
             name += f".{step}" if name else step
             found = isinstance(node, dict) and step in node
         if not found or node[step] is None:
-            raise ServerError(f"the reply's field `{name}` is {'null' if found else 'missing'} ({api} protocol): "
+            raise RemoteError(f"the reply's field `{name}` is {'null' if found else 'missing'} ({api} protocol): "
                               f"{json.dumps(payload)[:300]}")
         node = node[step]
     return node
@@ -139,14 +139,14 @@ def parse_reply(api: str, payload: dict) -> tuple[list[int], str]:
     ``"length"`` (the OpenAI API's names, as eyas records them).
 
     Raises:
-        ServerError: a field the protocol defines is missing or null (the message names it, e.g.
+        RemoteError: a field the protocol defines is missing or null (the message names it, e.g.
             ``choices[0]``), the ids are not a list of ints (``true``/``false`` are not ids), or
             the engine stopped for a reason eyas does not train on (``abort``, a stop word).
     """
     if api == "vllm":
         choice = _field(api, payload, ("choices", 0))
         if not isinstance(choice, dict) or choice.get("token_ids") is None:
-            raise ServerError("the reply has no `choices[0].token_ids`: the server ignored return_token_ids "
+            raise RemoteError("the reply has no `choices[0].token_ids`: the server ignored return_token_ids "
                               f"(vLLM >= 0.10.2 returns them, PR #22587): {json.dumps(payload)[:300]}")
         ids, reason = choice["token_ids"], _field(api, payload, ("choices", 0, "finish_reason"))
     elif api == "sglang":
@@ -158,9 +158,9 @@ def parse_reply(api: str, payload: dict) -> tuple[list[int], str]:
     else:
         raise ValueError(f"distill.server.api must be one of {APIS}, got {api!r}")
     if not isinstance(ids, list) or not all(type(t) is int for t in ids):
-        raise ServerError(f"the reply's token ids are not a list of ints: {json.dumps(ids)[:200]}")
+        raise RemoteError(f"the reply's token ids are not a list of ints: {json.dumps(ids)[:200]}")
     if reason not in ("stop", "length"):
-        raise ServerError(f"the engine ended the reply with {reason!r}; eyas trains only on replies that "
+        raise RemoteError(f"the engine ended the reply with {reason!r}; eyas trains only on replies that "
                           "end at a stop token or at the token budget")
     return ids, reason
 
@@ -176,35 +176,35 @@ def check_reply(ids: list[int], reason: str, stop_ids, max_new_tokens: int, voca
     holds exactly ``max_new_tokens`` ids.
 
     Raises:
-        ServerError: an empty reply, one longer than ``max_new_tokens``, an id outside the
+        RemoteError: an empty reply, one longer than ``max_new_tokens``, an id outside the
             vocabulary (the id and its position are named), a ``stop`` without a stop id at the
             end, or a ``length`` reply of another length (the engine's context limit cut it).
     """
     stop = set(stop_ids)
     if not ids:
-        raise ServerError("the engine returned no tokens")
+        raise RemoteError("the engine returned no tokens")
     if len(ids) > max_new_tokens:
-        raise ServerError(f"the reply is {len(ids)} tokens, longer than distill.max_new_tokens {max_new_tokens}: "
+        raise RemoteError(f"the reply is {len(ids)} tokens, longer than distill.max_new_tokens {max_new_tokens}: "
                           "the engine ignored the token budget")
     bad = next(((j, t) for j, t in enumerate(ids) if not 0 <= t < vocab_size), None)
     if bad is not None:
-        raise ServerError(f"the reply's id {bad[1]} (position {bad[0]}) is outside the target's vocabulary "
-                          f"[0, {vocab_size}): the engine serves another model or tokenizer?")
+        raise RemoteError(f"the reply's id {bad[1]} (position {bad[0]}) is outside the target's vocabulary "
+                          f"[0, {vocab_size}): the engine hosts another model or tokenizer?")
     cut = next((j for j, t in enumerate(ids) if t in stop), None)
     if cut is not None:
         return ids[: cut + 1]
     if reason == "stop":
-        raise ServerError(f"the engine reported 'stop' but the reply ends in id {ids[-1]}, not one of the "
+        raise RemoteError(f"the engine reported 'stop' but the reply ends in id {ids[-1]}, not one of the "
                           f"target's stop ids {sorted(stop)}: the engine's stop set differs from the target's")
     if len(ids) != max_new_tokens:
-        raise ServerError(f"the engine cut the reply at {len(ids)} < distill.max_new_tokens {max_new_tokens} "
+        raise RemoteError(f"the engine cut the reply at {len(ids)} < distill.max_new_tokens {max_new_tokens} "
                           "tokens (its context length?)")
     return ids
 
 
 def http_json(url: str, body: dict | None, timeout: float) -> dict:
     """The JSON object ``url`` answers (GET, or POST of ``body``); every failure is a
-    :class:`ServerError` naming ``url`` (and the exception's type and message)."""
+    :class:`RemoteError` naming ``url`` (and the exception's type and message)."""
     data = None if body is None else json.dumps(body).encode()
     try:
         req = urllib.request.Request(url, data=data, method="GET" if body is None else "POST",
@@ -216,38 +216,38 @@ def http_json(url: str, body: dict | None, timeout: float) -> dict:
             detail = e.read().decode("utf-8", "replace")[:300]
         except (OSError, http.client.HTTPException) as unread:
             detail = f"(the body could not be read: {type(unread).__name__}: {unread})"
-        raise ServerError(f"{url}: HTTP {e.code} {e.reason}: {detail}") from None
+        raise RemoteError(f"{url}: HTTP {e.code} {e.reason}: {detail}") from None
     except (TimeoutError, socket.timeout):
-        raise ServerError(f"{url}: no reply within distill.server.timeout {timeout} s") from None
+        raise RemoteError(f"{url}: no reply within distill.server.timeout {timeout} s") from None
     except urllib.error.URLError as e:
         if isinstance(e.reason, (TimeoutError, socket.timeout)):
-            raise ServerError(f"{url}: no reply within distill.server.timeout {timeout} s") from None
-        raise ServerError(f"{url}: cannot reach the server ({e.reason}); is it running?") from None
+            raise RemoteError(f"{url}: no reply within distill.server.timeout {timeout} s") from None
+        raise RemoteError(f"{url}: cannot reach the server ({e.reason}); is it running?") from None
     except (OSError, http.client.HTTPException, ValueError, OverflowError) as e:
         # a reply cut off mid-body (IncompleteRead), a port that does not speak HTTP (BadStatusLine),
         # an invalid URL (InvalidURL, a ValueError), a reset connection, a timeout past time_t
-        raise ServerError(f"{url}: the request failed ({type(e).__name__}: {e})") from None
+        raise RemoteError(f"{url}: the request failed ({type(e).__name__}: {e})") from None
     try:
         out = json.loads(raw)
     except ValueError:  # JSONDecodeError, or UnicodeDecodeError of a body in no UTF encoding
-        raise ServerError(f"{url}: the reply is not JSON: {raw[:200]!r}") from None
+        raise RemoteError(f"{url}: the reply is not JSON: {raw[:200]!r}") from None
     if not isinstance(out, dict):
-        raise ServerError(f"{url}: the reply is not a JSON object: {raw[:200]!r}")
+        raise RemoteError(f"{url}: the reply is not a JSON object: {raw[:200]!r}")
     return out
 
 
-def served_models(url: str, timeout: float = 30.0) -> list[dict]:
+def hosted_models(url: str, timeout: float = 30.0) -> list[dict]:
     """``GET {url}/v1/models``'s ``data`` (OpenAI's model list; vLLM, SGLang and llama-server
-    serve it): one dict per served model, ``id`` its name (vLLM: ``--served-model-name``, else the
+    answer it): one dict per hosted model, ``id`` its name (vLLM: ``--served-model-name``, else the
     model path; llama-server: ``--alias``, else the GGUF path).
 
     Raises:
-        ServerError: the server cannot be reached, fails, or returns no list of objects.
+        RemoteError: the server cannot be reached, fails, or returns no list of objects.
     """
     out = http_json(url.rstrip("/") + "/v1/models", None, timeout)
     data = out.get("data")
     if not isinstance(data, list) or not all(isinstance(m, dict) for m in data):
-        raise ServerError(f"{url}/v1/models: no 'data' list of objects in {json.dumps(out)[:200]}")
+        raise RemoteError(f"{url}/v1/models: no 'data' list of objects in {json.dumps(out)[:200]}")
     return data
 
 
@@ -256,15 +256,15 @@ def generate_one(server, prompt_ids: list[int], max_new_tokens: int, stop_ids, v
     """One prompt's reply ids through the engine (:func:`request_for`, :func:`parse_reply`,
     :func:`check_reply`). ``server``: params ``distill.server`` (``api``, ``url``, ``model``,
     ``timeout``); ``vocab_size``: the target's (``len(tokenizer)``); ``temperature`` 0: greedy, > 0:
-    sampled (:func:`request_for`). Raises :class:`ServerError` naming the URL."""
+    sampled (:func:`request_for`). Raises :class:`RemoteError` naming the URL."""
     path, body = request_for(server.api, server.model, prompt_ids, max_new_tokens, stop_ids,
                              temperature=temperature, top_p=top_p, seed=seed)
     url = server.url.rstrip("/") + path
     payload = http_json(url, body, server.timeout)
     try:
         return check_reply(*parse_reply(server.api, payload), stop_ids, max_new_tokens, vocab_size)
-    except ServerError as e:
-        raise ServerError(f"{url}: {e}") from None
+    except RemoteError as e:
+        raise RemoteError(f"{url}: {e}") from None
 
 
 def generate_ids(server, prompts_ids: list[list[int]], max_new_tokens: int, stop_ids, vocab_size: int, *,
@@ -273,7 +273,7 @@ def generate_ids(server, prompts_ids: list[list[int]], max_new_tokens: int, stop
     (:func:`generate_one`; prompt ``k`` sampled with seed ``seed + k``), in input order.
 
     Raises:
-        ServerError: the first failed request, naming its index, the URL and the cause; the
+        RemoteError: the first failed request, naming its index, the URL and the cause; the
             requests still queued are cancelled.
     """
     pool = ThreadPoolExecutor(max_workers=server.concurrency)
@@ -284,15 +284,15 @@ def generate_ids(server, prompts_ids: list[list[int]], max_new_tokens: int, stop
         for k, f in enumerate(futures):
             try:
                 out.append(f.result())
-            except Exception as e:  # every failure of a request becomes one ServerError
-                why = str(e) if isinstance(e, ServerError) else f"{server.url}: {type(e).__name__}: {e}"
-                raise ServerError(f"prompt {k}: {why}") from e
+            except Exception as e:  # every failure of a request becomes one RemoteError
+                why = str(e) if isinstance(e, RemoteError) else f"{server.url}: {type(e).__name__}: {e}"
+                raise RemoteError(f"prompt {k}: {why}") from e
         return out
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-def regenerate_via_server(server, tokenizer, stop_ids, items: list[dict], *, max_new_tokens: int,
+def regenerate_remote(server, tokenizer, stop_ids, items: list[dict], *, max_new_tokens: int,
                           journal: Journal | None = None, progress=None) -> tuple[list[dict], dict]:
     """:func:`eyas.data.distill.regenerate` through an engine: the target's greedy reply to each planned
     prompt, ``server.concurrency`` requests in flight.
@@ -311,7 +311,7 @@ def regenerate_via_server(server, tokenizer, stop_ids, items: list[dict], *, max
         ``(rows, stats)`` as :func:`eyas.data.distill.regenerate` (``batch_size`` replaced by
         ``concurrency``).
     Raises:
-        ServerError: the first failed request (any exception a request raises), naming the
+        RemoteError: the first failed request (any exception a request raises), naming the
             prompt's conversation id, the URL and the cause; the requests still queued are
             cancelled, never sent (those in flight finish and are journaled).
     """
@@ -334,10 +334,10 @@ def regenerate_via_server(server, tokenizer, stop_ids, items: list[dict], *, max
                 k = pending.pop(f)
                 try:
                     ids = f.result()
-                except Exception as e:  # every failure of a request becomes one ServerError
+                except Exception as e:  # every failure of a request becomes one RemoteError
                     if failure is None:
-                        why = str(e) if isinstance(e, ServerError) else f"{server.url}: {type(e).__name__}: {e}"
-                        failure = ServerError(f"self-distill prompt {items[k]['id']!r}: {why}")
+                        why = str(e) if isinstance(e, RemoteError) else f"{server.url}: {type(e).__name__}: {e}"
+                        failure = RemoteError(f"self-distill prompt {items[k]['id']!r}: {why}")
                         failure.__cause__ = e
                         for other in pending:
                             other.cancel()

@@ -1,4 +1,4 @@
-"""Self-distill through a real inference engine (distill.backend: server, eyas/data/serving.py).
+"""Self-distill through a real inference engine (distill.backend: server, eyas/data/remote.py).
 
 llama.cpp's ``llama-server`` (built by scripts/build_llama_server.sh, which scripts/install.sh runs)
 serves the embedded SmolLM2 GGUF on CPU; the stage sends it token-id prompts and keeps the token
@@ -31,7 +31,7 @@ import pytest
 
 from eyas.data.conversations import read_jsonl, write_jsonl
 from eyas.data.distill import Journal, plan_prompts
-from eyas.data.serving import ServerError, check_reply, generate_ids, parse_reply, regenerate_via_server, served_models
+from eyas.data.remote import RemoteError, check_reply, generate_ids, hosted_models, parse_reply, regenerate_remote
 from eyas.data.synth import user_prefix
 from eyas.params.full import DistillServerParams, load_params
 from eyas.target.model import embedded_target
@@ -199,25 +199,25 @@ def test_failures_name_the_prompt_and_url_and_the_journal_keeps_what_finished(tm
     bad = {"id": "bad-conv", "messages": [], "prompt_ids": [10 ** 7]}  # no such token id: HTTP error
     p = _params(tmp_path, server, concurrency=1)
     journal = Journal(tmp_path / "j.jsonl", {"k": 1})
-    with pytest.raises(ServerError) as e:
-        regenerate_via_server(p.distill.server, smollm_tokenizer, [2], items + [bad], max_new_tokens=8,
+    with pytest.raises(RemoteError) as e:
+        regenerate_remote(p.distill.server, smollm_tokenizer, [2], items + [bad], max_new_tokens=8,
                               journal=journal)
     msg = str(e.value)
     assert "bad-conv" in msg and f"{server}/completion" in msg and re.search(r"HTTP [45]\d\d", msg), msg
     assert len(Journal(tmp_path / "j.jsonl", {"k": 1}).done) == 3
-    rows, stats = regenerate_via_server(p.distill.server, smollm_tokenizer, [2], items, max_new_tokens=8,
+    rows, stats = regenerate_remote(p.distill.server, smollm_tokenizer, [2], items, max_new_tokens=8,
                                         journal=Journal(tmp_path / "j.jsonl", {"k": 1}))
     assert stats["resumed"] == 3 and stats["tokens_per_second"] is None and len(rows) == 3
 
     down = _params(tmp_path, f"http://127.0.0.1:{_free_port()}").distill.server
-    with pytest.raises(ServerError, match="c0.*cannot reach the server"):
-        regenerate_via_server(down, smollm_tokenizer, [2], items[:1], max_new_tokens=8)
+    with pytest.raises(RemoteError, match="c0.*cannot reach the server"):
+        regenerate_remote(down, smollm_tokenizer, [2], items[:1], max_new_tokens=8)
     slow = _params(tmp_path, server, timeout=0.001).distill.server
-    with pytest.raises(ServerError, match="c0.*no reply within distill.server.timeout 0.001"):
-        regenerate_via_server(slow, smollm_tokenizer, [2], items[:1], max_new_tokens=8)
+    with pytest.raises(RemoteError, match="c0.*no reply within distill.server.timeout 0.001"):
+        regenerate_remote(slow, smollm_tokenizer, [2], items[:1], max_new_tokens=8)
     other = _params(tmp_path, server, model="another-model").distill.server
-    with pytest.raises(ServerError, match=r"serves \['smollm2'\], not distill.server.model 'another-model'"):
-        self_distill.check_served_model(other)
+    with pytest.raises(RemoteError, match=r"lists \['smollm2'\], not distill.server.model 'another-model'"):
+        self_distill.check_hosted_model(other)
 
 
 def test_reply_checks_follow_the_stop_rule():
@@ -226,19 +226,19 @@ def test_reply_checks_follow_the_stop_rule():
     assert parse_reply("sglang", {"output_ids": [5, 6], "meta_info": {"finish_reason": {"type": "length"}}}) \
         == ([5, 6], "length")
     assert parse_reply("llamacpp", {"tokens": [5, 2], "stop_type": "eos"}) == ([5, 2], "stop")
-    with pytest.raises(ServerError, match="return_token_ids"):
+    with pytest.raises(RemoteError, match="return_token_ids"):
         parse_reply("vllm", {"choices": [{"token_ids": None, "finish_reason": "stop"}]})
-    with pytest.raises(ServerError, match="'word'"):
+    with pytest.raises(RemoteError, match="'word'"):
         parse_reply("llamacpp", {"tokens": [5], "stop_type": "word"})
     assert check_reply([5, 2, 7], "length", [2], 3, 8) == [5, 2]  # kept going past a stop id: cut there
     assert check_reply([0, 7, 2], "stop", [2], 3, 8) == [0, 7, 2]  # the vocabulary's first and last ids
-    with pytest.raises(ServerError, match="no tokens"):
+    with pytest.raises(RemoteError, match="no tokens"):
         check_reply([], "stop", [2], 3, 8)
-    with pytest.raises(ServerError, match="not one of the target's stop ids"):
+    with pytest.raises(RemoteError, match="not one of the target's stop ids"):
         check_reply([5, 0], "stop", [2], 3, 8)
-    with pytest.raises(ServerError, match="cut the reply at 2"):
+    with pytest.raises(RemoteError, match="cut the reply at 2"):
         check_reply([5, 6], "length", [2], 3, 8)
-    with pytest.raises(ServerError, match=r"id 8 \(position 1\) is outside the target's vocabulary \[0, 8\)"):
+    with pytest.raises(RemoteError, match=r"id 8 \(position 1\) is outside the target's vocabulary \[0, 8\)"):
         check_reply([5, 8], "length", [2], 2, 8)
 
 
@@ -343,11 +343,11 @@ PATHS = {"llamacpp": "/completion", "vllm": "/v1/completions", "sglang": "/gener
      r"the reply is 6 tokens, longer than distill.max_new_tokens 4"),
     ("llamacpp", lambda request: (500, b"engine died", 11), r"HTTP 500 .*engine died"),
 ])
-def test_every_failed_request_is_a_server_error_naming_the_conversation_and_url(api, reply, message,
+def test_every_failed_request_is_a_remote_error_naming_the_conversation_and_url(api, reply, message,
                                                                                 char_tokenizer):
     with _local(reply) as (srv, url):
-        with pytest.raises(ServerError, match=message) as e:
-            regenerate_via_server(_server(url, api), char_tokenizer, [2], ONE, max_new_tokens=4)
+        with pytest.raises(RemoteError, match=message) as e:
+            regenerate_remote(_server(url, api), char_tokenizer, [2], ONE, max_new_tokens=4)
     assert str(e.value).startswith(f"self-distill prompt 'conv-7': {url}{PATHS[api]}: "), str(e.value)
     assert len(srv.sent) == 1 and srv.sent[0] is not None
 
@@ -371,15 +371,15 @@ def test_sampled_request_bodies():
                            "top_k": 1, "temperature": 0.0}
 
 
-def test_a_port_without_http_and_an_invalid_url_are_server_errors(char_tokenizer):
+def test_a_port_without_http_and_an_invalid_url_are_remote_errors(char_tokenizer):
     with _local(handler=_NotHttp) as (_, url):
-        with pytest.raises(ServerError, match=r"^self-distill prompt 'conv-7': .*/completion: .*BadStatusLine.*SSH-2"):
-            regenerate_via_server(_server(url), char_tokenizer, [2], ONE, max_new_tokens=4)
-        with pytest.raises(ServerError, match=rf"^{url}/v1/models: .*BadStatusLine"):
-            served_models(url, 30.0)
+        with pytest.raises(RemoteError, match=r"^self-distill prompt 'conv-7': .*/completion: .*BadStatusLine.*SSH-2"):
+            regenerate_remote(_server(url), char_tokenizer, [2], ONE, max_new_tokens=4)
+        with pytest.raises(RemoteError, match=rf"^{url}/v1/models: .*BadStatusLine"):
+            hosted_models(url, 30.0)
     invalid = r"^self-distill prompt 'conv-7': http://exa mple:80/completion: .*InvalidURL"
-    with pytest.raises(ServerError, match=invalid):
-        regenerate_via_server(_server("http://exa mple:80"), char_tokenizer, [2], ONE, max_new_tokens=4)
+    with pytest.raises(RemoteError, match=invalid):
+        regenerate_remote(_server("http://exa mple:80"), char_tokenizer, [2], ONE, max_new_tokens=4)
 
 
 @pytest.mark.parametrize("reply, message", [
@@ -388,10 +388,10 @@ def test_a_port_without_http_and_an_invalid_url_are_server_errors(char_tokenizer
     (_body({"data": None}), "no 'data' list of objects"),
     (_body({"data": [{"id": "m"}]}, cut=5), "IncompleteRead"),
 ])
-def test_served_models_refuses_what_is_not_a_model_list(reply, message):
+def test_hosted_models_refuses_what_is_not_a_model_list(reply, message):
     with _local(reply) as (_, url):
-        with pytest.raises(ServerError, match=rf"^{url}/v1/models: .*{message}"):
-            served_models(url, 30.0)
+        with pytest.raises(RemoteError, match=rf"^{url}/v1/models: .*{message}"):
+            hosted_models(url, 30.0)
 
 
 def test_the_first_failure_cancels_the_queue_and_the_finished_replies_are_journaled(tmp_path, char_tokenizer):
@@ -408,8 +408,8 @@ def test_the_first_failure_cancels_the_queue_and_the_finished_replies_are_journa
 
     journal = Journal(tmp_path / "j.jsonl", {"k": 1})
     with _local(reply) as (srv, url):
-        with pytest.raises(ServerError, match=r"^self-distill prompt 'c0': .*/completion: .*IncompleteRead"):
-            regenerate_via_server(_server(url, concurrency=2), char_tokenizer, [2], items, max_new_tokens=4,
+        with pytest.raises(RemoteError, match=r"^self-distill prompt 'c0': .*/completion: .*IncompleteRead"):
+            regenerate_remote(_server(url, concurrency=2), char_tokenizer, [2], items, max_new_tokens=4,
                                   journal=journal)
         sent = [r["prompt"] for r in srv.sent]
     assert [10] in sent and len(sent) <= 4, sent  # the cut one, the one in flight, at most one per worker racing
