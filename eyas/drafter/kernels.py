@@ -3,11 +3,9 @@
 Each has a plain-torch definition that stays the reference (and the CPU path):
 :func:`eyas.drafter.head_loss.soft_cross_entropy_grad`, :func:`eyas.drafter.attention.merge_diagonal` and
 :func:`eyas.drafter.model.swiglu`. Under torch.compile, Inductor turns the first two into several passes
-over their data (the head loss: ~1.2 ms per TTT step at 8192 tokens x 32000 draft ids for ~1.5 GB
-of traffic; the diagonal merge: five kernels per step, fwd+bwd; dev/results/kernels.json,
-dev/README.md), and runs the SwiGLU backward at under half the memory bandwidth (0.60 ms
-per TTT step at 8192 tokens of the 8B drafter; the kernel here 0.28 ms, its floor ~0.25 ms:
-dev/results/profile_train.json, train_8192.json). The kernels here read each input once per
+over their data (the diagonal merge: five kernels per step, fwd+bwd), and runs the SwiGLU backward
+well under the memory bandwidth (the measurements: dev/results/kernels.json, profile_train.json,
+train_8192.json). The kernels here read each input once per
 pass they need and keep every intermediate in registers (math in float32, stored in the inputs'
 dtype).
 

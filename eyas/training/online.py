@@ -253,6 +253,6 @@ def capture_for(p, store: FeatureStore, device=None) -> TargetCapture | None:
                                f"{made_for.get(k)!r}, the target loaded now has {target.identity.get(k)!r}: "
                                f"rerun `dvc repro extract`")
     # ahead=0: with the target on the drafter's own GPU, capturing on demand measured faster than one
-    # batch ahead (one H200, 8B shapes: 14.7k vs 13.2k tok/s, dev/results/online_h200.json).
+    # batch ahead (dev/results/online_h200.json).
     return TargetCapture(target, store.manifest["aux_layers"], store.manifest["storage_dtype"],
                          p.train.batch_tokens, ahead=0)
