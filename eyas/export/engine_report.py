@@ -47,6 +47,7 @@ MULTI_LAYER = {
 
 
 def _num_layers(raw_cfg: dict, layout: str) -> int:
+    """The drafter's decoder-layer count (``transformer_layer_config``'s in the speculators layout; 1 when unset)."""
     src = raw_cfg.get("transformer_layer_config") if layout == "speculators" else raw_cfg
     return int((src or {}).get("num_hidden_layers", 1) or 1)
 
@@ -84,9 +85,13 @@ def _honoured_flags(cfg: dict, engine: str) -> list[str]:
 
 
 def _unknown(names: dict, known: set) -> list[str]:
+    """The file's names (sorted) of the tensors whose eyas name is not in ``known``."""
     return sorted(orig for eyas_name, orig in names.items() if eyas_name not in known)
 
 def _sglang(raw_cfg, cfg, layout, names, t, aux, errors, warnings) -> dict:
+    """What SGLang's ``LlamaForCausalLMEagle3`` (``models/llama_eagle3.py``) does with the checkpoint:
+    ``architecture``, ``skipped_keys`` (names as written it has no parameter for), ``ignored_keys``,
+    ``assumes``, ``embedding``; warns when it would skip a tensor."""
     archs = raw_cfg.get("architectures") or []
     out: dict = {"architecture": "LlamaForCausalLMEagle3" if "LlamaForCausalLMEagle3" in archs else
                  f"{archs}: not LlamaForCausalLMEagle3, the class SGLang's llama_eagle3.py registers"}
@@ -120,6 +125,10 @@ def _sglang(raw_cfg, cfg, layout, names, t, aux, errors, warnings) -> dict:
 
 
 def _vllm(raw_cfg, cfg, layout, names, t, aux, errors, warnings) -> dict:
+    """What vLLM's ``Eagle3LlamaForCausalLM`` (``model_executor/models/llama_eagle3.py``; a speculators
+    config through ``transformers_utils/configs/speculators/algos.py``) does with the checkpoint:
+    ``architecture``, ``skipped_keys``, ``unknown_keys``, ``assumes``, ``embedding``; warns when a
+    speculators config leaves ``norm_before_residual`` to vLLM's default."""
     archs = raw_cfg.get("architectures") or []
     if layout == "speculators":
         arch = "Eagle3Speculator -> Eagle3LlamaForCausalLM via speculators/algos.py update_eagle3"
