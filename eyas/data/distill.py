@@ -101,8 +101,6 @@ def generate_batch(model, prompts_ids: list[list[int]], max_new_tokens: int, pad
             call (``temperature`` > 0) with decode ``"static"``/``"graphed"`` or ``top_p`` outside (0, 1].
         eyas.target.graphed.GraphCaptureError: the CUDA graph capture failed.
     """
-    from transformers import GenerationConfig
-
     from eyas.target import graphed
     from eyas.target.model import Target
 
@@ -115,6 +113,24 @@ def generate_batch(model, prompts_ids: list[list[int]], max_new_tokens: int, pad
         raise ValueError(f"generate_batch: decode {decode!r} is not one of {graphed.DECODES}")
     if not prompts_ids:
         return []
+    decode = _checked_decode(prompts_ids, max_new_tokens, cache_implementation, decode, temperature, top_p)
+    mode = graphed.choose(model, decode)
+    if mode != "dynamic":
+        return graphed.greedy_batch(model, prompts_ids, max_new_tokens, pad_id, stop_ids, graphs=mode == "graphed")
+    return _generate_dynamic(model, prompts_ids, max_new_tokens, pad_id, stop_ids, cache_implementation,
+                             temperature=temperature, top_p=top_p, seed=seed)
+
+
+def _checked_decode(prompts_ids: list[list[int]], max_new_tokens: int, cache_implementation: str | None,
+                    decode: str, temperature: float, top_p: float) -> str:
+    """:func:`generate_batch`'s arguments checked against each other; the decode to run (``"dynamic"`` for
+    a sampled call, else ``decode``).
+
+    Raises:
+        ValueError: an empty prompt, ``max_new_tokens`` < 1, ``cache_implementation`` with a decode other
+            than ``"dynamic"``, ``temperature`` < 0 or NaN, a sampled call with decode ``"static"`` /
+            ``"graphed"`` or ``top_p`` outside (0, 1]; each message starts ``generate_batch:``.
+    """
     if any(len(p) == 0 for p in prompts_ids):
         raise ValueError("generate_batch: empty prompt")
     if max_new_tokens < 1:
@@ -131,9 +147,17 @@ def generate_batch(model, prompts_ids: list[list[int]], max_new_tokens: int, pad
         if not 0 < top_p <= 1:
             raise ValueError(f"generate_batch: top_p must be in (0, 1], got {top_p}")
         decode = "dynamic"  # transformers' generate samples; the static-cache loop is argmax
-    mode = graphed.choose(model, decode)
-    if mode != "dynamic":
-        return graphed.greedy_batch(model, prompts_ids, max_new_tokens, pad_id, stop_ids, graphs=mode == "graphed")
+    return decode
+
+
+def _generate_dynamic(model, prompts_ids: list[list[int]], max_new_tokens: int, pad_id: int, stop_ids: list[int],
+                      cache_implementation: str | None, *, temperature: float, top_p: float,
+                      seed: int) -> list[list[int]]:
+    """:func:`generate_batch`'s ``"dynamic"`` decode: transformers' ``generate`` on the prompts left-padded
+    into one int64 [batch, longest prompt] batch with its attention mask, greedy or (``temperature`` > 0)
+    sampled; per prompt the generated ids cut after the first stop id (:func:`_trim`)."""
+    from transformers import GenerationConfig
+
     T = max(len(p) for p in prompts_ids)
     ids = torch.full((len(prompts_ids), T), pad_id, dtype=torch.int64)
     att = torch.zeros((len(prompts_ids), T), dtype=torch.int64)

@@ -391,12 +391,9 @@ def synthesize(generate: Generate, tokenizer, stop_ids, s, *, benchmarks: dict[s
         rate = len(kept) / totals["generated"] if totals["generated"] else 0.8
         ask = max(math.ceil(round(missing * 1.1 / max(rate, 0.1), 6)), 1)  # round: no float fuzz past an integer
         path = _round_file(work_dir, rnd)
-        saved = json.loads(path.read_text()) if path is not None and path.is_file() else None
-        if saved is not None and saved.get("key") == key and saved.get("ask") == ask:
-            got, stats = saved["conversations"], saved["stats"]
-            for c in got:  # the index as the round left it
-                first = next(m["content"] for m in c["messages"] if m["role"] == "user")
-                index.add(shingles(first))
+        saved = _saved_round(path, key, ask, index)
+        if saved is not None:
+            got, stats = saved
             totals["resumed_rounds"] += 1
         else:
             got, stats = _round(generate, tokenizer, stop_ids, s, ask=ask, rnd=rnd, reply_tokens=reply_tokens,
@@ -410,6 +407,34 @@ def synthesize(generate: Generate, tokenizer, stop_ids, s, *, benchmarks: dict[s
         totals["dropped"].update(stats["dropped"])
         if progress is not None:
             progress(len(kept), s.prompts, rnd)
+    return _finish(kept, totals, s, tokenizer, benchmarks)
+
+
+def _saved_round(path: Path | None, key: dict, ask: int, index: NearDupIndex) -> tuple[list[dict], dict] | None:
+    """The round saved at ``path`` as ``(conversations, stats)`` when it was made under ``key`` asking
+    for ``ask`` conversations, its first user turns added to ``index`` as the round left it; None when
+    there is none or it was made otherwise.
+
+    Raises:
+        json.JSONDecodeError: the file is not JSON.
+    """
+    saved = json.loads(path.read_text()) if path is not None and path.is_file() else None
+    if saved is None or saved.get("key") != key or saved.get("ask") != ask:
+        return None
+    got = saved["conversations"]
+    for c in got:  # the index as the round left it
+        first = next(m["content"] for m in c["messages"] if m["role"] == "user")
+        index.add(shingles(first))
+    return got, saved["stats"]
+
+
+def _finish(kept: list[dict], totals: dict, s, tokenizer, benchmarks: dict[str, list[str]]) -> tuple[list[dict], dict]:
+    """:func:`synthesize`'s result from the conversations the rounds kept and their ``totals``: the first
+    ``s.prompts``, named ``synth-<kind>-<n>`` and ending with an empty assistant turn, and the stats.
+
+    Raises:
+        SynthError: fewer than ``s.prompts`` were kept (how many, and the drop counts, are named).
+    """
     dropped = {r: totals["dropped"].get(r, 0) for r in DROP_REASONS}
     if len(kept) < s.prompts:
         raise SynthError(

@@ -20,10 +20,16 @@ nothing at all on most, Llama and Qwen3 among them (eyas.export.llamacpp_nextn, 
 :func:`check_against` refuses by), ``k > L`` aborts; exactly three ids, concatenated in the order
 written. Every other field that changes the math is checked by eyas.export.gguf_fields, and the
 file's bytes against the digest :func:`convert` records.
+
+One module past 500 lines: a drafter GGUF's whole round trip, written by llama.cpp's converter, read
+back as llama.cpp loads it and checked against every source of what it was trained on, shares the
+file's keys and llama.cpp's meaning of them; the field-by-field checks and the digest live in
+eyas/export/gguf_fields.py.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -219,25 +225,25 @@ def read_drafter(path: str | Path) -> dict:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such GGUF file")
-    import numpy as np
-    from gguf import GGMLQuantizationType, GGUFReader
+    info = _drafter_fields(path, _open_gguf(path))
+    problems = _shape_problems(info)
+    d2t = None
+    if (t := info["reader_tensors"].get("d2t")) is not None:
+        d2t = _read_d2t(t)
+        problems += _file_d2t_problems(info, t, d2t)
+    info["d2t"] = d2t
+    info["draft_vocab_size"] = None if d2t is None else d2t.numel()
+    info["problems"] = problems
+    return info
 
-    size = path.stat().st_size
-    with open(path, "rb") as f:
-        magic = f.read(4)
-    try:
-        reader = GGUFReader(str(path))
-    except Exception as e:  # noqa: BLE001 -- the reader raises ValueError, IndexError... on a foreign file
-        if magic == GGUF_MAGIC:  # a GGUF header that runs past the end of the file
-            raise GGUFReadError(f"{path}: a GGUF file cut short (truncated: {size:,} bytes, the gguf package "
-                                f"reads past the end: {type(e).__name__}: {e}); a copy or download that did not "
-                                f"finish: export or copy it again") from None
-        raise GGUFReadError(f"{path}: not a GGUF file (it does not start with {GGUF_MAGIC!r}; the gguf package: "
-                            f"{type(e).__name__}: {e})") from None
-    end = max((int(t.data_offset) + int(t.n_bytes) for t in reader.tensors), default=0)
-    if end > size:
-        raise GGUFReadError(f"{path}: a GGUF file cut short (truncated: {size:,} bytes, its tensors end at byte "
-                            f"{end:,}); export or copy it again")
+
+def _drafter_fields(path: Path, reader) -> dict:
+    """:func:`read_drafter`'s dict from a ``GGUFReader`` of ``path``, less ``d2t``,
+    ``draft_vocab_size`` and ``problems``.
+
+    Raises:
+        GGUFReadError: ``general.architecture`` is not ``eagle3``, or no ``eagle3.target_layers``.
+    """
     fields = reader.fields
 
     def get(key, default=None):
@@ -256,7 +262,7 @@ def read_drafter(path: str | Path) -> dict:
     H, th = get(a + "embedding_length"), get(a + "target_hidden_size")
     heads = get(a + "attention.head_count")
     tokens = fields.get("tokenizer.ggml.tokens")
-    info: dict = {
+    return {
         "path": str(path),
         "architecture": arch,
         "target_layers": [int(k) for k in target_layers],
@@ -282,6 +288,42 @@ def read_drafter(path: str | Path) -> dict:
                     for n, t in tensors.items()},
         "reader_tensors": tensors,
     }
+
+
+def _open_gguf(path: Path):
+    """The PyPI ``gguf`` package's ``GGUFReader`` of ``path``, its tensors checked to end inside the file.
+
+    Raises:
+        GGUFReadError: a GGUF file cut short (called truncated: its header or its tensors run past the
+            end) or not a GGUF file (another format); each names the file.
+    """
+    from gguf import GGUFReader
+
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    try:
+        reader = GGUFReader(str(path))
+    except Exception as e:  # noqa: BLE001 -- the reader raises ValueError, IndexError... on a foreign file
+        if magic == GGUF_MAGIC:  # a GGUF header that runs past the end of the file
+            raise GGUFReadError(f"{path}: a GGUF file cut short (truncated: {size:,} bytes, the gguf package "
+                                f"reads past the end: {type(e).__name__}: {e}); a copy or download that did not "
+                                f"finish: export or copy it again") from None
+        raise GGUFReadError(f"{path}: not a GGUF file (it does not start with {GGUF_MAGIC!r}; the gguf package: "
+                            f"{type(e).__name__}: {e})") from None
+    end = max((int(t.data_offset) + int(t.n_bytes) for t in reader.tensors), default=0)
+    if end > size:
+        raise GGUFReadError(f"{path}: a GGUF file cut short (truncated: {size:,} bytes, its tensors end at byte "
+                            f"{end:,}); export or copy it again")
+    return reader
+
+
+def _shape_problems(info: dict) -> list[str]:
+    """What llama.cpp refuses at load in :func:`read_drafter`'s ``info`` (before its ``d2t``): not 3
+    target layers, more than one block, an ``fc.weight`` other than [hidden, 3 x target_hidden_size]
+    (torch order); each names the file, the key and ``src/models/eagle3.cpp``."""
+    path, a = info["path"], ARCHITECTURE + "."
+    H, th = info["hidden_size"], info["target_hidden_size"]
     problems = []
     ids = info["target_layers"]
     if len(ids) != 3:
@@ -294,28 +336,39 @@ def read_drafter(path: str | Path) -> dict:
     if fc is None or (th and H and fc["shape"] != [H, len(ids) * th]):
         problems.append(f"{path}: fc.weight {'missing' if fc is None else fc['shape']}, llama.cpp expects "
                         f"[{H}, {len(ids)} x {a}target_hidden_size {th}] ({_EAGLE3_CPP} load_arch_tensors)")
-    d2t = None
-    if "d2t" in tensors:
-        t = tensors["d2t"]
-        d2t = torch.from_numpy(np.asarray(t.data).astype(np.int64).reshape(-1).copy())
-        if t.tensor_type != GGMLQuantizationType.I64:
-            problems.append(f"{path}: d2t is {t.tensor_type.name}, llama.cpp asserts I64 ({_EAGLE3_CPP})")
-        out = info["tensors"].get("output.weight")
-        if out is not None and out["shape"][0] != d2t.numel():
-            problems.append(f"{path}: d2t has {d2t.numel():,} entries, output.weight {out['shape'][0]:,} rows: "
-                            f"llama.cpp asserts they match ({_EAGLE3_CPP})")
-        n = info["n_tokens"]
-        bad = ((d2t < 0) | (d2t >= n)).nonzero() if n is not None else torch.empty(0, dtype=torch.int64)
-        if len(bad):
-            i = int(bad[0])
-            problems.append(f"{path}: d2t[{i}] = target id {int(d2t[i])}, outside the {n:,} tokens llama.cpp "
-                            f"scatters draft logits into ({_EAGLE3_CPP})")
-        if torch.unique(d2t).numel() != d2t.numel():
-            problems.append(f"{path}: d2t repeats a target id: two draft ids would write one target logit")
-    info["d2t"] = d2t
-    info["draft_vocab_size"] = None if d2t is None else d2t.numel()
-    info["problems"] = problems
-    return info
+    return problems
+
+
+def _read_d2t(t) -> torch.Tensor:
+    """A GGUF ``d2t`` tensor (the reader's, its data mapped from the file) as torch.int64 [draft_vocab]
+    absolute target ids, copied out of the mapping."""
+    import numpy as np
+
+    return torch.from_numpy(np.asarray(t.data).astype(np.int64).reshape(-1).copy())
+
+
+def _file_d2t_problems(info: dict, t, d2t: torch.Tensor) -> list[str]:
+    """What llama.cpp refuses or serves wrongly in a GGUF's d2t (``t``: the reader's tensor; ``d2t``:
+    it as torch.int64 [draft_vocab] absolute target ids), judged from the file alone: not I64, another
+    length than ``output.weight``'s rows, an id outside ``[0, n_tokens)``, a repeated id."""
+    from gguf import GGMLQuantizationType
+
+    path, problems = info["path"], []
+    if t.tensor_type != GGMLQuantizationType.I64:
+        problems.append(f"{path}: d2t is {t.tensor_type.name}, llama.cpp asserts I64 ({_EAGLE3_CPP})")
+    out = info["tensors"].get("output.weight")
+    if out is not None and out["shape"][0] != d2t.numel():
+        problems.append(f"{path}: d2t has {d2t.numel():,} entries, output.weight {out['shape'][0]:,} rows: "
+                        f"llama.cpp asserts they match ({_EAGLE3_CPP})")
+    n = info["n_tokens"]
+    bad = ((d2t < 0) | (d2t >= n)).nonzero() if n is not None else torch.empty(0, dtype=torch.int64)
+    if len(bad):
+        i = int(bad[0])
+        problems.append(f"{path}: d2t[{i}] = target id {int(d2t[i])}, outside the {n:,} tokens llama.cpp "
+                        f"scatters draft logits into ({_EAGLE3_CPP})")
+    if torch.unique(d2t).numel() != d2t.numel():
+        problems.append(f"{path}: d2t repeats a target id: two draft ids would write one target logit")
+    return problems
 
 
 def features_manifest(features: str | Path) -> tuple[Path, dict]:
@@ -401,82 +454,120 @@ def check_against(info: dict, *, drafter_dir: str | Path | None = None, features
             (:func:`eyas.export.engine_keys.read_config`: an ExportError naming the file and the key).
         eyas.vocab.mapping.VocabError: ``vocab_dir``'s mapping is invalid.
     """
-    problems = list(info["problems"])
-    where, a = info["path"], ARCHITECTURE + "."
     L = num_target_layers or (target or {}).get("num_hidden_layers")
-    counts: list[tuple[str, int]] = []  # (source, the target layer count it was made for)
-    layer_sources: list[tuple[str, list[int]]] = []
-    d2t_sources: list[tuple[str, torch.Tensor | None]] = []
-    sizes: list[tuple[str, str, object, object]] = []  # (gguf key, source, gguf value, source value)
+    src = _Sources(problems=list(info["problems"]), target_arch=target_arch)
     if features is not None:
-        m_path, manifest = features_manifest(features)
-        if manifest.get("num_layers") is not None:
-            counts.append((f"{m_path} num_layers", manifest["num_layers"]))
-        target_arch = target_arch or (manifest.get("target") or {}).get("class")
-        layer_sources.append((f"{m_path} aux_layers", list(manifest["aux_layers"])))
-        sizes.append(("target_hidden_size", f"{m_path} hidden_size", info["target_hidden_size"],
-                      manifest.get("hidden_size")))
+        src.add_features(info, features)
     if aux_layers is not None:
-        layer_sources.append(("the given aux_layers", list(aux_layers)))
+        src.layers.append(("the given aux_layers", list(aux_layers)))
     if drafter_dir is not None:
-        cfg, dd2t, cfg_path, w_path = _drafter_source(Path(drafter_dir))
-        Ld = (cfg.get("eyas") or {}).get("num_target_layers")
-        if Ld is not None:
-            counts.append((f"{cfg_path} eyas.num_target_layers", Ld))
-        Ld = Ld or L or next((n for _, n in counts), None)
-        try:
-            if Ld is not None:
-                layer_sources.append((cfg_path, layers.resolve(layers.from_config(cfg, Ld), Ld)))
-            elif (ids := converter_target_layers(cfg, None)) is not None:
-                layer_sources.append((cfg_path, ids))
-            else:
-                problems.append(f"{where}: cannot check {a}target_layers against {cfg_path}: it declares the "
-                                f"default aux layers and the target's layer count is unknown")
-        except layers.LayerIdError as e:
-            problems.append(f"{where}: cannot check {a}target_layers against {cfg_path}: {e}")
-        sizes += [("target_hidden_size", cfg_path, info["target_hidden_size"],
-                   cfg.get("target_hidden_size") or cfg.get("hidden_size")),
-                  ("embedding_length", cfg_path, info["hidden_size"], cfg.get("hidden_size")),
-                  ("norm_before_residual", cfg_path, info["norm_before_residual"],
-                   bool(cfg.get("norm_before_residual", False))),
-                  ("norm_before_fc", cfg_path, info["norm_before_fc"], bool(cfg.get("norm_before_fc", False)))]
-        d2t_sources.append((w_path, dd2t))
-        problems += _weight_problems(where, w_path, info.get("reader_tensors"))
-        problems += field_problems(info, cfg, cfg_path)
+        src.add_drafter(info, Path(drafter_dir), L)
     if vocab_dir is not None:
         from eyas.vocab.mapping import load_mapping
 
-        d2t_sources.append((str(Path(vocab_dir) / "vocab.safetensors"), load_mapping(vocab_dir)[0].d2t))
+        src.d2t.append((str(Path(vocab_dir) / "vocab.safetensors"), load_mapping(vocab_dir)[0].d2t))
     if d2t is not None:
-        d2t_sources.append(("the given d2t", d2t))
+        src.d2t.append(("the given d2t", d2t))
     if target is not None:
-        sizes.append(("target_hidden_size", "the target's hidden_size", info["target_hidden_size"],
-                      target.get("hidden_size")))
-        problems += target_field_problems(info, target)
-        target_arch = target_arch or target.get("architecture")
+        src.sizes.append(("target_hidden_size", "the target's hidden_size", info["target_hidden_size"],
+                          target.get("hidden_size")))
+        src.problems += target_field_problems(info, target)
+        src.target_arch = src.target_arch or target.get("architecture")
+    return src.problems + _disagreements(info, src, L or next((n for _, n in src.counts), None), target)
 
-    L = L or next((n for _, n in counts), None)
-    for src, n in counts:
+
+@dataclasses.dataclass
+class _Sources:
+    """What each source :func:`check_against` was given says the GGUF should hold, gathered before
+    any comparison: ``counts`` (source, the target layer count it was made for), ``layers`` (source,
+    HF ``hidden_states`` indices), ``d2t`` (source, [draft_vocab] int64 offsets or None for the full
+    vocab), ``sizes`` (GGUF key, source, GGUF value, source value); ``problems`` found while reading
+    them (after the GGUF's own); ``target_arch`` as known so far."""
+
+    problems: list[str]
+    target_arch: str | None
+    counts: list[tuple[str, int]] = dataclasses.field(default_factory=list)
+    layers: list[tuple[str, list[int]]] = dataclasses.field(default_factory=list)
+    d2t: list[tuple[str, torch.Tensor | None]] = dataclasses.field(default_factory=list)
+    sizes: list[tuple[str, str, object, object]] = dataclasses.field(default_factory=list)
+
+    def add_features(self, info: dict, features: str | Path) -> None:
+        """A features manifest's layer count, aux layers, hidden size and target class.
+
+        Raises:
+            FileNotFoundError / ValueError: as :func:`features_manifest`.
+        """
+        m_path, manifest = features_manifest(features)
+        if manifest.get("num_layers") is not None:
+            self.counts.append((f"{m_path} num_layers", manifest["num_layers"]))
+        self.target_arch = self.target_arch or (manifest.get("target") or {}).get("class")
+        self.layers.append((f"{m_path} aux_layers", list(manifest["aux_layers"])))
+        self.sizes.append(("target_hidden_size", f"{m_path} hidden_size", info["target_hidden_size"],
+                           manifest.get("hidden_size")))
+
+    def add_drafter(self, info: dict, drafter_dir: Path, L: int | None) -> None:
+        """A drafter checkpoint directory's layer count, aux layers (for a target of ``L`` layers, else
+        of its own ``eyas.num_target_layers`` or a source's count), sizes, norm flags and d2t; its
+        weights (:func:`_weight_problems`) and math fields (eyas.export.gguf_fields.field_problems)
+        compared with the GGUF's at once.
+
+        Raises:
+            FileNotFoundError / ValueError / eyas.export.eagle.ExportError: as :func:`_drafter_source`.
+        """
+        where, a = info["path"], ARCHITECTURE + "."
+        cfg, dd2t, cfg_path, w_path = _drafter_source(drafter_dir)
+        Ld = (cfg.get("eyas") or {}).get("num_target_layers")
+        if Ld is not None:
+            self.counts.append((f"{cfg_path} eyas.num_target_layers", Ld))
+        Ld = Ld or L or next((n for _, n in self.counts), None)
+        try:
+            if Ld is not None:
+                self.layers.append((cfg_path, layers.resolve(layers.from_config(cfg, Ld), Ld)))
+            elif (ids := converter_target_layers(cfg, None)) is not None:
+                self.layers.append((cfg_path, ids))
+            else:
+                self.problems.append(f"{where}: cannot check {a}target_layers against {cfg_path}: it declares the "
+                                     f"default aux layers and the target's layer count is unknown")
+        except layers.LayerIdError as e:
+            self.problems.append(f"{where}: cannot check {a}target_layers against {cfg_path}: {e}")
+        self.sizes += [("target_hidden_size", cfg_path, info["target_hidden_size"],
+                        cfg.get("target_hidden_size") or cfg.get("hidden_size")),
+                       ("embedding_length", cfg_path, info["hidden_size"], cfg.get("hidden_size")),
+                       ("norm_before_residual", cfg_path, info["norm_before_residual"],
+                        bool(cfg.get("norm_before_residual", False))),
+                       ("norm_before_fc", cfg_path, info["norm_before_fc"], bool(cfg.get("norm_before_fc", False)))]
+        self.d2t.append((w_path, dd2t))
+        self.problems += _weight_problems(where, w_path, info.get("reader_tensors"))
+        self.problems += field_problems(info, cfg, cfg_path)
+
+
+def _disagreements(info: dict, src: _Sources, L: int | None, target: dict | None) -> list[str]:
+    """The GGUF against every gathered source, for a target of ``L`` layers: layer counts, target
+    layer ids (beyond L; id L on ``src.target_arch``; other than a source's aux layers), sizes and
+    flags, d2t (:func:`_d2t_problems`), and d2t ids past ``target``'s vocab."""
+    where, a = info["path"], ARCHITECTURE + "."
+    problems = []
+    for s, n in src.counts:
         if n != L:
-            problems.append(f"{where}: {src} is {n}, the target has {L} layers: the drafter was made for another "
+            problems.append(f"{where}: {s} is {n}, the target has {L} layers: the drafter was made for another "
                             f"target, and llama.cpp's layer ids would point at other layers")
     ids = info["target_layers"]
     if L is not None and any(k > L for k in ids):
         problems.append(f"{where}: {a}target_layers {ids} name a layer beyond the target's {L}: llama.cpp aborts "
                         f"({_SPECULATIVE}: target layer id exceeds target n_layer)")
-    if (p := id_l_problem(ids, L, target_arch)) is not None:
+    if (p := id_l_problem(ids, L, src.target_arch)) is not None:
         problems.append(f"{where}: {a}target_layers {ids}: {p}")
-    for src, hf in layer_sources:
+    for s, hf in src.layers:
         if list(hf) != ids:
-            problems.append(f"{where}: {a}target_layers {ids} != {src} {hf}: llama.cpp would feed the drafter the "
+            problems.append(f"{where}: {a}target_layers {ids} != {s} {hf}: llama.cpp would feed the drafter the "
                             f"inputs of target layers {ids} ({_SPECULATIVE}), not the HF hidden_states {hf} it was "
                             f"trained on")
-    for key, src, got, want in sizes:
+    for key, s, got, want in src.sizes:
         if want is not None and got != want:
-            problems.append(f"{where}: {a}{key} {got!r} != {src} {want!r}: llama.cpp would serve another "
+            problems.append(f"{where}: {a}{key} {got!r} != {s} {want!r}: llama.cpp would serve another "
                             f"drafter function than the one trained ({_EAGLE3_CPP})")
-    for src, offsets in d2t_sources:
-        problems += _d2t_problems(info, src, offsets)
+    for s, offsets in src.d2t:
+        problems += _d2t_problems(info, s, offsets)
     V = (target or {}).get("vocab_size")
     if V is not None and info["d2t"] is not None and int(info["d2t"].max()) >= V:
         problems.append(f"{where}: d2t maps to target id {int(info['d2t'].max())}, outside the target's "

@@ -10,9 +10,9 @@ Reads a checkpoint directory (``config.json`` + ``model.safetensors``) in either
 
 and reports architecture and sizes, the aux layers and their meaning per engine
 (:func:`eyas.target.layers.describe`), vocab-mapping health (:func:`eyas.vocab.mapping.validate_mapping`, draft-id
-order), and, per engine, the keys it would skip, the defaults it would assume and whether the
-embedding would be discarded. The engine behaviours encoded here are the ones read in
-``sgl-project/sglang``: ``python/sglang/srt/models/llama_eagle3.py`` /
+order), and, per engine (:func:`eyas.export.engine_report.engine_report`), the keys it would skip, the
+defaults it would assume and whether the embedding would be discarded. The engine behaviours encoded
+there are the ones read in ``sgl-project/sglang``: ``python/sglang/srt/models/llama_eagle3.py`` /
 ``python/sglang/srt/speculative/eagle_worker.py`` and ``vllm-project/vllm``:
 ``vllm/model_executor/models/llama_eagle3.py`` /
 ``vllm/transformers_utils/configs/speculators/algos.py``, and ``ggml-org/llama.cpp``:
@@ -22,6 +22,10 @@ embedding would be discarded. The engine behaviours encoded here are the ones re
 A llama.cpp drafter GGUF (``.gguf``, :func:`inspect_gguf`) is read as llama.cpp will load it
 (eyas/export/gguf.py) and, given what the drafter was trained on (its checkpoint directory, the
 features manifest, the vocab), checked against it: target layers and d2t that differ are errors.
+
+One module past 500 lines: it is ``eyas inspect`` whole, the checkpoint report and the GGUF report
+side by side with the target summary both compare against (:func:`target_summary`) and the text
+each renders to; the per-engine sections live in eyas/export/engine_report.py.
 """
 
 from __future__ import annotations
@@ -32,8 +36,8 @@ import torch
 
 from eyas.export import gguf, gguf_fields, own_tensors
 from eyas.export.eagle import SERVED_KEYS, ExportError, check_served_tensors, config_from_hf
-from eyas.export.engine_keys import ENGINE_KEYS, departs, read_config, refusals
-from eyas.export.llamacpp_nextn import id_l_problem, llamacpp_arch
+from eyas.export.engine_keys import read_config, refusals
+from eyas.export.engine_report import engine_report
 from eyas.export.load import detect_layout
 from eyas.io import load_safetensors, read_json
 from eyas.target import layers, rope
@@ -42,14 +46,8 @@ from eyas.vocab.mapping import (
     VocabMapping,
     compare_mappings,
     load_mapping,
-    target_id_order,
     validate_mapping,
 )
-
-# what SGLang's LlamaForCausalLMEagle3 has a parameter for (t2d is accepted and ignored)
-_SGLANG_KNOWN = set(SERVED_KEYS) | {"embed_tokens.weight", "fc.bias"}
-# what vLLM's Eagle3LlamaForCausalLM has a parameter for, in eyas names (midlayer = layers.0)
-_VLLM_KNOWN = (set(SERVED_KEYS) - {"t2d"}) | {"embed_tokens.weight", "fc.bias", "mask_hidden"}
 
 
 def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
@@ -97,23 +95,9 @@ def inspect_checkpoint(path: str | Path, vocab_dir: str | Path | None = None,
         VocabError: ``vocab_dir``'s mapping is invalid in itself.
     """
     path = Path(path)
-    raw_cfg = read_config(path / "config.json")
-    raw = _read_tensors(path)
-    layout = detect_layout(raw_cfg, raw)
     errors: list[str] = []
     warnings: list[str] = []
-
-    if layout == "speculators":
-        from eyas.export.speculators import SpeculatorsFormatError, config_to_eagle, to_eyas_name
-        try:
-            cfg = config_to_eagle(raw_cfg, str(path / "config.json"))
-        except SpeculatorsFormatError as e:
-            errors.append(str(e))
-            cfg = dict(raw_cfg.get("transformer_layer_config") or {})
-        names = {to_eyas_name(k): k for k in raw}
-    else:
-        cfg = raw_cfg
-        names = {k.removeprefix("model."): k for k in raw}
+    raw_cfg, raw, layout, cfg, names = _read_checkpoint(path, errors)
     t = {eyas_name: raw[orig] for eyas_name, orig in names.items()}
 
     manifest = None if features is None else gguf.features_manifest(features)
@@ -131,10 +115,59 @@ def inspect_checkpoint(path: str | Path, vocab_dir: str | Path | None = None,
         },
         "num_target_layers": L,
     }
+    report["config"] = _config_section(raw_cfg, cfg, t)
+    _eyas_refusals(path, cfg, t, L, errors, warnings)
+    report["aux_layers"] = _aux_layers(raw_cfg, cfg, layout, L, report["config"]["fc_n_aux"], errors, warnings)
+    report["vocab"], mapping = _vocab(t, cfg, errors, warnings)
+    report["engines"] = engine_report(raw_cfg, cfg, layout, names, t, report["aux_layers"], L, manifest,
+                                      _target_arch(target, manifest), errors, warnings)
+    warnings += own_tensors.disagreements(cfg, t)  # a tensor the engines serve differently from each other
+    if target is not None:
+        report["against_target"] = _against_target(cfg, L, target, errors, warnings)
+    if vocab_dir is not None:
+        report["compare_vocab"] = _compare_vocab(vocab_dir, mapping, errors, warnings)
+    report["errors"] = errors
+    report["warnings"] = warnings
+    return report
+
+
+def _read_checkpoint(path: Path, errors: list[str]) -> tuple[dict, dict, str, dict, dict]:
+    """A checkpoint directory read in either layout.
+
+    Returns:
+        ``(raw_cfg, raw, layout, cfg, names)``: ``config.json`` as written; the tensors as named in
+        ``model.safetensors``; ``"eagle"`` or ``"speculators"``; the config in the eagle layout's keys
+        (a speculators config converted; when it cannot be, its ``transformer_layer_config`` and
+        the reason appended to ``errors``); eyas tensor name (``model.`` prefix dropped, layer 0 =
+        ``midlayer.*``) -> the name in the file.
+    Raises:
+        FileNotFoundError / ValueError / eyas.export.eagle.ExportError: as :func:`inspect_checkpoint`.
+    """
+    raw_cfg = read_config(path / "config.json")
+    raw = _read_tensors(path)
+    layout = detect_layout(raw_cfg, raw)
+    if layout == "speculators":
+        from eyas.export.speculators import SpeculatorsFormatError, config_to_eagle, to_eyas_name
+        try:
+            cfg = config_to_eagle(raw_cfg, str(path / "config.json"))
+        except SpeculatorsFormatError as e:
+            errors.append(str(e))
+            cfg = dict(raw_cfg.get("transformer_layer_config") or {})
+        names = {to_eyas_name(k): k for k in raw}
+    else:
+        cfg = raw_cfg
+        names = {k.removeprefix("model."): k for k in raw}
+    return raw_cfg, raw, layout, cfg, names
+
+
+def _config_section(raw_cfg: dict, cfg: dict, t: dict) -> dict:
+    """The report's ``config`` section: the drafter's sizes, RoPE and norm flags, ``fc_input_width``
+    (``fc.weight``'s columns) and ``fc_n_aux`` (those columns over the target hidden size: how many
+    target hidden states fc takes; a float when they do not divide)."""
     H = cfg.get("hidden_size")
     th = cfg.get("target_hidden_size") or H
     fc = t.get("fc.weight")
-    report["config"] = {
+    return {
         "hidden_size": H,
         "intermediate_size": cfg.get("intermediate_size"),
         "num_attention_heads": cfg.get("num_attention_heads"),
@@ -153,8 +186,12 @@ def inspect_checkpoint(path: str | Path, vocab_dir: str | Path | None = None,
         (fc.shape[1] // th if fc.shape[1] % th == 0 else fc.shape[1] / th),
     }
 
-    # --- the drafter as eyas reads it: refused keys (always: they do not depend on the target),
-    # then keys, shapes and mapping (those need the target's layer count) ---
+
+def _eyas_refusals(path: Path, cfg: dict, t: dict, L: int | None, errors: list[str], warnings: list[str]) -> None:
+    """The drafter as eyas reads it, appended to ``errors`` as ``"eyas would refuse it: ..."``: the
+    refused keys (always: they do not depend on the target), then, given the target's layer count
+    ``L``, the config, the served tensors' names and shapes and the mapping
+    (:func:`eyas.export.eagle.check_served_tensors`); without ``L`` a warning says what is unchecked."""
     refused = refusals(cfg)
     if cfg.get("num_hidden_layers", 1) != 1 and not any(r.startswith("num_hidden_layers") for r in refused):
         refused.insert(0, f"num_hidden_layers: {cfg.get('num_hidden_layers')!r} (eyas implements 1)")
@@ -170,47 +207,36 @@ def inspect_checkpoint(path: str | Path, vocab_dir: str | Path | None = None,
         warnings.append("target layer count unknown (no 'eyas' record in config.json): pass "
                         "--num-target-layers or --target to check shapes and interpret default aux layers")
 
-    report["aux_layers"] = _aux_layers(raw_cfg, cfg, layout, L, report["config"]["fc_n_aux"], errors, warnings)
-    report["vocab"], mapping = _vocab(t, cfg, errors, warnings)
-    report["engines"] = {
-        "sglang": _sglang(raw_cfg, cfg, layout, names, t, report["aux_layers"], errors, warnings),
-        "vllm": _vllm(raw_cfg, cfg, layout, names, t, report["aux_layers"], errors, warnings),
-        "speculators": _speculators(raw_cfg, cfg, layout, t, L, warnings),
-        "llamacpp": _llamacpp(raw_cfg, t, L, report["aux_layers"], manifest, _target_arch(target, manifest),
-                              errors, warnings),
-    }
-    warnings += own_tensors.disagreements(cfg, t)  # a tensor the engines serve differently from each other
-    nl = _num_layers(raw_cfg, layout)
-    for eng in ("sglang", "vllm", "llamacpp"):
-        report["engines"][eng]["non_default_keys"] = _honoured_flags(cfg, eng)
-        if nl > 1 and eng in MULTI_LAYER:
-            report["engines"][eng]["multi_layer"] = MULTI_LAYER[eng].format(n=nl)
-    if target is not None:
-        report["against_target"] = _against_target(cfg, L, target, errors, warnings)
-    if vocab_dir is not None:
-        other, _ = load_mapping(vocab_dir)
-        if mapping is None:
-            report["compare_vocab"] = {"vocab_dir": str(vocab_dir), "error": "the checkpoint has no usable d2t"}
-        elif other.vocab_size != mapping.vocab_size:
-            # different tokenizers: overlaps "through target ids" would compare unrelated tokens
-            msg = (f"target vocab mismatch: {vocab_dir} maps a target vocab of {other.vocab_size} tokens, "
-                   f"the checkpoint's target has {mapping.vocab_size}: they are for different targets "
-                   f"(remap cannot bridge them)")
-            report["compare_vocab"] = {"vocab_dir": str(vocab_dir), "vocab_size_checkpoint": mapping.vocab_size,
-                                       "vocab_size_vocab_dir": other.vocab_size, "error": msg}
-            errors.append(msg)
-        else:
-            cmp = compare_mappings(mapping, other)
-            cmp["vocab_dir"] = str(vocab_dir)
-            report["compare_vocab"] = cmp
-            if cmp["positions_agree"] < cmp["draft_vocab_size_a"]:
-                warnings.append(
-                    f"the checkpoint's mapping and {vocab_dir} agree on {cmp['positions_agree']}/"
-                    f"{cmp['draft_vocab_size_a']} draft positions ({cmp['shared_tokens']} shared tokens): "
-                    f"fine-tuning it under that mapping needs `remap` (lm_head rows go through target ids)")
-    report["errors"] = errors
-    report["warnings"] = warnings
-    return report
+
+def _compare_vocab(vocab_dir: str | Path, mapping: VocabMapping | None, errors: list[str],
+                   warnings: list[str]) -> dict:
+    """The report's ``compare_vocab`` section: the checkpoint's mapping against ``vocab_dir``'s,
+    through target ids (:func:`eyas.vocab.mapping.compare_mappings`). Another target vocab size is
+    an error (remap cannot bridge it); draft positions that differ are a warning.
+
+    Raises:
+        FileNotFoundError: ``vocab_dir`` has no vocab.safetensors.
+        VocabError: ``vocab_dir``'s mapping is invalid in itself.
+    """
+    other, _ = load_mapping(vocab_dir)
+    if mapping is None:
+        return {"vocab_dir": str(vocab_dir), "error": "the checkpoint has no usable d2t"}
+    if other.vocab_size != mapping.vocab_size:
+        # different tokenizers: overlaps "through target ids" would compare unrelated tokens
+        msg = (f"target vocab mismatch: {vocab_dir} maps a target vocab of {other.vocab_size} tokens, "
+               f"the checkpoint's target has {mapping.vocab_size}: they are for different targets "
+               f"(remap cannot bridge them)")
+        errors.append(msg)
+        return {"vocab_dir": str(vocab_dir), "vocab_size_checkpoint": mapping.vocab_size,
+                "vocab_size_vocab_dir": other.vocab_size, "error": msg}
+    cmp = compare_mappings(mapping, other)
+    cmp["vocab_dir"] = str(vocab_dir)
+    if cmp["positions_agree"] < cmp["draft_vocab_size_a"]:
+        warnings.append(
+            f"the checkpoint's mapping and {vocab_dir} agree on {cmp['positions_agree']}/"
+            f"{cmp['draft_vocab_size_a']} draft positions ({cmp['shared_tokens']} shared tokens): "
+            f"fine-tuning it under that mapping needs `remap` (lm_head rows go through target ids)")
+    return cmp
 
 
 def _target_arch(target: dict | None, manifest) -> str | None:
@@ -297,258 +323,11 @@ def _t2d_from(tids, V) -> torch.Tensor:
     return m
 
 
-_LAYER_PARAMS = ("input_layernorm.weight", "hidden_norm.weight", "self_attn.q_proj.weight",
-                 "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
-                 "post_attention_layernorm.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
-                 "mlp.down_proj.weight")
-
-# how each engine builds a drafter with num_hidden_layers > 1 (sources: eyas/export/engine_keys.py)
-MULTI_LAYER = {
-    "sglang": ("builds {n} layers (models/llama_eagle3.py: midlayer + additional_layers.0..{n}-2, "
-               "BasicDecoderLayer: H-wide input, no embedding); loads tensors named midlayer.* and "
-               "additional_layers.<i-1>.* (layers.<i>.* names match nothing and are skipped); eyas refuses it"),
-    "vllm": ("builds {n} layers (model_executor/models/llama_eagle3.py: layers.0..{n}-1, layers >= 1 take the "
-             "H-wide hidden state and no embedding); loads layers.<i>.* (midlayer.* renamed layers.0.*); "
-             "speculators 0.9.0 builds the same layers.<i>; eyas refuses it"),
-}
-
-
-def _num_layers(raw_cfg: dict, layout: str) -> int:
-    src = raw_cfg.get("transformer_layer_config") if layout == "speculators" else raw_cfg
-    return int((src or {}).get("num_hidden_layers", 1) or 1)
-
-
-def _engine_known(engine: str, raw_cfg: dict, layout: str) -> set:
-    """Tensor names (eyas names: layer 0 = midlayer.*) the engine's EAGLE-3 class has a parameter for,
-    given the config: extra decoder layers, norm_before_fc's input_norm, fc_norm's per-aux norms."""
-    base = _SGLANG_KNOWN if engine == "sglang" else _VLLM_KNOWN
-    known = set(base)
-    n = _num_layers(raw_cfg, layout)
-    for i in range(1, n):
-        if engine == "sglang":
-            known |= {f"additional_layers.{i - 1}.{p}" for p in _LAYER_PARAMS if p != "input_layernorm.weight"}
-        else:
-            known |= {f"layers.{i}.{p}" for p in _LAYER_PARAMS}
-    if engine == "vllm":  # newer vLLM llama_eagle3.py (eyas/export/engine_keys.py rows norm_before_fc, fc_norm)
-        if raw_cfg.get("norm_before_fc") is True:
-            known.add("input_norm.weight")
-        if raw_cfg.get("fc_norm") is True:
-            aux = raw_cfg.get("eagle_aux_hidden_state_layer_ids") or [0, 0, 0]
-            known |= {f"fc_norm.{i}.weight" for i in range(len(aux))}
-    return known
-
-
-def _honoured_flags(cfg: dict, engine: str) -> list[str]:
-    """The table's refused keys that ``cfg`` sets to a non-default value, with whether ``engine``
-    honours each (and where)."""
-    out = []
-    for k in ENGINE_KEYS:
-        if k.eyas != "refuses" or "." in k.key or cfg.get(k.key) is None or not departs(k, cfg[k.key], cfg):
-            continue
-        src = getattr(k, engine)
-        out.append(f"{k.key} = {cfg[k.key]!r}: " + (src if src.startswith("not read") else f"honoured ({src})"))
-    return out
-
-
 def _rope_line(cfg: dict) -> str:
     try:
         return rope.describe(*rope.normalise(cfg))
     except rope.RopeError as e:
         return f"unsupported: {e}"
-
-
-def _unknown(names: dict, known: set) -> list[str]:
-    return sorted(orig for eyas_name, orig in names.items() if eyas_name not in known)
-
-
-def _sglang(raw_cfg, cfg, layout, names, t, aux, errors, warnings) -> dict:
-    archs = raw_cfg.get("architectures") or []
-    out: dict = {"architecture": "LlamaForCausalLMEagle3" if "LlamaForCausalLMEagle3" in archs else
-                 f"{archs}: not LlamaForCausalLMEagle3, the class SGLang's llama_eagle3.py registers"}
-    # SGLang matches the names AS WRITTEN (X, then model.X): speculators' layers.0.* match nothing
-    written = {orig.removeprefix("model."): orig for orig in names.values()}
-    skipped = _unknown(written, _engine_known("sglang", raw_cfg, layout))
-    out["skipped_keys"] = skipped
-    out["ignored_keys"] = [k for k in ("t2d",) if k in t]
-    if skipped:
-        msg = f"SGLang would silently skip {len(skipped)} tensor(s) it has no parameter for: {skipped[:6]}"
-        if any(k.startswith("layers.0.") for k in skipped):
-            msg += " -- the decoder layer would keep its RANDOM init (low acceptance, no error)"
-        warnings.append(msg)
-    assumes = []
-    if cfg.get("draft_vocab_size") is None:
-        assumes.append("no draft_vocab_size: full vocab, and the TARGET's lm_head replaces the checkpoint's")
-    assumes.append("aux layers: " + ("eagle_config ids + 1 (HF indices " + str(aux["sglang_captures_hf"]) + ")"
-                                     if (raw_cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
-                                     is not None else f"default HF {aux['sglang_captures_hf']}"))
-    if raw_cfg.get("norm_before_residual") is True:
-        assumes.append("norm_before_residual is not an option in the llama_eagle3.py read: SGLang keeps the "
-                       "un-normed residual, a different function from the one trained")
-    out["assumes"] = assumes
-    differs = cfg.get("target_hidden_size") not in (None, cfg.get("hidden_size"))
-    has_embed = "embed_tokens.weight" in t
-    out["embedding"] = ("the checkpoint's embed_tokens is DISCARDED: set_embed swaps in the target's"
-                        if has_embed and not differs else
-                        "checkpoint embedding kept (target_hidden_size != hidden_size)" if has_embed else
-                        "the target's embedding")
-    return out
-
-
-def _vllm(raw_cfg, cfg, layout, names, t, aux, errors, warnings) -> dict:
-    archs = raw_cfg.get("architectures") or []
-    if layout == "speculators":
-        arch = "Eagle3Speculator -> Eagle3LlamaForCausalLM via speculators/algos.py update_eagle3"
-    elif any(a.startswith("Eagle3") or a.endswith("Eagle3") for a in archs):
-        arch = f"{archs} -> Eagle3LlamaForCausalLM (midlayer. renamed layers.0.)"
-    else:
-        arch = f"{archs} -> prefixed 'Eagle3' by EAGLEConfig"
-    out: dict = {"architecture": arch}
-    out["skipped_keys"] = [names[k] for k in ("t2d",) if k in names]
-    unknown = _unknown({k: v for k, v in names.items() if not k.startswith("verifier_") and k != "t2d"},
-                       _engine_known("vllm", raw_cfg, layout))
-    out["unknown_keys"] = unknown + sorted(v for k, v in names.items() if k.startswith("verifier_"))
-    assumes = []
-    if cfg.get("draft_vocab_size") is None:
-        assumes.append("no draft_vocab_size: draft_vocab_size = vocab_size")
-    if "d2t" not in t:
-        assumes.append("no d2t: draft_id_to_target_id stays zero = identity map (wrong for a reduced vocab)")
-    if "lm_head.weight" not in t:
-        assumes.append("no lm_head: shares the target's")
-    if layout == "speculators":
-        nbr = raw_cfg.get("norm_before_residual")
-        if nbr is None:
-            assumes.append("no norm_before_residual in a speculators config: vLLM assumes TRUE (residual = "
-                           "hidden_norm(h)); eyas and SGLang compute the un-normed residual")
-            warnings.append("speculators config without norm_before_residual: vLLM serves it with True, "
-                            "speculators' own model config defaults to False; the two disagree")
-        else:
-            assumes.append(f"norm_before_residual = {nbr}")
-    else:
-        assumes.append(f"norm_before_residual = {bool(raw_cfg.get('norm_before_residual', False))}"
-                       + ("" if "norm_before_residual" in raw_cfg else " (model default)"))
-    assumes.append("aux layers: " + (f"top-level ids verbatim (HF {aux['vllm_captures_hf']})"
-                                     if raw_cfg.get("eagle_aux_hidden_state_layer_ids") is not None
-                                     else f"default HF {aux['vllm_captures_hf']}"))
-    out["assumes"] = assumes
-    out["embedding"] = ("the checkpoint's embed_tokens is used unless torch.equal to the target's"
-                        if "embed_tokens.weight" in t else "the target's embedding (none in the checkpoint)")
-    return out
-
-
-def _speculators(raw_cfg, cfg, layout, t, L, warnings) -> dict:
-    """What speculators 0.9.0 (``vllm-project/speculators``) does with the file: for the speculators
-    layout, ``Eagle3DraftModel.from_pretrained`` (``models/eagle3/core.py``); for the eagle layout,
-    what ``speculators convert --algorithm eagle3`` (``convert/eagle/eagle3_converter.py``) changes."""
-    out: dict = {}
-    d2t = t.get("d2t")
-    if d2t is not None and d2t.dim() == 1 and not torch.equal(target_id_order(d2t), torch.arange(d2t.numel())):
-        out["draft_id_order"] = (
-            "NOT ascending by target id: speculators 0.9.0 builds verifier_lm_head (its trainer's target "
-            "distribution, and the lm_head it initialises from the verifier) as the target's lm_head rows "
-            "selected by t2d, in ascending target id (src/speculators/model.py, "
-            "DraftVocabMixin._load_verifier_weights: lm_head_weight[t2d]), so draft id i gets the row of the "
-            "i-th smallest target id, not of i + d2t[i]")
-        warnings.append("speculators 0.9.0 would train this drafter against the wrong target rows: its draft ids "
-                        "are not in ascending target-id order, which src/speculators/model.py "
-                        "(DraftVocabMixin._load_verifier_weights) assumes; re-export with eyas "
-                        "(eyas.export.speculators.write_speculators sorts them, exactly)")
-    if layout == "speculators":
-        ver = ((raw_cfg.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path")
-        out["verifier"] = ver
-        if ver is None:
-            out["from_pretrained"] = ("FAILS after loading the weights: verifier.name_or_path is null and "
-                                      "from_pretrained calls AutoConfig.from_pretrained(None)")
-            warnings.append("speculators_config.verifier.name_or_path is null: speculators 0.9.0's "
-                            "Eagle3DraftModel.from_pretrained fails (OSError); write the target's hub id or path "
-                            "(eyas.export.verifier.verifier_identity)")
-        else:
-            out["from_pretrained"] = (f"reads AutoConfig of {ver!r} (it must resolve: a hub id, cached or online, or "
-                                      f"a directory relative to where the client runs) to check the aux ids")
-        if "embed_tokens.weight" in t:
-            out["embedding"] = "embed_tokens.weight loaded from the file"
-        else:
-            out["embedding"] = ("UNSAFE: no embed_tokens.weight; speculators 0.9.0 ignores it as missing and leaves "
-                                "the embedding uninitialised (logits off by up to 2 in tests)")
-            warnings.append("speculators-layout checkpoint without embed_tokens.weight: unsafe to load in "
-                            "speculators 0.9.0 (uninitialised embedding); vLLM/SGLang take the target's")
-        out["flags"] = {f: raw_cfg.get(f, False) for f in ("norm_before_residual", "norm_before_fc", "fc_norm",
-                                                            "norm_output")}
-        return out
-    # eagle layout: what `speculators convert` would write
-    ids = raw_cfg.get("eagle_aux_hidden_state_layer_ids")
-    if ids is None and L is not None:
-        try:
-            ids = layers.resolve(layers.from_config(cfg, L), L)
-            default = layers.default_hf_indices(L)
-        except layers.LayerIdError:
-            ids, default = None, None
-    else:
-        try:
-            default = layers.default_hf_indices(L) if L is not None else None
-        except layers.LayerIdError:  # no valid default on this target: explicit ids must be passed
-            default = []
-    custom = ids is not None and default is not None and list(ids) != list(default)
-    kwargs = {"eagle_aux_hidden_state_layer_ids": list(ids)} if custom else {}
-    cmd = "speculators convert <this dir> --algorithm eagle3 --verifier <target hub id or path>"
-    if kwargs:
-        import json as _json
-        cmd += f" --algorithm-kwargs '{_json.dumps(kwargs)}'"
-    changes = ["midlayer.* renamed layers.0.*; config nested under transformer_layer_config",
-               "norm_before_residual written False (the converter's default; eyas' math)"]
-    if custom:
-        changes.append(f"aux layer ids {list(ids)} are NOT carried unless passed: without --algorithm-kwargs the "
-                       f"converter writes the default {default} (only a UserWarning)")
-    elif ids is None:
-        changes.append("aux layer ids: the converter's default [2, L//2, L-3] of the verifier")
-    if "embed_tokens.weight" not in t:
-        changes.append("no embed_tokens.weight: the converted file has none either, which speculators 0.9.0 "
-                       "loads with an uninitialised embedding; eyas.export.speculators.write_speculators writes "
-                       "the embedding instead")
-    out["convert_command"] = cmd
-    out["convert_changes"] = changes
-    return out
-
-
-def _llamacpp(raw_cfg, t, L, aux, manifest, arch, errors, warnings) -> dict:
-    """What llama.cpp's converter (``conversion/llama.py`` ``LlamaModel``) writes from the
-    checkpoint and what llama.cpp then serves (``src/models/eagle3.cpp``; target layer ids as
-    ``common/speculative.cpp`` reads them: eyas/export/gguf.py)."""
-    cfg = {**raw_cfg, **(raw_cfg.get("transformer_layer_config") or {})}  # the converter merges it so
-    if "draft_vocab_size" not in cfg or cfg.get("num_hidden_layers") != 1:
-        warnings.append("llama.cpp: the converter detects an EAGLE-3 drafter by draft_vocab_size with "
-                        "num_hidden_layers 1 (conversion/llama.py); without them it writes a plain llama GGUF, "
-                        "which --spec-type draft-eagle3 does not serve")
-        return {"architecture": "not detected as EAGLE-3: converted as a plain llama model"}
-    out: dict = {"architecture": "eagle3 (conversion/llama.py: draft_vocab_size with num_hidden_layers 1)"}
-    ids = gguf.converter_target_layers(raw_cfg, L)
-    if ids is None:
-        out["target_layers"] = "[2, L//2, L-3] of --target-model-dir's num_hidden_layers (L unknown here)"
-    else:
-        out["target_layers"] = ids
-        out["target_layers_meaning"] = gguf.describe_target_layers(ids, L)
-    trained = aux.get("hf_hidden_states_indices")
-    if ids is not None and (p := id_l_problem(ids, L, arch)) is not None:
-        (errors if llamacpp_arch(arch) else warnings).append(f"llama.cpp: eagle3.target_layers {ids}: {p}")
-    if ids is not None and trained is not None:
-        if ids != trained:
-            warnings.append(f"llama.cpp: the converter would write eagle3.target_layers {ids} (it reads only the "
-                            f"top-level eagle_aux_hidden_state_layer_ids), the drafter's aux layers are HF "
-                            f"{trained}: llama.cpp would feed it other hidden states than it was trained on")
-    if manifest is not None and ids is not None and list(manifest[1]["aux_layers"]) != ids:
-        errors.append(f"llama.cpp: the converter would write eagle3.target_layers {ids}, the features the "
-                      f"drafter was trained on ({manifest[0]} aux_layers) are HF {manifest[1]['aux_layers']}")
-    out["target_hidden_size"] = raw_cfg.get("target_hidden_size") or "the target's hidden_size (--target-model-dir)"
-    for f in ("norm_before_residual", "norm_before_fc"):
-        out[f] = bool(raw_cfg.get(f, False))
-    out["d2t"] = ("written as absolute target ids (d2t + arange, int64); t2d dropped" if "d2t" in t else
-                  "none: llama.cpp serves draft id i as target id i (the full vocab)")
-    out["embedding"] = ("embed_tokens.weight -> token_embd.weight: llama.cpp uses it, not the target's"
-                        if "embed_tokens.weight" in t else "none in the file: llama.cpp uses the target's")
-    out["lm_head"] = ("lm_head.weight -> output.weight" if "lm_head.weight" in t else
-                      "none in the file: llama.cpp uses the target's output (the full vocab)")
-    out["convert"] = ("eyas.export.gguf.convert(<this dir>, <out>.gguf, target_model_dir=<the target's "
-                      "config.json + tokenizer>) runs llama.cpp's convert_hf_to_gguf.py --target-model-dir")
-    return out
 
 
 def inspect_gguf(path: str | Path, drafter_dir: str | Path | None = None, vocab_dir: str | Path | None = None,
@@ -578,11 +357,7 @@ def inspect_gguf(path: str | Path, drafter_dir: str | Path | None = None, vocab_
         ValueError: a given source is unreadable (not JSON, not an eyas features manifest).
     """
     info = gguf.read_drafter(path)
-    L = num_target_layers or (target or {}).get("num_hidden_layers")
-    if L is None and features is not None:
-        L = gguf.features_manifest(features)[1].get("num_layers")
-    if L is None and drafter_dir is not None:
-        L = (read_config(Path(drafter_dir) / "config.json").get("eyas") or {}).get("num_target_layers")
+    L = _gguf_target_layer_count(num_target_layers, target, features, drafter_dir)
     errors = gguf.check_against(info, drafter_dir=drafter_dir, features=features, vocab_dir=vocab_dir,
                                 num_target_layers=L, target=target)
     warnings: list[str] = []
@@ -602,7 +377,6 @@ def inspect_gguf(path: str | Path, drafter_dir: str | Path | None = None, vocab_
     if V is not None and info["n_tokens"] != V:
         warnings.append(f"the GGUF embeds {info['n_tokens']} tokens, the target has a vocab of {V}: llama.cpp "
                         f"scatters draft logits into the GGUF's {info['n_tokens']}")
-    d2t = info["d2t"]
     return {
         "path": info["path"],
         "layout": "gguf",
@@ -614,21 +388,45 @@ def inspect_gguf(path: str | Path, drafter_dir: str | Path | None = None, vocab_
                    "rope": gguf_fields.served_inv_freq(info)[1]},
         "target_layers": {"ids": info["target_layers"], "num_target_layers": L,
                           "meaning": gguf.describe_target_layers(info["target_layers"], L)},
-        "vocab": {
-            "vocab_size": info["vocab_size"], "n_tokens": info["n_tokens"], "tokenizer": info["tokenizer"],
-            "draft_vocab_size": info["draft_vocab_size"],
-            "d2t": "absent: draft id i = target id i" if d2t is None else "absolute target ids (int64)",
-            "first_target_ids": None if d2t is None else d2t[:8].tolist(),
-            "order": None if d2t is None else
-            ("target_id" if bool((d2t[1:] > d2t[:-1]).all()) else "other (e.g. frequency)"),
-            "embedding": "token_embd.weight (its own)" if info["own_embedding"] else "the target's token_embd",
-            "lm_head": "output.weight (its own)" if info["own_lm_head"] else "the target's output (full vocab)",
-        },
+        "vocab": _gguf_vocab(info),
         "metadata": info["metadata"],
         "tensors": {k: [v["shape"], v["type"]] for k, v in info["tensors"].items()},
         "context": context,
         "errors": errors,
         "warnings": warnings,
+    }
+
+
+def _gguf_target_layer_count(num_target_layers: int | None, target: dict | None, features: str | Path | None,
+                             drafter_dir: str | Path | None) -> int | None:
+    """The target's decoder-layer count L for :func:`inspect_gguf`: ``num_target_layers``, else
+    ``target``'s, else the features manifest's ``num_layers``, else the drafter config's
+    ``eyas.num_target_layers``; None when none gives it.
+
+    Raises:
+        FileNotFoundError / ValueError: the manifest or the drafter's config.json is missing or unreadable.
+    """
+    L = num_target_layers or (target or {}).get("num_hidden_layers")
+    if L is None and features is not None:
+        L = gguf.features_manifest(features)[1].get("num_layers")
+    if L is None and drafter_dir is not None:
+        L = (read_config(Path(drafter_dir) / "config.json").get("eyas") or {}).get("num_target_layers")
+    return L
+
+
+def _gguf_vocab(info: dict) -> dict:
+    """The ``vocab`` section of :func:`inspect_gguf`'s report from :func:`eyas.export.gguf.read_drafter`'s
+    dict (its ``d2t``: [draft_vocab] int64 absolute target ids, or None)."""
+    d2t = info["d2t"]
+    return {
+        "vocab_size": info["vocab_size"], "n_tokens": info["n_tokens"], "tokenizer": info["tokenizer"],
+        "draft_vocab_size": info["draft_vocab_size"],
+        "d2t": "absent: draft id i = target id i" if d2t is None else "absolute target ids (int64)",
+        "first_target_ids": None if d2t is None else d2t[:8].tolist(),
+        "order": None if d2t is None else
+        ("target_id" if bool((d2t[1:] > d2t[:-1]).all()) else "other (e.g. frequency)"),
+        "embedding": "token_embd.weight (its own)" if info["own_embedding"] else "the target's token_embd",
+        "lm_head": "output.weight (its own)" if info["own_lm_head"] else "the target's output (full vocab)",
     }
 
 

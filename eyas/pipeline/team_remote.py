@@ -181,44 +181,11 @@ def check_remote(root: str | os.PathLike = ".", name: str | None = None, run_cac
     scheme = parts.scheme
     repo = _repo(root)
     try:
-        if scheme in ("", "file") and not Path(parts.path if scheme else url).expanduser().is_absolute():
-            base = (Path(root) / ".dvc").resolve()  # DVC resolves a relative local remote against .dvc/
-            local = base / url
-        elif scheme in ("", "file"):
-            local = Path(parts.path if scheme else url).expanduser()
-        else:
-            local = None
+        local = _local_dir(root, url, parts)
         if local is not None:
-            if local.exists() and not local.is_dir():
-                raise RemoteError(
-                    f"{who} is a file, not a directory: point the remote at the team's "
-                    f"directory on the shared storage: `dvc remote modify {name} url /mnt/...`")
-            if not local.is_dir():
-                raise RemoteError(
-                    f"{who} does not exist on this machine: is the shared filesystem "
-                    f"mounted here (`findmnt {local.parent}`)? DVC would create the directory on the local disk "
-                    f"and the team would not see it. Create it once on the shared storage (`mkdir -p {local}`) "
-                    f"or fix the path: `dvc remote modify {name} url /mnt/...`")
-            if not os.access(local, os.R_OK | os.X_OK):
-                raise RemoteError(f"{who} cannot be read by this user ({os.getuid()}): "
-                                  f"give the team's group read access (`chmod -R g+rX {local}`)")
-            if write and not os.access(local, os.W_OK | os.X_OK):
-                raise RemoteError(
-                    f"{who} is read-only here (a read-only mount, or no write permission "
-                    f"for this user): a push would fail half way. Mount it read-write (`findmnt {local}`) or "
-                    f"give the team's group write access (`chmod -R g+w {local}`); a pull needs read access only")
-            has_runs = (local / RUN_CACHE_DIR).is_dir()
-            writable = os.access(local, os.W_OK | os.X_OK)
+            has_runs, writable = _check_local(who, name, local, write)
         else:
-            try:
-                remote = repo.cloud.get_remote(name)
-            except ImportError as e:  # DVC's "s3 is supported, but requires 'dvc-s3' to be installed"
-                raise RemoteError(f"{who} cannot be used here ({e}): `pip install dvc-{scheme}`, or use a shared "
-                                  f"directory or SSH (docs/team.md)") from None
-            except Exception as e:  # noqa: BLE001 - DVC's own refusal of the remote's settings, whatever its type
-                raise RemoteError(f"{who} cannot be used here ({type(e).__name__}: {e}): fix its settings "
-                                  f"(`dvc remote modify {name} ...`)") from None
-            has_runs = _probe(who, name, scheme, parts, remote)
+            has_runs = _check_server(who, name, scheme, parts, repo)
             writable = None  # not probed on a server: the push itself says
         if run_cache and not has_runs:
             raise RemoteError(
@@ -228,6 +195,65 @@ def check_remote(root: str | os.PathLike = ".", name: str | None = None, run_cac
         return {"name": name, "url": shown, "source": source, "run_cache": has_runs, "writable": writable}
     finally:
         repo.close()
+
+
+def _local_dir(root: str | os.PathLike, url: str, parts) -> Path | None:
+    """The directory a shared-directory remote (no scheme, or ``file://``) points at, a relative one
+    resolved against ``<root>/.dvc`` as DVC resolves it; None for a server (any other scheme)."""
+    scheme = parts.scheme
+    if scheme in ("", "file") and not Path(parts.path if scheme else url).expanduser().is_absolute():
+        base = (Path(root) / ".dvc").resolve()  # DVC resolves a relative local remote against .dvc/
+        return base / url
+    if scheme in ("", "file"):
+        return Path(parts.path if scheme else url).expanduser()
+    return None
+
+
+def _check_local(who: str, name: str, local: Path, write: bool) -> tuple[bool, bool]:
+    """A shared-directory remote checked on this machine: ``(has a run-cache, writable)``.
+
+    Raises:
+        RemoteError: ``local`` is a file, does not exist (not mounted?), cannot be read by this user, or
+            (``write``) is read-only; each names the remote (``who``) and what to do.
+    """
+    if local.exists() and not local.is_dir():
+        raise RemoteError(
+            f"{who} is a file, not a directory: point the remote at the team's "
+            f"directory on the shared storage: `dvc remote modify {name} url /mnt/...`")
+    if not local.is_dir():
+        raise RemoteError(
+            f"{who} does not exist on this machine: is the shared filesystem "
+            f"mounted here (`findmnt {local.parent}`)? DVC would create the directory on the local disk "
+            f"and the team would not see it. Create it once on the shared storage (`mkdir -p {local}`) "
+            f"or fix the path: `dvc remote modify {name} url /mnt/...`")
+    if not os.access(local, os.R_OK | os.X_OK):
+        raise RemoteError(f"{who} cannot be read by this user ({os.getuid()}): "
+                          f"give the team's group read access (`chmod -R g+rX {local}`)")
+    if write and not os.access(local, os.W_OK | os.X_OK):
+        raise RemoteError(
+            f"{who} is read-only here (a read-only mount, or no write permission "
+            f"for this user): a push would fail half way. Mount it read-write (`findmnt {local}`) or "
+            f"give the team's group write access (`chmod -R g+w {local}`); a pull needs read access only")
+    return (local / RUN_CACHE_DIR).is_dir(), os.access(local, os.W_OK | os.X_OK)
+
+
+def _check_server(who: str, name: str, scheme: str, parts, repo) -> bool:
+    """A server remote (SSH, S3, ...) through DVC's own client for it (``repo.cloud.get_remote``):
+    whether it holds a run-cache (:func:`_probe`).
+
+    Raises:
+        RemoteError: the scheme's DVC plugin is not installed, DVC refuses the remote's settings, or
+            :func:`_probe`'s refusals; each names the remote (``who``) and what to do.
+    """
+    try:
+        remote = repo.cloud.get_remote(name)
+    except ImportError as e:  # DVC's "s3 is supported, but requires 'dvc-s3' to be installed"
+        raise RemoteError(f"{who} cannot be used here ({e}): `pip install dvc-{scheme}`, or use a shared "
+                          f"directory or SSH (docs/team.md)") from None
+    except Exception as e:  # noqa: BLE001 - DVC's own refusal of the remote's settings, whatever its type
+        raise RemoteError(f"{who} cannot be used here ({type(e).__name__}: {e}): fix its settings "
+                          f"(`dvc remote modify {name} ...`)") from None
+    return _probe(who, name, scheme, parts, remote)
 
 
 def _probe(who: str, name: str, scheme: str, parts, remote) -> bool:

@@ -278,33 +278,7 @@ def compare_dirs(dirs: list[str], params_default: str | Path = "params.yaml", ro
             verdict that is not true, false or null. The message names the directory, the file and
             the key path.
     """
-    from eyas.params.schema import flatten
-
-    cols = []
-    for d in dirs:
-        path = Path(d)
-        if not path.is_dir():
-            raise CompareError(f"{d}: {'not a directory' if path.exists() else 'no such metrics directory'} (give "
-                               f"the directory a pipeline run wrote its metrics in, e.g. metrics/)")
-        recorded = None if (path / "params.yaml").is_file() else lock_params(Path(root), path)
-        if recorded is not None:
-            params, used = recorded
-            pfile = ", ".join(used)
-        else:
-            pfile = path / "params.yaml" if (path / "params.yaml").is_file() else Path(params_default)
-            try:
-                raw = yaml12.load_file(pfile) if pfile.is_file() else {}
-            except yaml12.YamlError as e:  # names the file and line
-                raise CompareError(f"{d}: cannot read its params: {e}") from None
-            if raw is not None and not isinstance(raw, dict):
-                raise CompareError(f"{d}: cannot read its params: {pfile}: the top level must be a mapping")
-            params = flatten(raw or {})
-            pfile = str(pfile) if pfile.is_file() else None
-        files = _read_metrics(d, path)
-        if not files:  # a mistyped or wrong directory would show the workspace's params as its own
-            raise CompareError(f"{d}: holds none of the metrics files compare reads ({', '.join(sorted(READ_FILES))}): "
-                               f"give the directory a pipeline run wrote its metrics in, e.g. metrics/")
-        cols.append((d, pfile, params, files))
+    cols = [_column(d, params_default, root) for d in dirs]
     lines = ["| | " + " | ".join(f"**{_cell(d)}**" for d, *_ in cols) + " |", "|---|" + "---:|" * len(cols)]
     lines.append("| params file | " + " | ".join(_cell(p or "–") for _, p, _, _ in cols) + " |")
     every = list(dict.fromkeys(k for _, _, params, _ in cols for k in params))
@@ -317,7 +291,49 @@ def compare_dirs(dirs: list[str], params_default: str | Path = "params.yaml", ro
         cells = [_engine_number(d, fname, keys, alt, files) if alt
                  else (_file_verdict if verdict else _file_number)(d, fname, files, keys) for d, *_, files in cols]
         lines.append(f"| {_cell(label)} | " + " | ".join(cells) + " |")
-    # the served tables (eyas/eval/modes.py): every row any column has, the n-gram rows from eval_scratch.json
+    lines += _served_lines(cols)
+    return "\n".join(lines) + "\n"
+
+
+def _column(d: str, params_default: str | Path, root: str | Path) -> tuple[str, str | None, dict, dict]:
+    """One column of :func:`compare_dirs`: ``(d, the params file(s) shown, flat params, metrics files)``,
+    the params from ``<d>/params.yaml``, else the lock files' (:func:`lock_params`), else
+    ``params_default`` (None shown when that file is absent too).
+
+    Raises:
+        CompareError: as :func:`compare_dirs`, for this directory.
+    """
+    from eyas.params.schema import flatten
+
+    path = Path(d)
+    if not path.is_dir():
+        raise CompareError(f"{d}: {'not a directory' if path.exists() else 'no such metrics directory'} (give "
+                           f"the directory a pipeline run wrote its metrics in, e.g. metrics/)")
+    recorded = None if (path / "params.yaml").is_file() else lock_params(Path(root), path)
+    if recorded is not None:
+        params, used = recorded
+        pfile = ", ".join(used)
+    else:
+        pfile = path / "params.yaml" if (path / "params.yaml").is_file() else Path(params_default)
+        try:
+            raw = yaml12.load_file(pfile) if pfile.is_file() else {}
+        except yaml12.YamlError as e:  # names the file and line
+            raise CompareError(f"{d}: cannot read its params: {e}") from None
+        if raw is not None and not isinstance(raw, dict):
+            raise CompareError(f"{d}: cannot read its params: {pfile}: the top level must be a mapping")
+        params = flatten(raw or {})
+        pfile = str(pfile) if pfile.is_file() else None
+    files = _read_metrics(d, path)
+    if not files:  # a mistyped or wrong directory would show the workspace's params as its own
+        raise CompareError(f"{d}: holds none of the metrics files compare reads ({', '.join(sorted(READ_FILES))}): "
+                           f"give the directory a pipeline run wrote its metrics in, e.g. metrics/")
+    return d, pfile, params, files
+
+
+def _served_lines(cols: list) -> list[str]:
+    """The decoding-modes tables' rows of :func:`compare_dirs` (eyas/eval/modes.py): every row any column has,
+    the n-gram rows from eval_scratch.json, each ``accept_len [95% CI]`` per column."""
+    lines = []
     tables = [{fname: _served_rows(d, fname, files.get(fname)) for fname in ("eval_scratch.json", "eval_finetune.json")}
               for d, *_, files in cols]
     served: dict[tuple[str, str, str], None] = {}
@@ -333,7 +349,7 @@ def compare_dirs(dirs: list[str], params_default: str | Path = "params.yaml", ro
             value, ci = col[fname].get((bench, row), (None, None))
             cells.append(_with_ci(value, *(ci or [None, None])))
         lines.append(f"| {_cell(f'{who} {bench} served {row} accept_len [95% CI]')} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def _file_verdict(d: str, fname: str, files: dict, keys: tuple) -> str:

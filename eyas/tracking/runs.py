@@ -994,13 +994,37 @@ def start_stage_run(stage: str, params: Any, stage_params: dict | None = None) -
         client = _client(uri)
         experiment_id = _get_or_create_experiment(client, uri)
         parent_id = _get_or_create_parent(client, experiment_id, params, pipeline_flat)
-    try:  # what earlier runs kept while the store was away: sent first, so their runs end as they ended
+    _send_spools(uri, client)
+    tracker = _create_child_run(client, experiment_id, parent_id, uri, stage, stage_tag, params)
+    try:
+        tracker.log_params(flat)
+        if system_metrics:
+            tracker.monitor = start_system_metrics(tracker.run_id, uri)
+    except BaseException:
+        tracker.close("FAILED")
+        raise
+    return tracker
+
+
+def _send_spools(uri: str, client) -> None:
+    """What earlier runs kept while the store ``uri`` was away (:func:`sync_spools`), sent before a new
+    run starts, so their runs end as they ended; logged, never raised: a spool that cannot be sent
+    never stops a stage."""
+    try:
         sent, kept = sync_spools(uri, client)
         if sent or kept:
             log.info("MLflow: the calls kept by %d earlier run(s) during an outage were sent%s", sent,
                      f"; {kept} spool(s) kept for later (`python3 -m eyas.tracking.runs sync`)" if kept else "")
     except Exception as e:  # noqa: BLE001 - a spool that cannot be sent never stops a stage
         log.warning("MLflow: the spools under %s were not sent: %s", repo_root() / SPOOL, _one_line(e))
+
+
+def _create_child_run(client, experiment_id: str, parent_id: str, uri: str, stage: str, stage_tag: str,
+                      params: Any) -> MlflowTracker:
+    """The stage's child run under ``parent_id``, created with its tags (:func:`start_stage_run`), after the
+    runs of ``stage_tag`` a killed process left RUNNING are ended (:func:`close_orphans`); those of the
+    same parent are linked both ways (``eyas.resumes`` on the new run, ``eyas.resumed_by`` on each).
+    Its params are not logged yet. Raises what MLflow raises once :func:`_retry` gives up."""
     orphans = [run_id for run_id, parent in close_orphans(client, experiment_id, stage_tag) if parent == parent_id]
     tags = {
         **_dvc_tags(params),
@@ -1013,17 +1037,9 @@ def start_stage_run(stage: str, params: Any, stage_params: dict | None = None) -
     run = _retry(client.create_run, experiment_id, tags=tags, run_name=stage)
     for old in orphans:
         _retry(client.set_tag, old, "eyas.resumed_by", run.info.run_id)
-    tracker = MlflowTracker(
+    return MlflowTracker(
         client, run.info.run_id, experiment_id=experiment_id, parent_run_id=parent_id, uri=uri, stage=stage_tag
     )
-    try:
-        tracker.log_params(flat)
-        if system_metrics:
-            tracker.monitor = start_system_metrics(run.info.run_id, uri)
-    except BaseException:
-        tracker.close("FAILED")
-        raise
-    return tracker
 
 
 def pending_spools(uri: str) -> list[Path]:

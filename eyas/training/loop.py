@@ -156,40 +156,59 @@ def step0_gate(draft_vocab_size: int, margin: float, min_acc: float, override: b
         head = (f"step-0 gate: val loss_0 {loss:.3f} (chance ln({draft_vocab_size}) = {chance:.3f}, margin {margin}) "
                 f"and acc_0 {acc:.5f} (floor {min_acc}; chance level <= {multiple} / {draft_vocab_size} = "
                 f"{chance_acc:.5f}{' with the loss near chance' if near_chance else ''})")
-        elsewhere = ("tensors of the source's own that eyas replaced by the target's (an embed_tokens.weight of its "
-                     "own: `eyas inspect <source>`), aux hidden-state layer ids that differ from the extraction, or a "
-                     "different target model/version")
-        own, rem = (remap_step0 or {}).get("source_own_mapping"), (remap_step0 or {}).get("remapped")
-        if own and rem and math.isfinite(rem["acc_0"]) and rem["acc_0"] >= 0.9 * own["acc_0"]:
-            mapping = (f"not the vocab mapping (remap measured the source under its own mapping at acc_0 "
-                       f"{own['acc_0']:.5f} and the remapped drafter at {rem['acc_0']:.5f} on these features: the "
-                       f"new mapping kept its rows); the source itself predicts this poorly as eyas runs it: "
-                       f"{elsewhere}")
-        else:
-            mapping = ("a vocab mapping that does not match its lm_head rows (run the remap stage; compare d2t with "
-                       f"`eyas inspect --vocab`), {elsewhere}")
-        shift = ("remap's step0_val (metrics/remap.json) has the source's loss and accuracy under its own mapping "
-                 "on these features: near chance there too means the data differ (a domain shift, e.g. a chat-only "
-                 "drafter on code-heavy features); a remapped accuracy far below the source's own, or a loss far "
-                 "above it, points at the mapping")
+        mapping = _mapping_cause(remap_step0)
         if not fired:
             if near_chance:
                 log.warning("%s: the loss is near chance while the accuracy is not. Causes: a source trained on "
-                            "other data, or a partly wrong vocab mapping; %s. Training goes on.", head, shift)
+                            "other data, or a partly wrong vocab mapping; %s. Training goes on.", head, _DATA_SHIFT)
             return
-        if not finite:
-            why = ": not finite: a NaN/inf in the source drafter's weights or in the features."
-        elif at_chance:
-            why = f" say this trained drafter predicts at chance on these features. Causes: {mapping}."
-        else:
-            why = (f": the accuracy is above chance but under the floor. Causes: {mapping}; or a source trained on "
-                   f"other data: {shift}.")
-        msg = head + why + " Set train_finetune.gate_override: true to train anyway."
+        msg = head + _why(finite, at_chance, mapping) + " Set train_finetune.gate_override: true to train anyway."
         if not override:
             raise GateError(msg)
         log.warning("%s (overridden)", msg)
 
     return gate
+
+
+_OTHER_CAUSES = ("tensors of the source's own that eyas replaced by the target's (an embed_tokens.weight of its "
+                 "own: `eyas inspect <source>`), aux hidden-state layer ids that differ from the extraction, or a "
+                 "different target model/version")
+"""The causes of a low step-0 accuracy besides the vocab mapping and the data, as the gate names them."""
+
+_DATA_SHIFT = ("remap's step0_val (metrics/remap.json) has the source's loss and accuracy under its own mapping "
+               "on these features: near chance there too means the data differ (a domain shift, e.g. a chat-only "
+               "drafter on code-heavy features); a remapped accuracy far below the source's own, or a loss far "
+               "above it, points at the mapping")
+"""How to tell a source trained on other data from a wrong mapping, as the gate says it."""
+
+
+def _mapping_cause(remap_step0: dict | None) -> str:
+    """The causes a step-0 refusal names besides the data: the vocab mapping and :data:`_OTHER_CAUSES`, or,
+    when ``remap_step0`` (see :func:`step0_gate`) shows the remapped drafter kept at least 0.9 of the
+    source's own accuracy, :data:`_OTHER_CAUSES` alone, saying why the mapping is cleared.
+
+    Raises:
+        KeyError: ``remap_step0`` has both entries and one lacks ``acc_0``.
+    """
+    own, rem = (remap_step0 or {}).get("source_own_mapping"), (remap_step0 or {}).get("remapped")
+    if own and rem and math.isfinite(rem["acc_0"]) and rem["acc_0"] >= 0.9 * own["acc_0"]:
+        return (f"not the vocab mapping (remap measured the source under its own mapping at acc_0 "
+                f"{own['acc_0']:.5f} and the remapped drafter at {rem['acc_0']:.5f} on these features: the "
+                f"new mapping kept its rows); the source itself predicts this poorly as eyas runs it: "
+                f"{_OTHER_CAUSES}")
+    return ("a vocab mapping that does not match its lm_head rows (run the remap stage; compare d2t with "
+            f"`eyas inspect --vocab`), {_OTHER_CAUSES}")
+
+
+def _why(finite: bool, at_chance: bool, mapping: str) -> str:
+    """The part of a step-0 refusal after its numbers: what failed (not finite, at chance level, or
+    under the floor) and the causes that remain (``mapping``: :func:`_mapping_cause`)."""
+    if not finite:
+        return ": not finite: a NaN/inf in the source drafter's weights or in the features."
+    if at_chance:
+        return f" say this trained drafter predicts at chance on these features. Causes: {mapping}."
+    return (f": the accuracy is above chance but under the floor. Causes: {mapping}; or a source trained on "
+            f"other data: {_DATA_SHIFT}.")
 
 
 class NonFiniteLossError(FloatingPointError):
