@@ -11,9 +11,14 @@ eyas/eval/llamacpp.py); with `eval.served_prompts` > 0, the decoding-modes table
 (`served.<bench>`: greedy chain, greedy static tree, speculative sampling; eyas/eval/modes.py),
 logged to MLflow as `<bench>/served/<row>/accept_len`. Chat prompts longer than
 `eval.max_prompt_tokens` lose their earliest turns (eyas.eval.evaluate.fit_benchmarks).
+Each benchmark's `suspected_misconfiguration` holds the position-0 acceptance to the drafter's own
+validation accuracy there, from `metrics/train_<drafter>.json` (`val.acc_0`, `train_tokens`) when its
+training wrote one (eyas.eval.checks.misconfiguration): a drafter that learned little gets a plain note,
+a setup fault a WARNING naming both figures.
 This script loads the target, the drafter and the prompts, opens the parts file, writes the
 metrics and logs them. Reads params `target`, `eval`, `serve`, `data`; reads `models/<drafter>/`,
-`models/<drafter>.gguf`, `models/target_gguf/`, `data/conversations/`; writes `metrics/eval_<drafter>.json`.
+`models/<drafter>.gguf`, `models/target_gguf/`, `data/conversations/`, `metrics/train_<drafter>.json`
+(when there); writes `metrics/eval_<drafter>.json`.
 Resumable: each finished part (per benchmark the chain evaluation's measurements, the engine's, then
 the decoding-modes table) is saved at once, atomically, to `.eyas/work/eval_<drafter>/parts.json`
 (eyas.pipeline.resume.Parts) under a resume key (`resume_key`: the drafter's files, params `eval`,
@@ -38,10 +43,11 @@ from pathlib import Path
 import torch
 
 from eyas.data.conversations import chat_prompts, humaneval_prompts, read_jsonl
+from eyas.eval.checks import training_figures
 from eyas.eval.evaluate import EvalError, EvalFiles, evaluate_drafter, fit_benchmarks
 from eyas.eval.llamacpp import build_info, resolve_backend
 from eyas.export.load import load_drafter
-from eyas.io import sha256_file, write_json
+from eyas.io import read_json, sha256_file, write_json
 from eyas.params import data as data_schema
 from eyas.params import eval as eval_schema
 from eyas.params import serve as serve_schema
@@ -114,18 +120,35 @@ def resume_key(name: str, p, prompts: dict[str, list[list[int]]], device) -> dic
             "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else dev.type}
 
 
-def run(name: str, p, target, drafter, benchmarks: dict[str, tuple], tracker) -> dict:
-    """Evaluate ``drafter`` on ``benchmarks`` (eyas.eval.evaluate.fit_benchmarks) with
-    eyas.eval.evaluate.evaluate_drafter, resuming the parts a killed run finished (:data:`WORK`),
-    write ``metrics/eval_<name>.json`` and log it; returns the metrics.
+def trained_figures(name: str) -> dict | None:
+    """Drafter ``name``'s own validation figures (eyas.eval.checks.training_figures of
+    ``metrics/train_<name>.json``), or None when its training wrote none (an imported drafter).
 
     Raises:
-        SystemExit: eyas.eval.evaluate.EvalError's message (the finished parts stay in the parts file)."""
-    files = eval_files(name)
+        SystemExit: the file is there but unreadable or malformed (the file and key named)."""
+    path = METRICS / f"train_{name}.json"
+    if not path.is_file():
+        return None
+    try:
+        return training_figures(read_json(path), path)
+    except ValueError as err:
+        raise SystemExit(f"eval-accept-len@{name}: {err}") from None
+
+
+def run(name: str, p, target, drafter, benchmarks: dict[str, tuple], tracker) -> dict:
+    """Evaluate ``drafter`` on ``benchmarks`` (eyas.eval.evaluate.fit_benchmarks) with
+    eyas.eval.evaluate.evaluate_drafter, against its training figures (:func:`trained_figures`),
+    resuming the parts a killed run finished (:data:`WORK`), write ``metrics/eval_<name>.json`` and
+    log it; returns the metrics.
+
+    Raises:
+        SystemExit: eyas.eval.evaluate.EvalError's message (the finished parts stay in the parts file),
+            or a malformed ``metrics/train_<name>.json``."""
+    files, trained = eval_files(name), trained_figures(name)
     parts = Parts(files.work / "parts.json", resume_key(name, p, {b: x[0] for b, x in benchmarks.items()},
                                                          target.device))
     try:
-        metrics = evaluate_drafter(name, p, target, drafter, benchmarks, parts, files, tracker.log_metrics)
+        metrics = evaluate_drafter(name, p, target, drafter, benchmarks, parts, files, tracker.log_metrics, trained)
     except EvalError as err:
         raise SystemExit(str(err)) from None
     write_json(METRICS / f"eval_{name}.json", metrics)

@@ -4,10 +4,13 @@
   engines build the drafter's rotary table for that many positions (SGLang ``models/llama.py``,
   vLLM ``model_executor/models/llama.py``: ``get_rope(max_position=...)``); eyas' RoPE computes
   any position, so past the limit eyas measures a drafter the engines would not serve as is.
-- :func:`misconfiguration`: an acceptance length at or below 1.1 tokens per verify step (or a
-  position-0 acceptance rate below 2%) is what a broken setup gives: aux hidden-state capture off,
-  a zeroed or wrong d2t, the wrong algorithm name in the engine. It is flagged, not reported as a
-  drafter's quality.
+- :func:`misconfiguration`: whether low acceptance is a broken setup (aux hidden-state capture
+  off, a zeroed or wrong d2t, the wrong algorithm name in the engine) or a drafter that learned
+  little. With the drafter's own training figures (:func:`training_figures`) it tells them apart:
+  a setup fault accepts position 0 far less often than the drafter's validation accuracy there, a
+  weak drafter accepts it about as rarely as it validated. Without them, an acceptance length at or
+  below 1.1 tokens per verify step (or a position-0 acceptance rate below 2%) is flagged, not
+  reported as a drafter's quality.
 - :func:`serving_verdict`: whether the drafter is worth serving at all: it must commit more tokens
   per verify step than prompt lookup, the training-free n-gram floor the engines ship, and decode
   faster than plain greedy on the device that measured it; :func:`sampled_verdict` makes the same
@@ -17,9 +20,16 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
+
+from scipy.stats import binomtest
 
 SUSPECT_ACCEPT_LEN = 1.1
 SUSPECT_POSITION0_RATE = 0.02
+# the eval's position-0 rate, at its 95% upper bound, must reach this fraction of the drafter's
+# validation acc_0 to be consistent with it (misconfiguration's docstring says why)
+CONSISTENT_FRACTION = 0.5
+CONFIDENCE = 0.95
 
 
 def position_check(prompt_lengths: list[int], max_new_tokens: int, num_draft_tokens: int,
@@ -49,15 +59,66 @@ def position_check(prompt_lengths: list[int], max_new_tokens: int, num_draft_tok
             "prompts_past_limit": past, "ok": not past, "warning": warning}
 
 
-def misconfiguration(result: dict) -> dict:
+def training_figures(metrics: dict, source: str | Path) -> dict | None:
+    """The drafter's own validation figures, from the metrics its training stage wrote.
+
+    Args:
+        metrics: the content of ``metrics/train_<drafter>.json`` (stages/training.py
+            ``finish_training``): ``val.acc_0`` (fraction of held-out reply tokens whose position-0
+            draft, teacher-forced, is the target's token) and ``train_tokens`` (tokens trained on).
+        source: the file's path, for messages.
+    Returns:
+        ``{"acc_0": float, "train_tokens": int}``, or None when the training measured no
+        position-0 validation accuracy (no val split: ``val`` empty, or ``acc_0`` null or NaN).
+    Raises:
+        ValueError: ``val`` not an object, or ``val.acc_0`` / ``train_tokens`` not a number
+            (the file and the key named).
+    """
+    val = metrics.get("val")
+    if not isinstance(val, dict):
+        raise ValueError(f"{source}: 'val' is {val!r}, not an object of validation metrics")
+    acc, tokens = val.get("acc_0"), metrics.get("train_tokens")
+    if acc is None or (isinstance(acc, float) and math.isnan(acc)):  # nothing validated
+        return None
+    if _finite(acc) is None:
+        raise ValueError(f"{source}: 'val.acc_0' is {acc!r}, not a number")
+    if not isinstance(tokens, int) or isinstance(tokens, bool):
+        raise ValueError(f"{source}: 'train_tokens' is {tokens!r}, not a whole number")
+    return {"acc_0": float(acc), "train_tokens": tokens}
+
+
+def misconfiguration(result: dict, trained: dict | None = None) -> dict:
     """Whether one benchmark's result looks like a misconfigured setup rather than a weak drafter.
+
+    Without ``trained`` (a published or imported drafter, no training metrics): suspected when
+    ``accept_len`` <= 1.1 or the position-0 acceptance rate < 0.02, what a broken setup gives, but
+    also a drafter that learned nothing for these prompts; the check cannot tell them apart.
+
+    With ``trained``, the eval's position-0 acceptance rate is held to the drafter's own validation
+    accuracy at position 0. Both count the same event: the first draft token after a prefix the
+    target wrote is the target's next token (teacher-forced in validation, at each verify step in
+    the eval), so a drafter decoded as it was trained accepts position 0 about as often as it
+    validated, less what the eval's other prompts (the held-out chat test, HumanEval) cost it. A
+    setup fault (aux hidden states not captured or from other layers, a wrong d2t, another
+    speculative algorithm, another embedding) feeds it inputs it was never trained on and drops
+    position 0 towards chance, a factor of several below. The tolerance sits between the two: the
+    rate is consistent when its Wilson upper bound at 95% (scipy ``binomtest(...).proportion_ci(
+    method="wilson")``, sound for few trials and rates near 0) reaches half of ``acc_0``. The bound,
+    not the rate itself, because a small eval (a quick trial's few dozen verify steps) measures the
+    rate too roughly to call a fault on.
+
+    - far below (bound < half of ``acc_0``): suspected, the reason naming both figures;
+    - consistent, and acceptance low by the thresholds above: not suspected; ``note`` says the
+      drafter learned little (both figures, and: train on more data);
+    - consistent and not low: nothing to say.
 
     Args:
         result: a benchmark dict of ``metrics/eval_<drafter>.json`` (``accept_len``: committed
-            tokens per verify step, bonus included; ``per_position_accept_rate``: [k] fractions).
+            tokens per verify step, bonus included; ``per_position_accept_rate``: [k] fractions of
+            verify steps; ``num_verify_steps``: their count).
+        trained: :func:`training_figures` of the drafter (``acc_0``, ``train_tokens``), or None.
     Returns:
-        ``{"suspected": bool, "reasons": [str]}``: suspected when ``accept_len`` <= 1.1 or the
-        position-0 acceptance rate < 0.02.
+        ``{"suspected": bool, "reasons": [str], "note": str or None, "trained": trained}``.
     """
     reasons = []
     a = result.get("accept_len")
@@ -69,7 +130,25 @@ def misconfiguration(result: dict) -> dict:
     if rates and rates[0] < SUSPECT_POSITION0_RATE:
         reasons.append(f"position-0 acceptance rate {rates[0]:.3f} < {SUSPECT_POSITION0_RATE}: the first draft "
                        f"token is almost never the target's")
-    return {"suspected": bool(reasons), "reasons": reasons}
+    steps = result.get("num_verify_steps") or 0
+    if trained is None or not rates or not steps:  # nothing measured to compare with
+        return {"suspected": bool(reasons), "reasons": reasons, "note": None, "trained": trained}
+    acc, tokens, rate = trained["acc_0"], trained["train_tokens"], rates[0]
+    upper = binomtest(round(rate * steps), steps).proportion_ci(CONFIDENCE, method="wilson").high
+    measured = (f"the eval's position-0 acceptance {rate:.3f} over {steps} verify steps (at most {upper:.3f} at 95% "
+                f"confidence{'' if a is None else f'; accept_len {a:.3f}'})")
+    if upper < CONSISTENT_FRACTION * acc:
+        return {"suspected": True, "note": None, "trained": trained, "reasons": [
+            f"training reached {acc:.3f} at position 0 (validation, after {tokens:,} training tokens) but {measured} "
+            f"is under half of it: the drafter is not decoded as it was trained: check aux hidden-state capture (the "
+            f"drafter's aux layers), the d2t and the speculative algorithm (or these prompts are far from its "
+            f"training data)"]}
+    note = None
+    if reasons:
+        note = (f"the drafter learned little: its own validation accuracy at position 0 was {acc:.3f} after "
+                f"{tokens:,} training tokens, and {measured} is consistent with it: a weak drafter, not a setup "
+                f"fault (train on more data)")
+    return {"suspected": False, "reasons": [], "note": note, "trained": trained}
 
 
 def serving_verdict(result: dict, ngram: dict) -> dict:

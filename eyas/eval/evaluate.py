@@ -14,7 +14,9 @@ Each part's measurements go into a store of finished parts (``parts``:
 :class:`eyas.pipeline.resume.Parts`, which the stage opens under its resume key and passes in) as
 soon as they are made, so a killed run, rerun, resumes them; the prompt settings, checks and
 verdicts (:func:`eyas.eval.checks.position_check`, ``misconfiguration``, ``serving_verdict``,
-``sampled_verdict``) are recomputed from the measurements on every run, by the code that runs now.
+``sampled_verdict``) are recomputed from the measurements on every run, by the code that runs now;
+``misconfiguration`` holds the acceptance to the drafter's own training figures when the stage has
+them (:func:`eyas.eval.checks.training_figures`).
 Metrics go to MLflow through the ``log_metrics`` callback (eyas.eval sits below eyas.tracking);
 writing ``metrics/eval_<drafter>.json`` is the stage's.
 """
@@ -235,32 +237,35 @@ def _part(name: str, parts, key: str, valid: Callable[[Any], bool], compute: Cal
     return x
 
 
-def _judge(r: dict, n: dict, prompts: list[list[int]], settings: dict, e, drafter) -> None:
+def _judge(r: dict, n: dict, prompts: list[list[int]], settings: dict, e, drafter, trained: dict | None) -> None:
     """What the eval adds to a chain result ``r`` (in place), recomputed on every run from the
     measurements (a resumed part is judged by the code that runs now): the prompt-budget
-    ``settings``, ``positions``, ``suspected_misconfiguration``, ``serving_verdict`` against the
-    n-gram floor ``n``."""
+    ``settings``, ``positions``, ``suspected_misconfiguration`` (against the drafter's training
+    figures ``trained``, or None), ``serving_verdict`` against the n-gram floor ``n``."""
     pos = eval_checks.position_check([len(x) for x in prompts], e.max_new_tokens, e.num_draft_tokens,
                                      drafter.config.max_position_embeddings)
     r["settings"].update(settings)
-    r["positions"], r["suspected_misconfiguration"] = pos, eval_checks.misconfiguration(r)
+    r["positions"], r["suspected_misconfiguration"] = pos, eval_checks.misconfiguration(r, trained)
     r["serving_verdict"] = eval_checks.serving_verdict(r, n)
 
 
 def _report_chain(name: str, bench: str, r: dict, n: dict, log_metrics: LogMetrics) -> None:
-    """Print a judged chain result ``r`` (its warnings first) beside the n-gram floor ``n``, and
-    pass its figures to ``log_metrics`` (``<bench>/accept_len``, ``<bench>/worth_serving``, ...)."""
-    pos = r["positions"]
-    for w in ([pos["warning"]] if pos["warning"] else []) + r["suspected_misconfiguration"]["reasons"] + \
+    """Print a judged chain result ``r`` (its warnings first, then the misconfiguration check's
+    note: a weak drafter, not a fault) beside the n-gram floor ``n``, and pass its figures to
+    ``log_metrics`` (``<bench>/accept_len``, ``<bench>/worth_serving``, ...)."""
+    pos, mis = r["positions"], r["suspected_misconfiguration"]
+    for w in ([pos["warning"]] if pos["warning"] else []) + mis["reasons"] + \
             [f"not worth serving: {x}" for x in r["serving_verdict"]["reasons"]]:
         print(f"eval {name} {bench}: WARNING {w}")
+    if mis["note"]:
+        print(f"eval {name} {bench}: {mis['note']}")
     log_metrics({key: v for key, v in {
         f"{bench}/accept_len": r["accept_len"], f"{bench}/speedup": r["speedup"],
         f"{bench}/speedup_predicted": r["speedup_predicted"],
         f"{bench}/ngram_accept_len": n["accept_len"],
         f"{bench}/accept_len_non_looping": r["repetition"]["accept_len_non_looping"],
         f"{bench}/ngram_accept_len_non_looping": n["repetition"]["accept_len_non_looping"],
-        f"{bench}/suspected_misconfiguration": float(r["suspected_misconfiguration"]["suspected"]),
+        f"{bench}/suspected_misconfiguration": float(mis["suspected"]),
         f"{bench}/worth_serving": (None if r["serving_verdict"]["worth_serving"] is None
                                    else float(r["serving_verdict"]["worth_serving"])),
         f"{bench}/prompts_past_max_position": float(pos["prompts_past_limit"])}.items()
@@ -289,7 +294,7 @@ def _report_modes(name: str, bench: str, modes: dict, r: dict, log_metrics: LogM
 
 
 def evaluate_drafter(name: str, p, target, drafter, benchmarks: dict[str, tuple], parts, files: EvalFiles,
-                     log_metrics: LogMetrics) -> dict:
+                     log_metrics: LogMetrics, trained: dict | None = None) -> dict:
     """Evaluate ``drafter`` with ``target`` on ``benchmarks``, resuming the parts ``parts`` holds
     (module docstring); returns the metrics the stage writes to ``metrics/eval_<name>.json``.
 
@@ -304,6 +309,10 @@ def evaluate_drafter(name: str, p, target, drafter, benchmarks: dict[str, tuple]
             ``<bench>/engine``, ``<bench>/served``.
         files: where the drafter, its GGUF, the target's GGUF and the work directory are (:class:`EvalFiles`).
         log_metrics: called with each group of MLflow metrics (``{key: float}``), as they are made.
+        trained: the drafter's own training figures (:func:`eyas.eval.checks.training_figures` of
+            ``metrics/train_<name>.json``: validation ``acc_0``, ``train_tokens``), or None (a drafter
+            with no training metrics): what each benchmark's ``suspected_misconfiguration`` holds the
+            position-0 acceptance to (:func:`eyas.eval.checks.misconfiguration`).
     Returns:
         ``{"drafter": name, <bench>: chain metrics (eyas.eval.acceptance.evaluate_benchmark's, judged;
         with ``engine`` under ``serve.engine: llamacpp``), "ngram": {<bench>: the n-gram floor}
@@ -321,7 +330,7 @@ def evaluate_drafter(name: str, p, target, drafter, benchmarks: dict[str, tuple]
         chain = _part(name, parts, f"{bench}/chain", _is_chain,
                       lambda: _chain_part(target, drafter, prompts, e), f"{bench}: chain")
         r, n = chain["eagle"], chain["ngram"]
-        _judge(r, n, prompts, settings, e, drafter)
+        _judge(r, n, prompts, settings, e, drafter, trained)
         if p.serve.engine == "llamacpp":
             engine = _part(name, parts, f"{bench}/engine", _is_engine,
                            lambda: engine_part(name, p, prompts, bench, target.num_layers, files), f"{bench}: engine")

@@ -257,7 +257,7 @@ def test_zeroed_d2t_gives_accept_len_one_and_is_flagged():
     assert m["accept_len"] <= 1.1 and flag["suspected"], m["accept_len"]
     assert flag["reasons"][0].startswith(f"accept_len {m['accept_len']:.3f} <= 1.1")
     assert eval_checks.misconfiguration({"accept_len": 2.4, "per_position_accept_rate": [0.7, 0.4, 0.2]}) == \
-        {"suspected": False, "reasons": []}
+        {"suspected": False, "reasons": [], "note": None, "trained": None}
     assert eval_checks.misconfiguration({"accept_len": 1.3, "per_position_accept_rate": [0.01, 0.0]})["suspected"]
 
 
