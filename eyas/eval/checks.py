@@ -21,8 +21,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-
-from scipy.stats import binomtest
+from statistics import NormalDist
 
 SUSPECT_ACCEPT_LEN = 1.1
 SUSPECT_POSITION0_RATE = 0.02
@@ -102,8 +101,8 @@ def misconfiguration(result: dict, trained: dict | None = None) -> dict:
     setup fault (aux hidden states not captured or from other layers, a wrong d2t, another
     speculative algorithm, another embedding) feeds it inputs it was never trained on and drops
     position 0 towards chance, a factor of several below. The tolerance sits between the two: the
-    rate is consistent when its Wilson upper bound at 95% (scipy ``binomtest(...).proportion_ci(
-    method="wilson")``, sound for few trials and rates near 0) reaches half of ``acc_0``. The bound,
+    rate is consistent when its Wilson upper bound at 95% (:func:`wilson_upper`, sound for few trials
+    and rates near 0) reaches half of ``acc_0``. The bound,
     not the rate itself, because a small eval (a quick trial's few dozen verify steps) measures the
     rate too roughly to call a fault on.
 
@@ -134,7 +133,7 @@ def misconfiguration(result: dict, trained: dict | None = None) -> dict:
     if trained is None or not rates or not steps:  # nothing measured to compare with
         return {"suspected": bool(reasons), "reasons": reasons, "note": None, "trained": trained}
     acc, tokens, rate = trained["acc_0"], trained["train_tokens"], rates[0]
-    upper = binomtest(round(rate * steps), steps).proportion_ci(CONFIDENCE, method="wilson").high
+    upper = wilson_upper(round(rate * steps), steps, CONFIDENCE)
     measured = (f"the eval's position-0 acceptance {rate:.3f} over {steps} verify steps (at most {upper:.3f} at 95% "
                 f"confidence{'' if a is None else f'; accept_len {a:.3f}'})")
     if upper < CONSISTENT_FRACTION * acc:
@@ -149,6 +148,21 @@ def misconfiguration(result: dict, trained: dict | None = None) -> dict:
                 f"{tokens:,} training tokens, and {measured} is consistent with it: a weak drafter, not a setup "
                 f"fault (train on more data)")
     return {"suspected": False, "reasons": [], "note": note, "trained": trained}
+
+
+def wilson_upper(successes: int, trials: int, confidence: float) -> float:
+    """The upper end of the Wilson score interval of a binomial proportion (Wilson 1927, "Probable
+    inference, the law of succession, and statistical inference", JASA 22: the interval scipy's
+    ``binomtest(...).proportion_ci(method="wilson")`` gives) at two-sided ``confidence``.
+
+    Raises:
+        ValueError: ``trials`` < 1, ``successes`` outside 0..trials, or ``confidence`` outside (0, 1).
+    """
+    if trials < 1 or not 0 <= successes <= trials or not 0 < confidence < 1:
+        raise ValueError(f"wilson_upper: {successes} of {trials} at confidence {confidence}")
+    z = NormalDist().inv_cdf(0.5 + confidence / 2)
+    p, zz = successes / trials, z * z / trials
+    return min(1.0, (p + zz / 2 + z * math.sqrt(p * (1 - p) / trials + zz / (4 * trials))) / (1 + zz))
 
 
 def serving_verdict(result: dict, ngram: dict) -> dict:

@@ -230,3 +230,11 @@ def test_the_stage_reads_the_training_figures(tiny_greedy, tmp_path, monkeypatch
     train.write_text(json.dumps({"val": {"acc_0": "n/a"}, "train_tokens": 0}))
     with pytest.raises(SystemExit, match="^eval-accept-len@scratch: metrics/train_scratch.json: 'val.acc_0' is"):
         stage.run("scratch", p, target, drafter, benchmarks, Recorder())
+
+
+@pytest.mark.parametrize("k, n", [(1, 29), (3, 280), (0, 10), (10, 10), (117, 280)])
+def test_the_wilson_bound_is_scipys(k, n):
+    scipy_stats = pytest.importorskip("scipy.stats")  # an independent implementation (mlflow brings scipy)
+    assert checks.wilson_upper(k, n, 0.95) == pytest.approx(
+        scipy_stats.binomtest(k, n).proportion_ci(0.95, method="wilson").high, abs=1e-12)
+    assert checks.wilson_upper(k, n, 0.95) == pytest.approx(wilson_upper(k, n), abs=1e-9)
