@@ -120,6 +120,54 @@ def test_the_recommended_k_is_the_fastest_lossless_one():
     assert recommended_k({"4": {"speedup": 1.9, "lossless": False}}) is None
 
 
+def test_the_recommended_k_refuses_rows_it_cannot_read():
+    """A NaN speedup is unmeasured (before: a NaN row first in k order was recommended over a faster one);
+    a key that is not a k, a row that is not an object, a non-bool lossless or a non-numeric speedup is
+    refused by its key (before: KeyError '3' for "03", int()'s message for "k3", 'false' read as lossless,
+    a string speedup recommended alone, and a TypeError beside a number)."""
+    nan = float("nan")
+    assert recommended_k({"1": {"speedup": nan, "lossless": True}, "2": {"speedup": 1.5, "lossless": True}}) == 2
+    assert recommended_k({"2": {"speedup": 1.5, "lossless": True}, "3": {"speedup": nan, "lossless": True}}) == 2
+    assert recommended_k({"3": {"speedup": nan, "lossless": True}}) is None
+    assert recommended_k({"3": {"lossless": True}, "5": {"speedup": 1.1}}) is None  # missing keys: no candidate
+    assert recommended_k({3: {"speedup": 1.2, "lossless": True}}) == 3
+    for rows, says in (({"03": {"speedup": 1.5, "lossless": True}}, "row '03': not a k"),
+                       ({"k3": {"speedup": 1.5, "lossless": True}}, "row 'k3': not a k"),
+                       ({"2.0": {"speedup": 1.5, "lossless": True}}, "row '2.0': not a k"),
+                       ({"0": {"speedup": 1.5, "lossless": True}}, "row '0': not a k"),
+                       ({"-1": {"speedup": 1.5, "lossless": True}}, "row '-1': not a k"),
+                       ({True: {"speedup": 1.5, "lossless": True}}, "row True: not a k"),
+                       ({"3": None}, "row '3': None is not an object"),
+                       ({"3": {"speedup": 1.2, "lossless": "false"}}, "row '3': 'lossless' is 'false'"),
+                       ({"1": {"speedup": "fast", "lossless": True}}, "row '1': 'speedup' is 'fast'"),
+                       ({"1": {"speedup": "fast", "lossless": True}, "2": {"speedup": 1.5, "lossless": True}},
+                        "row '1': 'speedup' is 'fast'"),
+                       ({"3": {"speedup": True, "lossless": True}}, "row '3': 'speedup' is True")):
+        with pytest.raises(ValueError, match=f"^k sweep {says}"):
+            recommended_k(rows)
+
+
+@pytest.mark.parametrize("prompts, kw, msg", [
+    ([[1, 2]], {"k": 2.5}, r"k 2.5 and k_sweep \[\] must be whole numbers"),
+    ([[1, 2]], {"k": True}, r"k True and k_sweep"),
+    ([[1, 2]], {"k_sweep": ["3"]}, r"k 4 and k_sweep \['3'\] must be whole numbers"),
+    ([[1, 2]], {"k_sweep": [2.5]}, r"k 4 and k_sweep \[2.5\] must be whole numbers"),
+    ([[1, 2]], {"threads": 1.5}, "max_new_tokens 8 and threads 1.5 must be >= 1, whole numbers"),
+    ([[1, 2]], {"max_new_tokens": None}, "max_new_tokens None and threads 1 must be >= 1, whole numbers"),
+    ([[1, "a"], [3]], {}, r"prompts \[0\] hold a token id that is not a whole number >= 0"),
+    ([[3], [-1]], {}, r"prompts \[1\] hold a token id"),
+    ("abc", {}, "prompts must be a list of token-id lists"),
+    ([[1, 2]], {}, "target_gguf .*t.gguf is not a file"),
+])
+def test_serve_benchmark_refuses_wrong_types_before_serving(tmp_path, prompts, kw, msg):
+    """Before: a fractional k or threads reached llama-server (which reads --draft-max 2.5 as 2), a None or a
+    string raised a TypeError naming nothing, a bad token id or a missing GGUF started a server first."""
+    args = {"k": 4, "max_new_tokens": 8, "threads": 1, "log_dir": tmp_path / "logs", **kw}
+    with pytest.raises((ValueError, FileNotFoundError), match=f"^serve_benchmark: {msg}"):
+        serve_benchmark(tmp_path / "t.gguf", tmp_path / "d.gguf", prompts, **args)
+    assert not list(tmp_path.iterdir())  # no server started, no log written
+
+
 def test_eval_refuses_a_drafter_gguf_it_cannot_read_before_serving(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     _tiny_drafter(tmp_path / "models" / "x")
