@@ -45,8 +45,8 @@ outputs, equal verify steps and their pooled acceptance (the kind of ggml-org/ll
 accepting differently on two backends).
 
 ``--work DIR`` keeps the pair and eyas' figures on it (``made.json``); run again with the same arguments, the
-script serves the kept pair without making it again (other arguments are refused), and ``--backends`` with no
-backend only makes it: the pair can be made while a build is under way, and served by the build once it is done.
+script serves the kept pair without making it again (other arguments, or a ``made.json`` or GGUF it cannot read,
+are refused, the directory untouched), and ``--backends`` with no backend only makes it: the pair can be made while a build is under way, and served by the build once it is done.
 
 One summary line per figure is printed; the JSON holds every figure and each phase's seconds.
 """
@@ -56,7 +56,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import gc
-import json
 import shutil
 import sys
 import tempfile
@@ -77,6 +76,7 @@ from eyas.eval.oracle import accepted_draft_counts, per_prompt_walks, walk_metri
 from eyas.export.eagle import save_drafter  # noqa: E402
 from eyas.export.gguf import convert, write_target_dir  # noqa: E402
 from eyas.features import FeatureStore, ShardWriter  # noqa: E402
+from eyas.io import read_json  # noqa: E402
 from eyas.params.full import default_params  # noqa: E402
 from eyas.target.model import Target, load_target, load_tokenizer_and_config  # noqa: E402
 from eyas.tracking.runs import Tracker  # noqa: E402
@@ -179,6 +179,35 @@ def pair_args(a) -> dict:
                                        "ttt", "draft_vocab", "k", "k_sweep", "cpu_k_sweep")}
 
 
+# what make_pair's made.json holds (the keys main reads back)
+MADE_KEYS = ("args", "params", "prompts", "new_tokens_eyas", "drafter", "eyas_accept_len", "eyas_per_prompt", "seconds")
+
+
+def kept_pair(work: Path, a) -> dict:
+    """The pair an earlier run made in ``work`` with the same arguments (:func:`pair_args`): ``made.json``'s content,
+    with ``target.gguf`` and ``drafter.gguf`` beside it.
+
+    Raises:
+        SystemExit: ``made.json`` is unreadable or not JSON, is not an object, lacks one of :data:`MADE_KEYS`, was
+            made with other arguments, or a GGUF is missing; the file and the key named, nothing in ``work``
+            changed (delete the directory, or give another ``--work``, to make the pair again).
+    """
+    kept, again = work / "made.json", f"delete {work} or give another --work to make the pair again"
+    try:
+        made = read_json(kept)
+    except (ValueError, OSError) as err:
+        raise SystemExit(f"{err}: not a pair this script kept; {again}") from None
+    missing = [k for k in MADE_KEYS if k not in made]
+    if missing:
+        raise SystemExit(f"{kept}: lacks {missing}: not a pair this script kept; {again}")
+    if made["args"] != pair_args(a):
+        raise SystemExit(f"{kept}: made with {made['args']}, not {pair_args(a)}: another --work, or the same arguments")
+    gone = [f for f in ("target.gguf", "drafter.gguf") if not (work / f).is_file()]
+    if gone:
+        raise SystemExit(f"{kept}: its {' and '.join(gone)} not in {work}; {again}")
+    return made
+
+
 def make_pair(a, work: Path) -> dict:
     """Make the target and its drafter in ``work`` (target.gguf, drafter.gguf; module docstring) and eyas' own
     figures on them: the prompts (token ids), eyas' acceptance length per k and its per-prompt walks at ``a.k``
@@ -267,7 +296,11 @@ def make_pair(a, work: Path) -> dict:
     return made
 
 
-def main() -> None:
+def arguments(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line (``argv``, default ``sys.argv[1:]``) parsed, each shape's defaults filled in.
+
+    Raises:
+        SystemExit: argparse's refusal, or a k below 1."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shape", choices=["tiny", "embedded", *[s for s in SHAPES if s != "tiny"]], required=True)
     ap.add_argument("--backends", nargs="*", choices=["cuda", "cpu"], default=["cuda", "cpu"],
@@ -290,12 +323,17 @@ def main() -> None:
     ap.add_argument("--embed-std", type=float, default=1.0, help="a random target's token embedding std")
     ap.add_argument("--work", type=Path, help="keep the GGUFs, drafter and logs here (default: a temporary directory)")
     ap.add_argument("--out", help="the result file's path (default engine_<shape>_<device>.json)")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     for key, v in DEFAULTS[a.shape].items():
         if getattr(a, key) is None:
             setattr(a, key, v)
     if a.k < 1 or any(k < 1 for k in a.k_sweep + a.cpu_k_sweep):
         raise SystemExit(f"--k {a.k}, --k-sweep {a.k_sweep}, --cpu-k-sweep {a.cpu_k_sweep}: every k must be >= 1")
+    return a
+
+
+def main() -> None:
+    a = arguments()
     backends, skipped = [], {}
     for b in a.backends:
         why = have_backend(b)
@@ -307,18 +345,19 @@ def main() -> None:
     if not a.backends and a.work is None:
         raise SystemExit("--backends with none: only makes the pair, which needs --work to keep it")
     work = a.work or Path(tempfile.mkdtemp(prefix=f"bench_engine_{a.shape}_"))
-    work.mkdir(parents=True, exist_ok=True)
+    try:
+        work.mkdir(parents=True, exist_ok=True)
+    except OSError as err:  # a file in its place, or under it
+        raise SystemExit(f"--work {work}: not a directory ({err})") from None
     kept = work / "made.json"
     if kept.exists():  # a pair made earlier with these arguments: serve it again
-        made = json.loads(kept.read_text())
-        if made["args"] != pair_args(a):
-            raise SystemExit(f"{kept}: made with {made['args']}, not {pair_args(a)}: another --work, or the same arguments")
-        print(f"engine {a.shape}: serving the pair kept in {work} (made in {made['seconds']})", flush=True)
+        made = kept_pair(work, a)
+        print(f"engine {a.shape}: the pair kept in {work} (made in {made['seconds']})", flush=True)
     else:
         made = make_pair(a, work)
         write_result(kept, made)
     if not backends:
-        print(f"engine {a.shape}: made the pair in {work}; --backends serves it", flush=True)
+        print(f"engine {a.shape}: the pair is in {work}; --backends serves it", flush=True)
         return
     secs: dict[str, float] = {}
     t = time.perf_counter()

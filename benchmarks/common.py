@@ -15,6 +15,8 @@ from pathlib import Path
 
 import torch
 
+from eyas.io import write_text
+
 # the dense bf16 GEMM peak assumed for an H200 in every MFU figure (an 8192^3 bf16 matmul ran at ~760
 # TFLOP/s on the lent H200s); the peer's figures use the same constant
 PEAK_BF16_TFLOPS = 790.0
@@ -97,9 +99,9 @@ def median(xs):
 
 def write_result(out: str | Path, doc: dict) -> Path:
     """Write ``doc`` with the command line and :func:`env` to the JSON file ``out`` (its directory
-    made if missing); returns the path written."""
+    made if missing), atomically (eyas.io.write_text: a killed run leaves no partial file); returns the
+    path written."""
     doc = {"command": " ".join([os.path.basename(sys.executable)] + sys.argv), "env": env(), **doc}
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(doc, indent=1, default=str))
+    write_text(out, json.dumps(doc, indent=1, default=str))
     return out

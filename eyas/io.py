@@ -121,8 +121,9 @@ def read_json(path: str | Path) -> dict:
 
     Raises:
         FileNotFoundError: no such file.
-        ValueError: not valid JSON (with the line), or the top level is not an object (a list, a
-            number, ...).
+        ValueError: not valid JSON (with the line) or not UTF-8 text, or the top level is not an
+            object (a list, a number, ...).
+        OSError: a directory or an unreadable file (its message names the path).
     """
     path = Path(path)
     try:
@@ -131,6 +132,8 @@ def read_json(path: str | Path) -> dict:
         raise FileNotFoundError(f"{path}: no such file") from None
     except json.JSONDecodeError as e:
         raise ValueError(f"{path}: not valid JSON (line {e.lineno}): {e.msg}") from None
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text (byte {e.start}), so not a JSON file") from None
     if not isinstance(out, dict):
         what = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(type(out), "a number")
         raise ValueError(f"{path}: the top level is {what} ({json.dumps(out)[:60]}), expected a JSON object")

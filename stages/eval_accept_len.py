@@ -125,13 +125,14 @@ def trained_figures(name: str) -> dict | None:
     ``metrics/train_<name>.json``), or None when its training wrote none (an imported drafter).
 
     Raises:
-        SystemExit: the file is there but unreadable or malformed (the file and key named)."""
+        SystemExit: the path is there but unreadable (a directory, no permission) or malformed (the
+            file and key named)."""
     path = METRICS / f"train_{name}.json"
-    if not path.is_file():
+    if not path.exists():
         return None
     try:
         return training_figures(read_json(path), path)
-    except ValueError as err:
+    except (ValueError, OSError) as err:  # OSError's message names the path
         raise SystemExit(f"eval-accept-len@{name}: {err}") from None
 
 

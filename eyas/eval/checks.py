@@ -70,8 +70,8 @@ def training_figures(metrics: dict, source: str | Path) -> dict | None:
         ``{"acc_0": float, "train_tokens": int}``, or None when the training measured no
         position-0 validation accuracy (no val split: ``val`` empty, or ``acc_0`` null or NaN).
     Raises:
-        ValueError: ``val`` not an object, or ``val.acc_0`` / ``train_tokens`` not a number
-            (the file and the key named).
+        ValueError: ``val`` not an object, ``val.acc_0`` not a fraction in [0, 1], or
+            ``train_tokens`` not a whole number >= 0 (the file and the key named).
     """
     val = metrics.get("val")
     if not isinstance(val, dict):
@@ -79,10 +79,10 @@ def training_figures(metrics: dict, source: str | Path) -> dict | None:
     acc, tokens = val.get("acc_0"), metrics.get("train_tokens")
     if acc is None or (isinstance(acc, float) and math.isnan(acc)):  # nothing validated
         return None
-    if _finite(acc) is None:
-        raise ValueError(f"{source}: 'val.acc_0' is {acc!r}, not a number")
-    if not isinstance(tokens, int) or isinstance(tokens, bool):
-        raise ValueError(f"{source}: 'train_tokens' is {tokens!r}, not a whole number")
+    if _finite(acc) is None or not 0 <= acc <= 1:
+        raise ValueError(f"{source}: 'val.acc_0' is {acc!r}, not a fraction in [0, 1]")
+    if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 0:
+        raise ValueError(f"{source}: 'train_tokens' is {tokens!r}, not a whole number >= 0")
     return {"acc_0": float(acc), "train_tokens": tokens}
 
 
@@ -117,22 +117,30 @@ def misconfiguration(result: dict, trained: dict | None = None) -> dict:
             verify steps; ``num_verify_steps``: their count).
         trained: :func:`training_figures` of the drafter (``acc_0``, ``train_tokens``), or None.
     Returns:
-        ``{"suspected": bool, "reasons": [str], "note": str or None, "trained": trained}``.
+        ``{"suspected": bool, "reasons": [str], "note": str or None, "trained": trained}``. A figure
+        that is missing or NaN (``accept_len``, the position-0 rate) is unknown: no check on it.
+    Raises:
+        ValueError: the position-0 rate outside [0, 1], or ``num_verify_steps`` not a whole
+            number >= 0 (the key and its value named).
     """
     reasons = []
-    a = result.get("accept_len")
+    a = _finite(result.get("accept_len"))
     if a is not None and a <= SUSPECT_ACCEPT_LEN:
         reasons.append(f"accept_len {a:.3f} <= {SUSPECT_ACCEPT_LEN}: typical of aux hidden-state capture off, a "
                        f"wrong/zeroed d2t or the wrong speculative algorithm (or of a drafter that learned nothing for "
                        f"these prompts)")
-    rates = result.get("per_position_accept_rate") or []
-    if rates and rates[0] < SUSPECT_POSITION0_RATE:
-        reasons.append(f"position-0 acceptance rate {rates[0]:.3f} < {SUSPECT_POSITION0_RATE}: the first draft "
+    rates = result.get("per_position_accept_rate") or [None]
+    rate, steps = _finite(rates[0]), result.get("num_verify_steps") or 0
+    if rate is not None and not 0 <= rate <= 1:
+        raise ValueError(f"per_position_accept_rate[0] is {rates[0]!r}, not a fraction of verify steps in [0, 1]")
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
+        raise ValueError(f"num_verify_steps is {steps!r}, not a whole number >= 0")
+    if rate is not None and rate < SUSPECT_POSITION0_RATE:
+        reasons.append(f"position-0 acceptance rate {rate:.3f} < {SUSPECT_POSITION0_RATE}: the first draft "
                        f"token is almost never the target's")
-    steps = result.get("num_verify_steps") or 0
-    if trained is None or not rates or not steps:  # nothing measured to compare with
+    if trained is None or rate is None or not steps:  # nothing measured to compare with
         return {"suspected": bool(reasons), "reasons": reasons, "note": None, "trained": trained}
-    acc, tokens, rate = trained["acc_0"], trained["train_tokens"], rates[0]
+    acc, tokens = trained["acc_0"], trained["train_tokens"]
     upper = wilson_upper(round(rate * steps), steps, CONFIDENCE)
     measured = (f"the eval's position-0 acceptance {rate:.3f} over {steps} verify steps (at most {upper:.3f} at 95% "
                 f"confidence{'' if a is None else f'; accept_len {a:.3f}'})")

@@ -84,16 +84,21 @@ def fit_benchmarks(tok, benchmarks: dict[str, list[list[dict]]], max_prompt_toke
 
 
 def _attach(drafter, target, source: Path) -> None:
-    """Check that ``drafter`` was built for ``target`` (layer count and vocab), give it the target's
-    input embedding, and put it on the target's device in eval mode.
+    """Check that ``drafter`` was built for ``target`` (layer count, vocab, the width of the aux hidden
+    states its ``fc`` reads and of the input embedding it shares), give it the target's input
+    embedding, and put it on the target's device in eval mode.
 
     Raises:
-        EvalError: another layer count or vocab size (both named, with ``source``)."""
-    if (drafter.config.num_target_layers != target.num_layers
-            or drafter.config.vocab_size != target.config.vocab_size):
-        raise EvalError(f"{source}: built for a target with {drafter.config.num_target_layers} layers and "
-                        f"vocab {drafter.config.vocab_size}; this target has {target.num_layers} layers and "
-                        f"vocab {target.config.vocab_size}")
+        EvalError: another layer count, vocab size or hidden size (both figures named, with ``source``)."""
+    c, embed = drafter.config, target.model.get_input_embeddings().weight
+    built = {"layers": c.num_target_layers, "vocab": c.vocab_size, "hidden size": c.target_hidden_size,
+             "embedding width": c.hidden_size}
+    this = {"layers": target.num_layers, "vocab": target.config.vocab_size, "hidden size": target.config.hidden_size,
+            "embedding width": embed.shape[1]}
+    if built != this:
+        def say(x: dict) -> str:
+            return f"{x['layers']} layers (" + ", ".join(f"{k} {v}" for k, v in x.items() if k != "layers") + ")"
+        raise EvalError(f"{source}: built for a target with {say(built)}; this target has {say(this)}")
     drafter.set_embedding(target.model.get_input_embeddings().weight)
     drafter.to(target.device).eval()
 
@@ -206,11 +211,26 @@ def report_engine(name: str, bench: str, engine: dict, r: dict, log_metrics: Log
 
 # --- the shapes a stored part must have to be resumed (a hand-edited file is recomputed) --------
 
+# what _judge, _report_chain and report_engine read of a chain part's eagle and ngram results
+_CHAIN_KEYS = ("accept_len", "speedup", "speedup_predicted", "speedup_iqr", "speedup_flagged", "lossless",
+               "accept_len_by_chain_length", "oracle_matches_real", "per_prompt", "per_position_accept_rate",
+               "num_verify_steps")
+
+
 def _is_chain(x) -> bool:
-    """Whether a stored part has the shape :func:`_chain_part` gives."""
-    return (isinstance(x, dict) and isinstance(x.get("eagle"), dict) and isinstance(x.get("ngram"), dict)
-            and isinstance(x["eagle"].get("settings"), dict) and "accept_len" in x["eagle"]
-            and "accept_len" in x["ngram"])
+    """Whether a stored part has the shape :func:`_chain_part` gives: every key the eval reads, and
+    figures its checks accept (eyas.eval.checks.misconfiguration)."""
+    if not (isinstance(x, dict) and isinstance(x.get("eagle"), dict) and isinstance(x.get("ngram"), dict)
+            and isinstance(x["eagle"].get("settings"), dict) and all(k in x["eagle"] for k in _CHAIN_KEYS)
+            and "accept_len" in x["ngram"]
+            and all(isinstance(r.get("repetition"), dict) and "accept_len_non_looping" in r["repetition"]
+                    for r in (x["eagle"], x["ngram"]))):
+        return False
+    try:
+        eval_checks.misconfiguration(x["eagle"])
+    except (ValueError, TypeError):  # a rate outside [0, 1], a step count or figure of another type
+        return False
+    return True
 
 
 def _is_engine(x) -> bool:
@@ -235,6 +255,25 @@ def _part(name: str, parts, key: str, valid: Callable[[Any], bool], compute: Cal
         return parts.add(key, compute())
     print(f"eval {name} {label} resumed from {parts.path}")
     return x
+
+
+def _check_benchmarks(name: str, benchmarks: dict[str, tuple]) -> None:
+    """Refuse benchmarks the eval cannot measure, before anything is decoded.
+
+    Raises:
+        EvalError: no benchmark, a benchmark with no prompt (with how many the prompt budget dropped)
+            or a prompt with no token (its index named)."""
+    if not benchmarks:
+        raise EvalError(f"eval {name}: no benchmark to evaluate")
+    for bench, (prompts, settings) in benchmarks.items():
+        if not prompts:
+            dropped = settings.get("prompts_dropped_too_long") or 0
+            raise EvalError(f"eval {name} {bench}: no prompt to evaluate" + (
+                f" ({dropped} dropped as longer than eval.max_prompt_tokens {settings.get('max_prompt_tokens')}: "
+                f"raise it, or 0 for no budget)" if dropped else ""))
+        empty = [i for i, x in enumerate(prompts) if len(x) == 0]
+        if empty:
+            raise EvalError(f"eval {name} {bench}: prompts {empty[:5]} hold no token")
 
 
 def _judge(r: dict, n: dict, prompts: list[list[int]], settings: dict, e, drafter, trained: dict | None) -> None:
@@ -318,10 +357,12 @@ def evaluate_drafter(name: str, p, target, drafter, benchmarks: dict[str, tuple]
         with ``engine`` under ``serve.engine: llamacpp``), "ngram": {<bench>: the n-gram floor}
         [, "served": {<bench>: eyas.eval.modes.evaluate_modes' table}]}``.
     Raises:
-        EvalError: the drafter does not fit the target, its GGUF is not served as trained
-            (:func:`engine_part`), or llama.cpp disagrees with eyas (:func:`report_engine`).
+        EvalError: no benchmark, a benchmark with no prompt or an empty prompt, the drafter does not fit the
+            target (:func:`_attach`), its GGUF is not served as trained (:func:`engine_part`), or llama.cpp
+            disagrees with eyas (:func:`report_engine`); the first three before anything is decoded.
     """
     e = p.eval
+    _check_benchmarks(name, benchmarks)
     _attach(drafter, target, files.drafter)
     if parts.discarded:
         print(f"eval {name}: {parts.discarded}")

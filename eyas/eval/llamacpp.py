@@ -446,19 +446,32 @@ def serve_benchmark(target_gguf: Path, drafter_gguf: Path, prompts: list[list[in
         lossless}}, "recommended_k"}`` (:func:`recommended_k`: the engine's own choice).
     Raises:
         EngineError: as :class:`LlamaServer`.
-        ValueError: ``prompts`` is empty or holds an empty prompt, a k is below 1, or ``max_new_tokens``
-            or ``threads`` is below 1.
+        ValueError: ``prompts`` is empty, not a list of token-id lists or holds an empty prompt or a
+            token id that is not a whole number >= 0; ``k``, a ``k_sweep`` entry, ``max_new_tokens`` or
+            ``threads`` is not a whole number >= 1 (llama-server reads ``--draft-max 2.5`` as 2).
+        FileNotFoundError: ``target_gguf`` or ``drafter_gguf`` is not a file (no server started).
     """
     if not prompts:
         raise ValueError(f"serve_benchmark: no prompts to serve with {drafter_gguf}")
+    if not isinstance(prompts, list) or not all(isinstance(p, list) for p in prompts):
+        raise ValueError(f"serve_benchmark: prompts must be a list of token-id lists, got {str(prompts)[:60]}")
     empty = [i for i, p in enumerate(prompts) if len(p) == 0]
     if empty:
         raise ValueError(f"serve_benchmark: prompts {empty[:5]} hold no token (a served request needs its prompt)")
-    if max_new_tokens < 1 or threads < 1:
-        raise ValueError(f"serve_benchmark: max_new_tokens {max_new_tokens} and threads {threads} must be >= 1")
+    bad = [i for i, p in enumerate(prompts) if not all(_whole(t, 0) for t in p)]
+    if bad:
+        raise ValueError(f"serve_benchmark: prompts {bad[:5]} hold a token id that is not a whole number >= 0")
+    if not _whole(max_new_tokens, 1) or not _whole(threads, 1):
+        raise ValueError(f"serve_benchmark: max_new_tokens {max_new_tokens!r} and threads {threads!r} must be >= 1, "
+                         f"whole numbers")
+    if not all(_whole(x, -math.inf) for x in [k, *k_sweep]):
+        raise ValueError(f"serve_benchmark: k {k!r} and k_sweep {list(k_sweep)} must be whole numbers")
     ks = sorted(set(k_sweep) | {k}) if k_sweep else [k]
     if ks[0] < 1:
         raise ValueError(f"serve_benchmark: k must be >= 1, got {ks[0]} (k_sweep {list(k_sweep)})")
+    for what, f in (("target_gguf", target_gguf), ("drafter_gguf", drafter_gguf)):
+        if not Path(f).is_file():
+            raise FileNotFoundError(f"serve_benchmark: {what} {f} is not a file")
     ctx = max(len(p) for p in prompts) + max_new_tokens + max(ks) + 8
     kw = {"max_new_tokens": max_new_tokens, "threads": threads, "ctx": ctx, "backend": backend}
     plain, info = _serve(target_gguf, None, prompts, k=k, log=log_dir / "plain.log", **kw)
@@ -478,13 +491,38 @@ def serve_benchmark(target_gguf: Path, drafter_gguf: Path, prompts: list[list[in
     return out
 
 
+def _whole(x, least: float) -> bool:
+    """Whether ``x`` is an int (not a bool) >= ``least``."""
+    return isinstance(x, int) and not isinstance(x, bool) and x >= least
+
+
 def recommended_k(rows: dict[str, dict]) -> int | None:
     """The k to serve with, from a wall-clock sweep's ``rows`` (``{str(k): {"speedup", "lossless", ...}}``,
     :func:`serve_benchmark`): the k of the highest speedup among the lossless rows (the smaller k on a tie).
     None when no row is lossless or none has a speedup: a k whose outputs differ from the target's own
-    greedy outputs is a broken engine, not a choice."""
-    ok = [int(kk) for kk, r in rows.items() if r.get("lossless") and r.get("speedup") is not None]
-    return max(sorted(ok), key=lambda kk: rows[str(kk)]["speedup"]) if ok else None
+    greedy outputs is a broken engine, not a choice. A speedup that is None or NaN is unmeasured (the
+    row is no candidate).
+
+    Raises:
+        ValueError: a key that is not a k (a whole number >= 1 written in decimal), a row that is not an
+            object, a ``lossless`` that is not a bool or None, or a ``speedup`` that is not a number
+            (the key and the value named).
+    """
+    ok = []
+    for key, r in rows.items():
+        kk = int(key) if isinstance(key, str) and key.isdecimal() and str(int(key)) == key else key
+        if not _whole(kk, 1):
+            raise ValueError(f"k sweep row {key!r}: not a k (a whole number >= 1)")
+        if not isinstance(r, dict):
+            raise ValueError(f"k sweep row {key!r}: {r!r} is not an object of figures")
+        lossless, speedup = r.get("lossless"), r.get("speedup")
+        if lossless is not None and not isinstance(lossless, bool):
+            raise ValueError(f"k sweep row {key!r}: 'lossless' is {lossless!r}, not true or false")
+        if speedup is not None and (isinstance(speedup, bool) or not isinstance(speedup, (int, float))):
+            raise ValueError(f"k sweep row {key!r}: 'speedup' is {speedup!r}, not a number")
+        if lossless and speedup is not None and not math.isnan(speedup):
+            ok.append((kk, speedup))
+    return max(sorted(ok), key=lambda row: row[1])[0] if ok else None
 
 
 def agreement(engine_per_prompt: list[dict], eyas_per_prompt: list[dict]) -> dict:

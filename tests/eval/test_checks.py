@@ -238,3 +238,65 @@ def test_the_wilson_bound_is_scipys(k, n):
     assert checks.wilson_upper(k, n, 0.95) == pytest.approx(
         scipy_stats.binomtest(k, n).proportion_ci(0.95, method="wilson").high, abs=1e-12)
     assert checks.wilson_upper(k, n, 0.95) == pytest.approx(wilson_upper(k, n), abs=1e-9)
+
+
+# --- bad input: the training file and the eval's result, as a hostile user writes them -------------
+
+def test_training_figures_out_of_range_are_refused_by_key():
+    """A val.acc_0 outside [0, 1] or a negative train_tokens is no training figure: before, 1.5 made every
+    healthy eval a suspected fault and -0.2 made none ever one, silently."""
+    src = Path("metrics/train_scratch.json")
+    assert checks.training_figures({"val": {"acc_0": 1}, "train_tokens": 0}, src) == {"acc_0": 1.0, "train_tokens": 0}
+    assert checks.training_figures({"val": {"acc_0": 0}, "train_tokens": 10**15}, src)["train_tokens"] == 10**15
+    for bad, key in (({"val": {"acc_0": 1.5}, "train_tokens": 10}, "'val.acc_0' is 1.5, not a fraction in"),
+                     ({"val": {"acc_0": -0.2}, "train_tokens": 10}, "'val.acc_0' is -0.2, not a fraction in"),
+                     ({"val": {"acc_0": True}, "train_tokens": 10}, "'val.acc_0' is True"),
+                     ({"val": {"acc_0": float("inf")}, "train_tokens": 10}, "'val.acc_0' is inf"),
+                     ({"val": {"acc_0": 0.3}, "train_tokens": -5}, "'train_tokens' is -5, not a whole number >= 0"),
+                     ({"val": {"acc_0": 0.3}, "train_tokens": True}, "'train_tokens' is True"),
+                     ({"val": [0.3], "train_tokens": 10}, "'val' is \\[0.3\\]")):
+        with pytest.raises(ValueError, match=f"^metrics/train_scratch.json: {key}"):
+            checks.training_figures(bad, src)
+
+
+@pytest.mark.parametrize("write, says", [
+    (lambda p: p.write_text('{"val": {"acc_0": 0.4}, "train_'), "metrics/train_x.json: not valid JSON (line 1)"),
+    (lambda p: p.write_text("[0.4, 100]"), "metrics/train_x.json: the top level is an array"),
+    (lambda p: p.write_bytes(b"\xff\xfe{}"), "metrics/train_x.json: not UTF-8 text"),
+    (lambda p: p.mkdir(), "Is a directory: 'metrics/train_x.json'"),
+    (lambda p: p.write_text('{"val": {"acc_0": 7}, "train_tokens": 10}'), "metrics/train_x.json: 'val.acc_0' is 7"),
+])
+def test_the_stage_refuses_a_bad_training_file_by_name(tmp_path, monkeypatch, write, says):
+    """stages/eval_accept_len.py trained_figures: every way the file can be bad is a SystemExit naming it
+    (before: a directory was read as no training file, silently, and a non-UTF-8 file's message did not name
+    it); the eval has measured nothing yet, so nothing is lost."""
+    monkeypatch.chdir(tmp_path)
+    Path("metrics").mkdir()
+    write(Path("metrics/train_x.json"))
+    with pytest.raises(SystemExit, match="^eval-accept-len@x: .*" + says.replace("(", "\\(").replace(")", "\\)")):
+        stage.trained_figures("x")
+    Path("metrics/other.json").write_text("{}")
+    assert stage.trained_figures("y") is None  # no file: an imported drafter, no training figures
+
+
+def test_misconfiguration_with_unknown_or_impossible_figures():
+    """A NaN position-0 rate or accept_len is unknown (before: NaN raised 'cannot convert float NaN to
+    integer'); a rate above 1 or a negative or fractional step count is refused by its key (before: a
+    wilson_upper error naming neither)."""
+    base = {"accept_len": 2.0, "num_verify_steps": 50, "per_position_accept_rate": [0.6, 0.3]}
+    for rates in ([float("nan"), 0.3], [None], [], None):
+        assert checks.misconfiguration({**base, "per_position_accept_rate": rates}, DEFAULT_TRAINED) == \
+            {"suspected": False, "reasons": [], "note": None, "trained": DEFAULT_TRAINED}
+    assert checks.misconfiguration({**base, "accept_len": float("nan")}, DEFAULT_TRAINED)["suspected"] is False
+    low = checks.misconfiguration({**base, "accept_len": float("nan"), "per_position_accept_rate": [0.01]})
+    assert low["reasons"] == [f"position-0 acceptance rate 0.010 < {checks.SUSPECT_POSITION0_RATE}: the first "
+                              f"draft token is almost never the target's"]
+    for steps in (0, None):
+        out = checks.misconfiguration({**base, "num_verify_steps": steps}, DEFAULT_TRAINED)
+        assert out == {"suspected": False, "reasons": [], "note": None, "trained": DEFAULT_TRAINED}
+    for bad, says in (({"per_position_accept_rate": [1.5]}, "per_position_accept_rate\\[0\\] is 1.5"),
+                      ({"per_position_accept_rate": [-0.1]}, "per_position_accept_rate\\[0\\] is -0.1"),
+                      ({"num_verify_steps": -3}, "num_verify_steps is -3"),
+                      ({"num_verify_steps": 12.5}, "num_verify_steps is 12.5")):
+        with pytest.raises(ValueError, match=f"^{says}"):
+            checks.misconfiguration({**base, **bad}, DEFAULT_TRAINED)

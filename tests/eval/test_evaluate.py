@@ -5,7 +5,8 @@ with prompt lookup, pooled per benchmark; the decoding-modes table's greedy chai
 prompt) and to the values stages/eval_accept_len.py wrote on these fixtures before the eval moved
 out of the stage. Negative controls: an untrained drafter through the same door gives other
 figures (each again equal to its own independent runs), and a drafter built for another target
-is refused by name before anything is decoded.
+(layers, vocab, hidden size) or benchmarks with nothing to measure are refused by name before anything
+is decoded; a stored chain part the eval cannot read is recomputed.
 """
 
 from __future__ import annotations
@@ -103,3 +104,69 @@ def test_a_drafter_of_another_target_is_refused_by_name(tiny, tmp_path):
                                         rf"{target.num_layers + 1} layers .* this target has {target.num_layers}"):
         _evaluate(tmp_path, target, drafter, benchmarks)
     assert Parts(tmp_path / "work" / "parts.json", {"test": tmp_path.name}).names == []  # nothing decoded
+
+
+@pytest.mark.parametrize("change, says", [
+    ({"target_hidden_size": 8}, "hidden size 40"),  # its fc reads aux hidden states of another width
+    ({"hidden_size": 8}, "embedding width 40"),  # it shares an input embedding of another width
+])
+def test_a_drafter_of_another_hidden_size_is_refused_by_name(tiny, tmp_path, change, says):
+    """Before: a RuntimeError of torch's matmul shapes (another target_hidden_size) or a ValueError naming
+    no file (another hidden_size), tracebacks through the stage; now an EvalError naming the drafter's
+    directory and both figures, before anything is decoded."""
+    from eyas.drafter.model import DrafterConfig, Eagle3Drafter
+    from tests.tiny import VOCAB
+    target = tiny[0]
+    cfg = DrafterConfig.for_target(target.model.config, draft_vocab_size=VOCAB)
+    width = target.config.hidden_size
+    assert width == 32  # the tiny target's, so 40 below is the drafter's
+    drafter = Eagle3Drafter(dataclasses.replace(cfg, **{k: getattr(cfg, k) + v for k, v in change.items()}))
+    with pytest.raises(EvalError, match=rf"^{tmp_path / 'models/x'}: built for a target with .*{says}.*\); "
+                                        rf"this target has {target.num_layers} layers \(vocab .*hidden size {width}, "
+                                        rf"embedding width {width}\)$"):
+        _evaluate(tmp_path, target, drafter, tiny[3])
+    assert Parts(tmp_path / "work" / "parts.json", {"test": tmp_path.name}).names == []  # nothing decoded
+
+
+@pytest.mark.parametrize("benchmarks, says", [
+    ({}, "eval x: no benchmark to evaluate"),
+    ({"chat": ([], {**SETTINGS, "max_prompt_tokens": 16, "prompts_dropped_too_long": 3}),
+      "humaneval": ([[5]], SETTINGS)},
+     "eval x chat: no prompt to evaluate (3 dropped as longer than eval.max_prompt_tokens 16: raise it, or 0 for "
+     "no budget)"),
+    ({"chat": ([[5, 6]], SETTINGS), "humaneval": ([], SETTINGS)}, "eval x humaneval: no prompt to evaluate"),
+    ({"chat": ([[5, 6], [], [7]], SETTINGS)}, "eval x chat: prompts [1] hold no token"),
+])
+def test_benchmarks_with_nothing_to_measure_are_refused_before_decoding(tiny, tmp_path, benchmarks, says):
+    """Before: no benchmark gave metrics with no acceptance at all, silently; a benchmark whose prompts the
+    budget all dropped decoded its chain part and then stopped on ValueError 'evaluate_modes: no prompts',
+    and an empty prompt on the decoder's 'empty prompt' ValueError, neither naming the benchmark."""
+    target, prompts, outputs, _ = tiny
+    drafter = trained_drafter(target, prompts, outputs, K, steps=0)
+    with pytest.raises(EvalError) as err:
+        _evaluate(tmp_path, target, drafter, benchmarks)
+    assert str(err.value) == says
+    assert Parts(tmp_path / "work" / "parts.json", {"test": tmp_path.name}).names == []
+
+
+def test_a_stored_chain_part_the_eval_cannot_read_is_recomputed(tiny, tmp_path, capsys):
+    """A parts file under the same resume key whose chain part lacks a key the report reads, or holds a
+    position-0 rate above 1, is dropped and recomputed (before: KeyError 'repetition' / ValueError after the
+    chain part was taken as valid); a real part is resumed."""
+    target, prompts, outputs, benchmarks = tiny
+    drafter = trained_drafter(target, prompts, outputs, K, steps=0)
+    one = {"chat": benchmarks["chat"]}
+    metrics, _, parts = _evaluate(tmp_path, target, drafter, one)
+    real = parts.get("chat/chain")
+    for broken in ({**real, "eagle": {k: v for k, v in real["eagle"].items() if k != "repetition"}},
+                   {**real, "eagle": {**real["eagle"], "per_position_accept_rate": [1.5, 0.2, 0.1]}},
+                   {**real, "eagle": {**real["eagle"], "num_verify_steps": "many"}}):
+        parts.add("chat/chain", broken)
+        capsys.readouterr()
+        again, _, _ = _evaluate(tmp_path, target, drafter, one)
+        out = capsys.readouterr().out
+        assert "part 'chat/chain' is not a result of this stage: recomputing it" in out, out
+        assert again["chat"]["accept_len"] == metrics["chat"]["accept_len"]
+    capsys.readouterr()
+    _evaluate(tmp_path, target, drafter, one)
+    assert "eval x chat: chain resumed from" in capsys.readouterr().out  # the real part, kept

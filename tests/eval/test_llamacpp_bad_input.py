@@ -1,10 +1,12 @@
 """Bad input on the llama.cpp path refused by name: agreement with nothing to compare, a drafter
 GGUF at models/<name>.gguf that is missing, empty, truncated or a target's, a llama-server that
-cannot start or is interrupted while starting (no process left behind), and `eyas inspect`'s
-flags on a GGUF."""
+cannot start or is interrupted while starting (no process left behind), `eyas inspect`'s
+flags on a GGUF, serve_benchmark's arguments and recommended_k's rows, and benchmarks/bench_engine.py's
+kept pair (`--work`) that it cannot serve again."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -118,6 +120,54 @@ def test_the_recommended_k_is_the_fastest_lossless_one():
     assert recommended_k({**rows, "4": {"speedup": 1.9, "lossless": True}}) == 4
     assert recommended_k({"3": {"speedup": 1.2, "lossless": True}, "5": {"speedup": 1.2, "lossless": True}}) == 3
     assert recommended_k({"4": {"speedup": 1.9, "lossless": False}}) is None
+
+
+def test_the_recommended_k_refuses_rows_it_cannot_read():
+    """A NaN speedup is unmeasured (before: a NaN row first in k order was recommended over a faster one);
+    a key that is not a k, a row that is not an object, a non-bool lossless or a non-numeric speedup is
+    refused by its key (before: KeyError '3' for "03", int()'s message for "k3", 'false' read as lossless,
+    a string speedup recommended alone, and a TypeError beside a number)."""
+    nan = float("nan")
+    assert recommended_k({"1": {"speedup": nan, "lossless": True}, "2": {"speedup": 1.5, "lossless": True}}) == 2
+    assert recommended_k({"2": {"speedup": 1.5, "lossless": True}, "3": {"speedup": nan, "lossless": True}}) == 2
+    assert recommended_k({"3": {"speedup": nan, "lossless": True}}) is None
+    assert recommended_k({"3": {"lossless": True}, "5": {"speedup": 1.1}}) is None  # missing keys: no candidate
+    assert recommended_k({3: {"speedup": 1.2, "lossless": True}}) == 3
+    for rows, says in (({"03": {"speedup": 1.5, "lossless": True}}, "row '03': not a k"),
+                       ({"k3": {"speedup": 1.5, "lossless": True}}, "row 'k3': not a k"),
+                       ({"2.0": {"speedup": 1.5, "lossless": True}}, "row '2.0': not a k"),
+                       ({"0": {"speedup": 1.5, "lossless": True}}, "row '0': not a k"),
+                       ({"-1": {"speedup": 1.5, "lossless": True}}, "row '-1': not a k"),
+                       ({True: {"speedup": 1.5, "lossless": True}}, "row True: not a k"),
+                       ({"3": None}, "row '3': None is not an object"),
+                       ({"3": {"speedup": 1.2, "lossless": "false"}}, "row '3': 'lossless' is 'false'"),
+                       ({"1": {"speedup": "fast", "lossless": True}}, "row '1': 'speedup' is 'fast'"),
+                       ({"1": {"speedup": "fast", "lossless": True}, "2": {"speedup": 1.5, "lossless": True}},
+                        "row '1': 'speedup' is 'fast'"),
+                       ({"3": {"speedup": True, "lossless": True}}, "row '3': 'speedup' is True")):
+        with pytest.raises(ValueError, match=f"^k sweep {says}"):
+            recommended_k(rows)
+
+
+@pytest.mark.parametrize("prompts, kw, msg", [
+    ([[1, 2]], {"k": 2.5}, r"k 2.5 and k_sweep \[\] must be whole numbers"),
+    ([[1, 2]], {"k": True}, r"k True and k_sweep"),
+    ([[1, 2]], {"k_sweep": ["3"]}, r"k 4 and k_sweep \['3'\] must be whole numbers"),
+    ([[1, 2]], {"k_sweep": [2.5]}, r"k 4 and k_sweep \[2.5\] must be whole numbers"),
+    ([[1, 2]], {"threads": 1.5}, "max_new_tokens 8 and threads 1.5 must be >= 1, whole numbers"),
+    ([[1, 2]], {"max_new_tokens": None}, "max_new_tokens None and threads 1 must be >= 1, whole numbers"),
+    ([[1, "a"], [3]], {}, r"prompts \[0\] hold a token id that is not a whole number >= 0"),
+    ([[3], [-1]], {}, r"prompts \[1\] hold a token id"),
+    ("abc", {}, "prompts must be a list of token-id lists"),
+    ([[1, 2]], {}, "target_gguf .*t.gguf is not a file"),
+])
+def test_serve_benchmark_refuses_wrong_types_before_serving(tmp_path, prompts, kw, msg):
+    """Before: a fractional k or threads reached llama-server (which reads --draft-max 2.5 as 2), a None or a
+    string raised a TypeError naming nothing, a bad token id or a missing GGUF started a server first."""
+    args = {"k": 4, "max_new_tokens": 8, "threads": 1, "log_dir": tmp_path / "logs", **kw}
+    with pytest.raises((ValueError, FileNotFoundError), match=f"^serve_benchmark: {msg}"):
+        serve_benchmark(tmp_path / "t.gguf", tmp_path / "d.gguf", prompts, **args)
+    assert not list(tmp_path.iterdir())  # no server started, no log written
 
 
 def test_eval_refuses_a_drafter_gguf_it_cannot_read_before_serving(tmp_path, monkeypatch):
@@ -274,3 +324,64 @@ def test_draft_statistics_that_fall_or_are_not_numbers_are_an_engine_error(tmp_p
     s.log.write_text(line.format(g=5, ms="10.0") + line.format(g=6, ms="1.2.3"))
     with pytest.raises(EngineError, match=r"duration is not a number"):
         s.draft_stats()
+
+
+# --- benchmarks/bench_engine.py --work: a kept pair it cannot serve again -------------------------
+
+def _bench_engine(monkeypatch, *args: str) -> str:
+    """benchmarks/bench_engine.py's main with ``args`` after ``--shape tiny``; the SystemExit message it
+    stops with."""
+    import benchmarks.bench_engine as bench_engine
+    monkeypatch.setattr("sys.argv", ["bench_engine.py", "--shape", "tiny", *args])
+    with pytest.raises(SystemExit) as stop:
+        bench_engine.main()
+    return str(stop.value)
+
+
+@pytest.mark.parametrize("made, says", [
+    ('{"args": {"shape": "tiny", "outt', "made.json: not valid JSON (line 1)"),
+    ("not json at all", "made.json: not valid JSON (line 1)"),
+    ('["args"]', "made.json: the top level is an array"),
+    ('{"args": {}}', "made.json: lacks ['params', 'prompts', 'new_tokens_eyas', 'drafter', 'eyas_accept_len', "
+                     "'eyas_per_prompt', 'seconds']: not a pair this script kept"),
+    (None, "made.json: Is a directory"),
+])
+def test_bench_engine_refuses_a_kept_pair_it_cannot_read(tmp_path, monkeypatch, made, says):
+    """Before: a truncated or non-JSON made.json was a JSONDecodeError traceback, one lacking keys a KeyError,
+    a directory in its place an IsADirectoryError. Now each stops by name, before any model is made, and the
+    kept directory is left as it was."""
+    work = tmp_path / "w"
+    work.mkdir()
+    if made is None:
+        (work / "made.json").mkdir()
+    else:
+        (work / "made.json").write_text(made)
+    (work / "target.gguf").write_bytes(b"kept")
+    before = sorted(p.name for p in work.iterdir())
+    msg = _bench_engine(monkeypatch, "--backends", "--work", str(work))
+    assert says.split(": ", 1)[1] in msg and f"{work}/made.json" in msg, msg
+    assert sorted(p.name for p in work.iterdir()) == before and (work / "target.gguf").read_bytes() == b"kept"
+
+
+def test_bench_engine_refuses_other_arguments_a_missing_gguf_and_a_file_as_work(tmp_path, monkeypatch):
+    import benchmarks.bench_engine as bench_engine
+    work = tmp_path / "w"
+    work.mkdir()
+    same = bench_engine.pair_args(bench_engine.arguments(["--shape", "tiny", "--backends", "--work", str(work)]))
+    made = {**{k: None for k in bench_engine.MADE_KEYS}, "seconds": {}}
+    (work / "made.json").write_text(json.dumps({**made, "args": {**same, "seed": 1}}))
+    msg = _bench_engine(monkeypatch, "--backends", "--work", str(work))  # held before
+    assert msg.startswith(f"{work}/made.json: made with {{") and "another --work, or the same arguments" in msg
+    # the same arguments, a GGUF gone: named before serving (before: llama-server started on a missing file)
+    (work / "made.json").write_text(json.dumps({**made, "args": same}))
+    (work / "drafter.gguf").write_bytes(b"kept")
+    assert _bench_engine(monkeypatch, "--backends", "--work", str(work)) == (
+        f"{work}/made.json: its target.gguf not in {work}; delete {work} or give another --work to make the pair again")
+    # a file where the work directory goes (before: FileExistsError's traceback)
+    (tmp_path / "f").write_text("a file")
+    assert _bench_engine(monkeypatch, "--backends", "--work", str(tmp_path / "f")).startswith(
+        f"--work {tmp_path / 'f'}: not a directory")
+    assert (tmp_path / "f").read_text() == "a file"
+    # no backend and no --work: nothing to keep the pair in (held before)
+    assert _bench_engine(monkeypatch, "--backends") == \
+        "--backends with none: only makes the pair, which needs --work to keep it"
