@@ -188,16 +188,21 @@ def report_engine(name: str, bench: str, engine: dict, r: dict, log_metrics: Log
         if x is None:
             continue
         log_metrics({f"{bench}/{label}/{key}": float(x[key]) for key in
-                     ("accept_len", "speedup", "tokens_per_second", "tokens_per_second_plain", "lossless")
-                     if x[key] is not None})
+                     ("accept_len", "speedup", "speedup_flagged", "tokens_per_second", "tokens_per_second_plain",
+                      "lossless") if x.get(key) is not None})
         print(f"eval {name} {bench}: llama.cpp {x.get('backend', 'cpu')} on {x.get('device', 'cpu')} "
               f"({x['target_gguf']}) accept_len {x['accept_len']} (eyas {r['accept_len']}), {x['tokens_per_second']} "
               f"tokens/s vs {x['tokens_per_second_plain']} without the drafter (speedup {x['speedup']}), lossless "
               f"{x['lossless']}")
+        if x.get("speedup_flagged"):
+            print(f"eval {name} {bench}: WARNING llama.cpp's speedup {x['speedup']:.3f} is more than its acceptance "
+                  f"length {x['accept_len']:.3f} allows (a verify step costs at least a plain one): the two runs were "
+                  f"timed under different load; not a result (rerun on idle cores)")
         if x.get("k_sweep"):
             log_metrics({f"{bench}/{label}/k{k}/speedup": v["speedup"] for k, v in x["k_sweep"]["rows"].items()
                          if v["speedup"] is not None})
-            by_k = {k: v["speedup"] for k, v in x["k_sweep"]["rows"].items()}
+            by_k = {k: v["speedup"] if not v.get("speedup_flagged") else f"{v['speedup']:.3f} (flagged)"
+                    for k, v in x["k_sweep"]["rows"].items()}
             print(f"eval {name} {bench}: llama.cpp speedup by k {by_k}, recommended k {x['k_sweep']['recommended_k']}")
     if agree["ok"] is None:
         print(f"eval {name} {bench}: WARNING llama.cpp's acceptance NOT CHECKED against eyas': {agree['unchecked']}")

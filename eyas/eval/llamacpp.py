@@ -403,6 +403,29 @@ def _serve(target_gguf: Path, drafter_gguf: Path | None, prompts: list[list[int]
     return replies, {"device": s.device, "draft": s.draft_stats() if drafter_gguf is not None else None}
 
 
+SPEEDUP_SLACK = 1.1
+"""How far past its bound (the acceptance length) a measured speedup may go before it is flagged
+(:func:`speedup_beyond_bound`): timing jitter between two runs of the same prompts."""
+
+
+def speedup_beyond_bound(speedup: float | None, accept_len: float | None) -> bool | None:
+    """Whether a measured wall-clock speedup is more than the acceptance length allows: a timing fault.
+
+    At batch 1 a verify step of k + 1 tokens reads the same weights as one plain decode step and takes
+    at least as long, and drafting adds to it; each verify step commits ``accept_len`` tokens (bonus
+    included). So the tokens per second with the drafter are at most ``accept_len`` times the plain
+    ones: speedup <= accept_len. A measured speedup above ``accept_len * SPEEDUP_SLACK`` says the two runs
+    were timed under different load (another process on the cores, a clock change), not what the
+    drafter buys.
+
+    Returns:
+        True (flagged), False, or None when either figure is missing or not finite.
+    """
+    if speedup is None or accept_len is None or not math.isfinite(speedup) or not math.isfinite(accept_len):
+        return None
+    return speedup > accept_len * SPEEDUP_SLACK
+
+
 def _with_drafter(plain: list[dict], spec: list[dict], prefill: list[int], draft: dict | None) -> dict:
     """The figures of one run with the drafter against the plain run of the same prompts: :func:`pooled`,
     ``tokens_per_second_plain``, ``speedup``, ``lossless``/``mismatched_prompts``, the time per step
@@ -413,6 +436,7 @@ def _with_drafter(plain: list[dict], spec: list[dict], prefill: list[int], draft
     tps_plain = pooled([request_metrics(r, d) for r, d in zip(plain, prefill)])["tokens_per_second"]
     out["tokens_per_second_plain"] = tps_plain
     out["speedup"] = out["tokens_per_second"] / tps_plain if out["tokens_per_second"] and tps_plain else None
+    out["speedup_flagged"] = speedup_beyond_bound(out["speedup"], out["accept_len"])
     steps, ms = out["verify_steps"], sum(m["predicted_ms"] for m in per_prompt)
     out["draft_ms_per_step"] = draft["draft_ms"] / draft["draft_calls"] if draft and draft["draft_calls"] else None
     out["verify_ms_per_step"] = ((ms - draft["draft_ms"]) / steps if draft and steps else None)
@@ -439,11 +463,12 @@ def serve_benchmark(target_gguf: Path, drafter_gguf: Path, prompts: list[list[in
         ``target_gguf`` (its file name), ``backend``, ``device`` (the GPU's name, or ``cpu``), ``build``
         (:func:`build_info`), ``accept_len``, ``verify_steps``, ``accepted``, ``drafted``,
         ``tokens_per_second`` (with the drafter), ``tokens_per_second_plain``, ``plain_ms_per_token``,
-        ``speedup`` (their ratio: the engine's wall-clock speedup), ``draft_ms_per_step``,
+        ``speedup`` (their ratio: the engine's wall-clock speedup), ``speedup_flagged``
+        (:func:`speedup_beyond_bound`: more than the acceptance allows, a timing fault), ``draft_ms_per_step``,
         ``verify_ms_per_step``, ``lossless`` (every output equals the engine's own greedy output) with
         ``mismatched_prompts``, ``per_prompt`` (:func:`request_metrics`) and, with a sweep, ``k_sweep``:
-        ``{"rows": {k: {accept_len, tokens_per_second, speedup, draft_ms_per_step, verify_ms_per_step,
-        lossless}}, "recommended_k"}`` (:func:`recommended_k`: the engine's own choice).
+        ``{"rows": {k: {accept_len, tokens_per_second, speedup, speedup_flagged, draft_ms_per_step,
+        verify_ms_per_step, lossless}}, "recommended_k"}`` (:func:`recommended_k`: the engine's own choice).
     Raises:
         EngineError: as :class:`LlamaServer`.
         ValueError: ``prompts`` is empty, not a list of token-id lists or holds an empty prompt or a
@@ -485,8 +510,9 @@ def serve_benchmark(target_gguf: Path, drafter_gguf: Path, prompts: list[list[in
            "build": build_info(backend), **runs[k]}
     out["plain_ms_per_token"] = 1000 / out["tokens_per_second_plain"] if out["tokens_per_second_plain"] else None
     if k_sweep:
-        rows = {str(kk): {key: r[key] for key in ("accept_len", "tokens_per_second", "speedup", "draft_ms_per_step",
-                                                  "verify_ms_per_step", "lossless")} for kk, r in runs.items()}
+        rows = {str(kk): {key: r[key] for key in ("accept_len", "tokens_per_second", "speedup", "speedup_flagged",
+                                                  "draft_ms_per_step", "verify_ms_per_step", "lossless")}
+                for kk, r in runs.items()}
         out["k_sweep"] = {"rows": rows, "recommended_k": recommended_k(rows)}
     return out
 
@@ -500,8 +526,8 @@ def recommended_k(rows: dict[str, dict]) -> int | None:
     """The k to serve with, from a wall-clock sweep's ``rows`` (``{str(k): {"speedup", "lossless", ...}}``,
     :func:`serve_benchmark`): the k of the highest speedup among the lossless rows (the smaller k on a tie).
     None when no row is lossless or none has a speedup: a k whose outputs differ from the target's own
-    greedy outputs is a broken engine, not a choice. A speedup that is None or NaN is unmeasured (the
-    row is no candidate).
+    greedy outputs is a broken engine, not a choice. A speedup that is None or NaN, or that a row's
+    ``speedup_flagged`` marks (:func:`speedup_beyond_bound`), is unmeasured (the row is no candidate).
 
     Raises:
         ValueError: a key that is not a k (a whole number >= 1 written in decimal), a row that is not an
@@ -520,7 +546,7 @@ def recommended_k(rows: dict[str, dict]) -> int | None:
             raise ValueError(f"k sweep row {key!r}: 'lossless' is {lossless!r}, not true or false")
         if speedup is not None and (isinstance(speedup, bool) or not isinstance(speedup, (int, float))):
             raise ValueError(f"k sweep row {key!r}: 'speedup' is {speedup!r}, not a number")
-        if lossless and speedup is not None and not math.isnan(speedup):
+        if lossless and speedup is not None and not math.isnan(speedup) and r.get("speedup_flagged") is not True:
             ok.append((kk, speedup))
     return max(sorted(ok), key=lambda row: row[1])[0] if ok else None
 

@@ -115,12 +115,11 @@ def step0_gate(draft_vocab_size: int, margin: float, min_acc: float, override: b
 
     A loss near chance with accuracy above those bars only warns (and logs
     ``gate/loss_near_chance``): a correct mapping gives it on data the source
-    never saw. The remap stage measures the cases (metrics/remap.json, ``step0_val``): on the CPU
-    default the remapped rows keep the source's accuracy under its own mapping exactly (acc_0 0.081
-    at 4,096 draft ids; 0.068 at 6,144 on a val split with 3x the code) while the loss rises by
-    0.53-0.80 nats, the rows initialised from the target's lm_head taking probability mass (at 6,144,
-    on code the chat-only stand-in never saw, to 8.16 against the bar ln(6144) - 0.5 = 8.22); rows
-    left in place score 0.00055-0.00060 (2.3x and 3.7x uniform chance). A partly wrong mapping can
+    never saw. The remap stage measures the cases (metrics/remap.json, ``step0_val``): the remapped
+    rows keep the source's accuracy under its own mapping exactly while the loss rises by a fraction
+    of a nat, the rows initialised from the target's lm_head taking probability mass (on data the
+    source never saw, up to just under the bar); rows left in place score a few times uniform
+    chance. A partly wrong mapping can
     also raise the loss at equal accuracy (rows of rarely predicted tokens), so the warning names both.
 
     ``remap_step0``: the remap stage's ``step0_val`` on the same val features (``source_own_mapping``

@@ -385,3 +385,30 @@ def test_bench_engine_refuses_other_arguments_a_missing_gguf_and_a_file_as_work(
     # no backend and no --work: nothing to keep the pair in (held before)
     assert _bench_engine(monkeypatch, "--backends") == \
         "--backends with none: only makes the pair, which needs --work to keep it"
+
+
+def test_a_speedup_past_the_acceptance_length_is_a_timing_fault_not_a_result(capsys):
+    from eyas.eval.evaluate import report_engine
+    from eyas.eval.llamacpp import speedup_beyond_bound
+
+    # a quick trial beside other jobs: 0 of 100 drafts accepted (accept_len 1.0), yet the plain run was timed
+    # at 1.50 tokens/s and the drafter's at 11.10: a 7.42x "speedup" no verify loop can give
+    assert speedup_beyond_bound(7.42, 1.0) is True
+    assert speedup_beyond_bound(1.9, 2.5) is False and speedup_beyond_bound(2.7, 2.5) is False  # within the slack
+    assert speedup_beyond_bound(None, 2.0) is None and speedup_beyond_bound(float("nan"), 2.0) is None
+    rows = {"2": {"speedup": 1.4, "lossless": True, "speedup_flagged": False},
+            "3": {"speedup": 7.4, "lossless": True, "speedup_flagged": True}}
+    assert recommended_k(rows) == 2  # the flagged row is no candidate
+    same = {"target_gguf": "target.gguf", "accept_len": 1.0, "speedup": 7.42, "speedup_flagged": True,
+            "tokens_per_second": 11.1, "tokens_per_second_plain": 1.5, "lossless": True,
+            "per_prompt": [_row(10, 10, "a")]}
+    logged = {}
+    report_engine("scratch", "chat", {"same_precision": same, "quantized": None},
+                  {"accept_len": 1.0, "per_prompt": [_row(10, 10, "a")]}, logged.update)
+    out = capsys.readouterr().out
+    assert "WARNING llama.cpp's speedup 7.420 is more than its acceptance length 1.000 allows" in out
+    assert logged["chat/engine/speedup_flagged"] == 1.0
+    same["speedup_flagged"] = False
+    report_engine("scratch", "chat", {"same_precision": same, "quantized": None},
+                  {"accept_len": 1.0, "per_prompt": [_row(10, 10, "a")]}, logged.update)
+    assert "WARNING llama.cpp's speedup" not in capsys.readouterr().out
