@@ -221,7 +221,6 @@ def make_pair(a, work: Path) -> dict:
         secs[name] = round(time.perf_counter() - t, 1)
         t = time.perf_counter()
 
-
     target = make_target(a.shape, a.outtype, a.seed, dev, a.embed_std)
     n_params = sum(p.numel() for p in target.model.parameters())
     tdir = write_target_dir(target.model, target.tokenizer, work / "target", weights=True)
