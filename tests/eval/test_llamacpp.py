@@ -224,7 +224,9 @@ def _served_control(built, name: str, backend: str, drafter=None, aux=None) -> t
     r = _eyas(built, CONTROL_PROMPTS, CONTROL_NEW, drafter, aux)
     assert e["lossless"], e["mismatched_prompts"]  # a bad drafter slows the engine but never changes its output
     a = agreement(e["per_prompt"], r["per_prompt"])
-    assert a["compared"] == CONTROL_PROMPTS, a  # so its verdict is a comparison, not "unchecked"
+    # so its verdict is a comparison, not "unchecked"; as for the good drafter, a near tie may flip one greedy
+    # output between eyas (fp32 on the CPU) and the engine (F32 on the CPU or the GPU: other kernels)
+    assert a["compared"] >= CONTROL_PROMPTS - 1, a
     return e, r, a
 
 
