@@ -31,7 +31,11 @@ FeatureStore, a draft vocabulary from their tokens (eyas.vocab.mapping.build_map
 (eyas.training.loop.train_drafter, ``--epochs`` passes at ``--ttt`` steps; eager kernels: no compile time
 in a short run), eyas' export (save_drafter) and llama.cpp's converter with the target's directory.
 The drafter learns these prompts' replies: its acceptance is no quality figure; what the engine spends
-per step at this shape, and so its speedup at the acceptance reached, is.
+per step at this shape, and so its speedup at the acceptance reached, is. A random ``1b`` or ``8b`` target's
+replies are close to random tokens with near-tied top logits: its drafter learns little (acceptance near 1),
+and a backend whose verify batch runs other kernels than its one-token decode (llama.cpp's CUDA build on BF16
+weights) may flip a near tie, so ``lossless`` can read false there with no fault in the drafter. Its figure is
+the engine's cost per step (plain ms per token, draft and verify ms per step) at that shape.
 
 Then each backend of ``--backends`` available here (``cuda``: llama-server-cuda and a GPU; ``cpu``:
 llama-server with ``--threads`` threads) serves the same GGUFs at batch 1

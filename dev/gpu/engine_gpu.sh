@@ -125,7 +125,7 @@ case "${1:-}" in
     [[ " $parts " != *" tests "* ]] || step 230 python3 -m pytest -q -m gpu -p no:cacheprovider tests/eval/test_llamacpp.py
     [[ " $parts " != *" bench "* ]] || step 190 python3 benchmarks/bench_engine.py --shape embedded --backends cuda cpu \
       --threads 14 --out "$OUT"/engine_embedded.json
-    [[ " $parts " != *" distill "* ]] || step 160 python3 dev/bench/bench_distill_backends.py --backend cuda \
+    [[ " $parts " != *" distill "* ]] || step 330 python3 dev/bench/bench_distill_backends.py --backend cuda \
       --prompts 1024 --concurrency 128 256 --out "$OUT"/distill_backends_gpu.json ;;
   decode)
     deps .devcarry/s
