@@ -18,10 +18,9 @@
 #                                           (dev/bench/bench_distill_backends.py).
 #   bash dev/gpu/engine_gpu.sh kept         carry .devcarry/c: the CUDA build park-build brought back (cuda.xz.a* and
 #                                           its build record), the CPU build, libgomp.so.1, the wheels and head.gguf (the
-#                                           embedded GGUF's first 2,000,000 bytes: its metadata and tokenizer). Installs
-#                                           both builds and runs $GPU_TESTS.
-#   bash dev/gpu/engine_gpu.sh 8b           carry .devcarry/c, after kept: bench_engine.py makes the 8B-shaped pair and
-#                                           serves it on CUDA: engine_8b.json.
+#                                           embedded GGUF's first 2,000,000 bytes: its metadata and tokenizer, which
+#                                           `embedded head.gguf none` makes whole for the random shapes of bench_engine.py).
+#                                           Installs both builds and runs $GPU_TESTS.
 #   bash dev/gpu/engine_gpu.sh park         carry .devcarry/p (part.aa alone): parks it for engine, after kept.
 #   bash dev/gpu/engine_gpu.sh decode       carry .devcarry/s (the wheels): the GPU tests of $GPU_TESTS and
 #                                           bench_decode.py's two parts, on a bare machine (a random Llama of the
@@ -112,10 +111,6 @@ case "${1:-}" in
     deps .devcarry/c
     install_kept .devcarry/c
     PYTHONPATH=/tmp/eyas-deps:$PWD step 200 python3 -m pytest -q -m gpu -p no:cacheprovider $GPU_TESTS ;;
-  8b)
-    embedded .devcarry/c/head.gguf none
-    step 560 python3 benchmarks/bench_engine.py --shape 8b --prompts 8 --epochs 10 --backends cuda --work "$HOME"/w8b \
-      --k-sweep 1 2 4 6 8 --out "$OUT"/engine_8b.json ;;
   park)
     mkdir -p "$HOME"/gg && cp .devcarry/p/part.aa "$HOME"/gg/ ;;
   engine)
@@ -132,5 +127,5 @@ case "${1:-}" in
     step 200 python3 -m pytest -q -m gpu -p no:cacheprovider $GPU_TESTS
     step 150 python3 benchmarks/bench_decode.py --parts step --out-step "$OUT"/decode_step.json
     step 200 python3 benchmarks/bench_decode.py --parts selfdistill --out-selfdistill "$OUT"/decode_selfdistill.json ;;
-  *) echo "usage: bash dev/gpu/engine_gpu.sh park-build|engine ['tests bench distill']|kept|8b|park|decode|tiny"; exit 2 ;;
+  *) echo "usage: bash dev/gpu/engine_gpu.sh park-build|engine ['tests bench distill']|kept|park|decode|tiny"; exit 2 ;;
 esac
