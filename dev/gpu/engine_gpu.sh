@@ -17,10 +17,8 @@
 #                                           (CUDA and CPU), self-distill through llama-server-cuda against HF
 #                                           (dev/bench/bench_distill_backends.py).
 #   bash dev/gpu/engine_gpu.sh kept         carry .devcarry/c: the CUDA build park-build brought back (cuda.xz.a* and
-#                                           its build record), the CPU build, libgomp.so.1, the wheels and head.gguf (the
-#                                           embedded GGUF's first 2,000,000 bytes: its metadata and tokenizer, which
-#                                           `embedded head.gguf none` makes whole for the random shapes of bench_engine.py).
-#                                           Installs both builds and runs $GPU_TESTS.
+#                                           its build record), the CPU build, libgomp.so.1 and the wheels. Installs both
+#                                           builds and runs $GPU_TESTS.
 #   bash dev/gpu/engine_gpu.sh park         carry .devcarry/p (part.aa alone): parks it for engine, after kept.
 #   bash dev/gpu/engine_gpu.sh decode       carry .devcarry/s (the wheels): the GPU tests of $GPU_TESTS and
 #                                           bench_decode.py's two parts, on a bare machine (a random Llama of the
