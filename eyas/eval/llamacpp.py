@@ -526,7 +526,9 @@ def recommended_k(rows: dict[str, dict]) -> int | None:
     """The k to serve with, from a wall-clock sweep's ``rows`` (``{str(k): {"speedup", "lossless", ...}}``,
     :func:`serve_benchmark`): the k of the highest speedup among the lossless rows (the smaller k on a tie).
     None when no row is lossless or none has a speedup: a k whose outputs differ from the target's own
-    greedy outputs is a broken engine, not a choice. A speedup that is None or NaN, or that a row's
+    greedy outputs is no candidate, whether the engine is broken or its verify batch runs other kernels
+    that flip near-tied logits (llama.cpp's CUDA build on BF16 weights of a random target does): its
+    tokens/s times other outputs than the plain run's. A speedup that is None or NaN, or that a row's
     ``speedup_flagged`` marks (:func:`speedup_beyond_bound`), is unmeasured (the row is no candidate).
 
     Raises:
