@@ -112,9 +112,13 @@ case "${1:-}" in
   park)
     mkdir -p "$HOME"/gg && cp .devcarry/p/part.aa "$HOME"/gg/ ;;
   engine)
+    parts=${2:-tests bench distill}
+    for p in $parts; do
+      [[ " tests bench distill " == *" $p "* ]] || { echo "engine_gpu.sh engine: unknown part '$p' (tests, bench, distill)"; exit 2; }
+    done
+    [ -f "$HOME"/gg/part.aa ] || { echo "engine_gpu.sh engine: no parked part.aa in $HOME/gg: park-build or park first"; exit 2; }
     embedded "$HOME"/gg/part.aa .devcarry/b/part.ab
     [ -d /tmp/eyas-deps/chitchat_dataset ] || tar xJf .devcarry/b/chitchat.tar.xz -C /tmp/eyas-deps
-    parts=${2:-tests bench distill}
     [[ " $parts " != *" tests "* ]] || step 230 python3 -m pytest -q -m gpu -p no:cacheprovider tests/eval/test_llamacpp.py
     [[ " $parts " != *" bench "* ]] || step 190 python3 benchmarks/bench_engine.py --shape embedded --backends cuda cpu \
       --threads 14 --out "$OUT"/engine_embedded.json
