@@ -34,14 +34,10 @@ def tiny_greedy():
     Module-scoped: the chain-oracle and tree tests share it with their trained drafter."""
     import torch
 
-    from eyas.eval.speculative import greedy_generate
-    from tests.tiny import VOCAB, tiny_target
+    from tests.tiny import greedy_replies, tiny_target
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     target = tiny_target()
-    g = torch.Generator().manual_seed(3)
-    prompts = [torch.randint(0, VOCAB, (8,), generator=g).tolist() for _ in range(4)]
-    outputs = [greedy_generate(target, p, max_new_tokens=32, stop_ids=[]) for p in prompts]
-    yield target, prompts, outputs
+    yield (target, *greedy_replies(target, seed=3, n_prompts=4, max_new_tokens=32))
     torch.set_num_threads(threads)

@@ -45,6 +45,25 @@ def wait_port(port: int, timeout: float, proc: subprocess.Popen | None = None) -
     raise RuntimeError(f"nothing listens on 127.0.0.1:{port} after {timeout}s")
 
 
+def wait_healthy(url: str, proc: subprocess.Popen, timeout: float, log: Path) -> None:
+    """Wait until ``GET <url>/health`` answers 200 (llama-server's and MLflow's health route). Raises
+    AssertionError, with ``log``'s last 2,000 characters, when ``proc`` exits first or after ``timeout`` s."""
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            why = f"exited {proc.returncode}" if proc.poll() is not None else f"not healthy after {timeout} s"
+            raise AssertionError(f"the server at {url} {why}:\n{log.read_text()[-2000:]}")
+        time.sleep(0.5)
+
+
 def stop(proc: subprocess.Popen, timeout: float = 10) -> None:
     """SIGTERM ``proc`` (only it), then SIGKILL after ``timeout`` s."""
     if proc.poll() is None:

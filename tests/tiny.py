@@ -25,6 +25,16 @@ def tiny_target(seed: int = 0) -> Target:
     return Target(model, tokenizer=None, identity={"path": "tiny", "num_layers": LAYERS})
 
 
+def greedy_replies(target: Target, seed: int, n_prompts: int, max_new_tokens: int) -> tuple[list, list]:
+    """``n_prompts`` random 8-token prompts (generator seed ``seed``) and the target's greedy replies of
+    ``max_new_tokens`` tokens to them (no stop ids): (prompts, outputs), lists of token-id lists."""
+    from eyas.eval.speculative import greedy_generate
+
+    g = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(0, VOCAB, (8,), generator=g).tolist() for _ in range(n_prompts)]
+    return prompts, [greedy_generate(target, p, max_new_tokens=max_new_tokens, stop_ids=[]) for p in prompts]
+
+
 def manifest_fields(target: Target, aux_layers: list[int]) -> dict:
     c = target.model.config
     return {

@@ -18,7 +18,6 @@ import http.server
 import json
 import re
 import shutil
-import socket
 import socketserver
 import subprocess
 import sysconfig
@@ -36,6 +35,7 @@ from eyas.data.synth import user_prefix
 from eyas.params.full import DistillServerParams, load_params
 from eyas.target.model import embedded_target
 from stages import self_distill
+from tests import team_servers
 
 ALIAS = "smollm2"
 MAX_NEW = 24
@@ -49,12 +49,6 @@ def _server_binary() -> str | None:
     return str(exe) if exe.is_file() else shutil.which("llama-server")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """A llama-server on 127.0.0.1 serving the embedded GGUF as ``smollm2`` (2 slots, 2 threads)."""
@@ -62,7 +56,7 @@ def server(tmp_path_factory):
     if exe is None:
         pytest.skip("llama-server is not built: bash scripts/build_llama_server.sh")
     d, gguf = embedded_target()
-    port = _free_port()
+    port = team_servers.free_port()
     log = tmp_path_factory.mktemp("llama_server") / "server.log"
     with open(log, "w") as f:
         proc = subprocess.Popen([exe, "-m", str(Path(d) / gguf), "--alias", ALIAS, "--host", "127.0.0.1",
@@ -70,26 +64,10 @@ def server(tmp_path_factory):
                                 stdout=f, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(240):  # up to 120 s for the model to load
-            if proc.poll() is not None:
-                pytest.fail(f"llama-server exited {proc.returncode}: {log.read_text()[-2000:]}")
-            try:
-                with urllib.request.urlopen(url + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            time.sleep(0.5)
-        else:
-            pytest.fail(f"llama-server did not become healthy in 120 s: {log.read_text()[-2000:]}")
+        team_servers.wait_healthy(url, proc, 120, log)  # the model loads first
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(30)
+        team_servers.stop(proc, 30)
 
 
 def _conversations() -> list[dict]:
@@ -209,7 +187,7 @@ def test_failures_name_the_prompt_and_url_and_the_journal_keeps_what_finished(tm
                                         journal=Journal(tmp_path / "j.jsonl", {"k": 1}))
     assert stats["resumed"] == 3 and stats["tokens_per_second"] is None and len(rows) == 3
 
-    down = _params(tmp_path, f"http://127.0.0.1:{_free_port()}").distill.server
+    down = _params(tmp_path, f"http://127.0.0.1:{team_servers.free_port()}").distill.server
     with pytest.raises(RemoteError, match="c0.*cannot reach the server"):
         regenerate_remote(down, smollm_tokenizer, [2], items[:1], max_new_tokens=8)
     slow = _params(tmp_path, server, timeout=0.001).distill.server

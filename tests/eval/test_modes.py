@@ -7,8 +7,8 @@ import torch
 
 from eyas.eval.modes import bootstrap_ci, evaluate_modes, row_name
 from eyas.eval.sampling import sampled_generate
-from eyas.eval.speculative import greedy_generate, speculative_generate
-from tests.tiny import VOCAB, tiny_target
+from eyas.eval.speculative import speculative_generate
+from tests.tiny import greedy_replies, tiny_target
 from tests.tiny import trained_drafter as train_tiny_drafter
 
 K = 3
@@ -19,9 +19,7 @@ def setup():
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     target = tiny_target()
-    g = torch.Generator().manual_seed(4)
-    prompts = [torch.randint(0, VOCAB, (8,), generator=g).tolist() for _ in range(2)]
-    outputs = [greedy_generate(target, p, max_new_tokens=16, stop_ids=[]) for p in prompts]
+    prompts, outputs = greedy_replies(target, seed=4, n_prompts=2, max_new_tokens=16)
     yield target, prompts, outputs, train_tiny_drafter(target, prompts, outputs, K, steps=30)
     torch.set_num_threads(threads)
 

@@ -30,7 +30,6 @@ import os
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -334,18 +333,7 @@ def server(pg, tmp_path_factory):
                             stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 180
-        while True:
-            try:
-                with urllib.request.urlopen(url + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                log_text = (shared.parent / "server.log").read_text()
-                raise AssertionError(f"the MLflow server did not come up:\n{log_text}")
-            time.sleep(0.5)
+        team_servers.wait_healthy(url, proc, 180, shared.parent / "server.log")
         yield {"url": url, "artifacts": shared, "pg": pg}
     finally:
         if proc.poll() is None:
