@@ -149,6 +149,29 @@ def test_the_recommended_k_refuses_rows_it_cannot_read():
             recommended_k(rows)
 
 
+def test_the_recommended_k_refuses_a_sweep_it_cannot_read_whole():
+    """The rows as a whole and the figures beside the speedup: rows that are not an object, a k given twice
+    (``"2"`` and ``2``), a ``speedup_flagged`` that is not a bool or None and a speedup of 0 or below are
+    refused by name (before: an AttributeError, both rows read as one k, a flag
+    of ``"true"`` or 1 read as unflagged so its speedup was recommended, and a negative speedup
+    recommended); an infinite speedup is unmeasured, as NaN is (before: recommended over a measured one)."""
+    inf, good = float("inf"), {"speedup": 1.2, "lossless": True}
+    assert recommended_k({"2": good, "3": {"speedup": inf, "lossless": True}}) == 2
+    assert recommended_k({"2": good, "3": {"speedup": 1.9, "lossless": True, "speedup_flagged": None}}) == 3
+    for rows, says in (([("2", good)], r"rows \[\('2', .*\)\] are not an object"),
+                       (None, "rows None are not an object"),
+                       ({"2": good, 2: {"speedup": 3.0, "lossless": True}}, "row 2: k 2 twice"),
+                       ({"2": good, "3": {"speedup": 1.9, "lossless": True, "speedup_flagged": "true"}},
+                        "row '3': 'speedup_flagged' is 'true', not true or false"),
+                       ({"2": good, "3": {"speedup": 1.9, "lossless": True, "speedup_flagged": 1}},
+                        "row '3': 'speedup_flagged' is 1, not true or false"),
+                       ({"2": {"speedup": -1.2, "lossless": True}}, r"row '2': 'speedup' is -1.2, not a ratio > 0"),
+                       ({"2": good, "3": {"speedup": 0, "lossless": True}}, "row '3': 'speedup' is 0, not a ratio > 0"),
+                       ({"2": {"speedup": -inf, "lossless": True}}, "row '2': 'speedup' is -inf, not a ratio > 0")):
+        with pytest.raises(ValueError, match=f"^k sweep {says}"):
+            recommended_k(rows)
+
+
 @pytest.mark.parametrize("prompts, kw, msg", [
     ([[1, 2]], {"k": 2.5}, r"k 2.5 and k_sweep \[\] must be whole numbers"),
     ([[1, 2]], {"k": True}, r"k True and k_sweep"),
