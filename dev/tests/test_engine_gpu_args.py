@@ -25,7 +25,8 @@ def venv(tmp_path_factory) -> Path:
 def _run(tmp_path: Path, venv: Path, *args: str) -> subprocess.CompletedProcess:
     home, out, repo = tmp_path / "home", tmp_path / "out", tmp_path / "repo"
     for d in (home, out, repo):
-        d.mkdir(exist_ok=True)
+        if not d.is_file():
+            d.mkdir(exist_ok=True)
     env = {"HOME": str(home), "OUT": str(out), "PATH": f"{venv}/bin:/usr/bin:/bin", "PWD": str(repo)}
     return subprocess.run(["bash", str(SCRIPT), *args], cwd=repo, env=env, capture_output=True, text=True, timeout=60)
 
@@ -58,6 +59,13 @@ def test_bad_arguments_are_refused_first(tmp_path, venv, args, says):
     r = _run(tmp_path, venv, *args)
     assert r.returncode == 2 and r.stdout.startswith(f"engine_gpu.sh {says}"), r.stdout + r.stderr
     _untouched(tmp_path, venv)
+
+
+def test_an_out_that_is_a_file_stops_first(tmp_path, venv):
+    (tmp_path / "out").write_text("a file")  # before: mkdir's words, then every mode ran on with no log
+    r = _run(tmp_path, venv, "park")
+    assert r.returncode == 2 and f"engine_gpu.sh: OUT {tmp_path / 'out'} is no directory" in r.stdout, r.stdout + r.stderr
+    assert (tmp_path / "out").read_text() == "a file"
 
 
 def test_a_missing_carry_is_named_before_anything_is_installed(tmp_path, venv):
