@@ -64,7 +64,7 @@ def test_bad_arguments_are_refused_first(tmp_path, venv, args, says):
 def test_an_out_that_is_a_file_stops_first(tmp_path, venv):
     (tmp_path / "out").write_text("a file")  # before: mkdir's words, then every mode ran on with no log
     r = _run(tmp_path, venv, "park")
-    assert r.returncode == 2 and f"engine_gpu.sh: OUT {tmp_path / 'out'} is no directory" in r.stdout, r.stdout + r.stderr
+    assert r.returncode == 2 and f"OUT {tmp_path / 'out'} is no directory" in r.stdout, r.stdout + r.stderr
     assert (tmp_path / "out").read_text() == "a file"
 
 
