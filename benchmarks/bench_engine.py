@@ -60,6 +60,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import gc
+import math
 import shutil
 import sys
 import tempfile
@@ -115,9 +116,7 @@ DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
 def make_target(shape: str, outtype: str, seed: int, dev: torch.device, embed_std: float = 1.0) -> Target:
     """The target of ``shape`` on ``dev`` in ``outtype``'s dtype (the GGUF's weights, exactly); a random one
     has its token embeddings drawn with std ``embed_std`` (module docstring)."""
-    if shape == "embedded":
-        if outtype != "f32":
-            raise SystemExit("--shape embedded: its weights are de-quantised to fp32; serve them as --outtype f32")
+    if shape == "embedded":  # fp32 (arguments refuses another --outtype)
         return load_target("embedded", device=dev)
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
@@ -303,7 +302,10 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line (``argv``, default ``sys.argv[1:]``) parsed, each shape's defaults filled in.
 
     Raises:
-        SystemExit: argparse's refusal, or a k below 1."""
+        SystemExit: argparse's refusal; a k, a count (prompts, tokens, passes, TTT steps, draft vocabulary,
+            threads) below 1 or more prompts than HumanEval has; an ``--embed-std`` that is not a finite
+            number > 0 or is given for the embedded target, or another ``--outtype`` than f32 for it; an
+            ``--out`` that is a directory or lies under a file. Each before anything is made."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shape", choices=["tiny", "embedded", *[s for s in SHAPES if s != "tiny"]], required=True)
     ap.add_argument("--backends", nargs="*", choices=["cuda", "cpu"], default=["cuda", "cpu"],
@@ -323,7 +325,7 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--draft-vocab", type=int, help="draft vocabulary size (default per shape)")
     ap.add_argument("--threads", type=int, default=torch.get_num_threads(), help="the CPU backend's threads")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--embed-std", type=float, default=1.0, help="a random target's token embedding std")
+    ap.add_argument("--embed-std", type=float, help="a random target's token embedding std (default 1.0)")
     ap.add_argument("--work", type=Path, help="keep the GGUFs, drafter and logs here (default: a temporary directory)")
     ap.add_argument("--out", help="the result file's path (default engine_<shape>_<device>.json)")
     a = ap.parse_args(argv)
@@ -332,6 +334,28 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
             setattr(a, key, v)
     if a.k < 1 or any(k < 1 for k in a.k_sweep + a.cpu_k_sweep):
         raise SystemExit(f"--k {a.k}, --k-sweep {a.k_sweep}, --cpu-k-sweep {a.cpu_k_sweep}: every k must be >= 1")
+    low = [f"--{key.replace('_', '-')} {getattr(a, key)}" for key in ("prompts", "cpu_prompts", "max_new_tokens",
+                                                                      "epochs", "ttt", "draft_vocab", "threads")
+           if getattr(a, key) < 1]
+    if low:
+        raise SystemExit(f"{', '.join(low)}: must be >= 1")
+    if a.prompts > len(humaneval_problems()):
+        raise SystemExit(f"--prompts {a.prompts}: HumanEval has {len(humaneval_problems())} problems")
+    if a.shape == "embedded":
+        if a.embed_std is not None:
+            raise SystemExit("--embed-std: only a random target has one (--shape tiny, 1b or 8b)")
+        if a.outtype != "f32":
+            raise SystemExit("--shape embedded: its weights are de-quantised to fp32; serve them as --outtype f32")
+    a.embed_std = 1.0 if a.embed_std is None else a.embed_std
+    if not (math.isfinite(a.embed_std) and a.embed_std > 0):
+        raise SystemExit(f"--embed-std {a.embed_std}: a random target's embedding std is a finite number > 0")
+    if a.out is not None:  # refused now, not after the serving it would hold
+        out = Path(a.out).absolute()
+        if out.is_dir():
+            raise SystemExit(f"--out {a.out}: a directory, not a result file")
+        above = next(p for p in out.parents if p.exists())
+        if not above.is_dir():
+            raise SystemExit(f"--out {a.out}: {above} is not a directory")
     return a
 
 

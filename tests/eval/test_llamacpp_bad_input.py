@@ -149,6 +149,29 @@ def test_the_recommended_k_refuses_rows_it_cannot_read():
             recommended_k(rows)
 
 
+def test_the_recommended_k_refuses_a_sweep_it_cannot_read_whole():
+    """The rows as a whole and the figures beside the speedup: rows that are not an object, a k given twice
+    (``"2"`` and ``2``), a ``speedup_flagged`` that is not a bool or None and a speedup of 0 or below are
+    refused by name (before: an AttributeError, both rows read as one k, a flag
+    of ``"true"`` or 1 read as unflagged so its speedup was recommended, and a negative speedup
+    recommended); an infinite speedup is unmeasured, as NaN is (before: recommended over a measured one)."""
+    inf, good = float("inf"), {"speedup": 1.2, "lossless": True}
+    assert recommended_k({"2": good, "3": {"speedup": inf, "lossless": True}}) == 2
+    assert recommended_k({"2": good, "3": {"speedup": 1.9, "lossless": True, "speedup_flagged": None}}) == 3
+    for rows, says in (([("2", good)], r"rows \[\('2', .*\)\] are not an object"),
+                       (None, "rows None are not an object"),
+                       ({"2": good, 2: {"speedup": 3.0, "lossless": True}}, "row 2: k 2 twice"),
+                       ({"2": good, "3": {"speedup": 1.9, "lossless": True, "speedup_flagged": "true"}},
+                        "row '3': 'speedup_flagged' is 'true', not true or false"),
+                       ({"2": good, "3": {"speedup": 1.9, "lossless": True, "speedup_flagged": 1}},
+                        "row '3': 'speedup_flagged' is 1, not true or false"),
+                       ({"2": {"speedup": -1.2, "lossless": True}}, r"row '2': 'speedup' is -1.2, not a ratio > 0"),
+                       ({"2": good, "3": {"speedup": 0, "lossless": True}}, "row '3': 'speedup' is 0, not a ratio > 0"),
+                       ({"2": {"speedup": -inf, "lossless": True}}, "row '2': 'speedup' is -inf, not a ratio > 0")):
+        with pytest.raises(ValueError, match=f"^k sweep {says}"):
+            recommended_k(rows)
+
+
 @pytest.mark.parametrize("prompts, kw, msg", [
     ([[1, 2]], {"k": 2.5}, r"k 2.5 and k_sweep \[\] must be whole numbers"),
     ([[1, 2]], {"k": True}, r"k True and k_sweep"),
@@ -385,6 +408,40 @@ def test_bench_engine_refuses_other_arguments_a_missing_gguf_and_a_file_as_work(
     # no backend and no --work: nothing to keep the pair in (held before)
     assert _bench_engine(monkeypatch, "--backends") == \
         "--backends with none: only makes the pair, which needs --work to keep it"
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--prompts", "0"], "--prompts 0: must be >= 1"),  # before: max()'s traceback after the target was made
+    (["--prompts", "-1"], "--prompts -1: must be >= 1"),  # before: HumanEval[:-1], 163 prompts
+    (["--prompts", "165"], "--prompts 165: HumanEval has 164 problems"),  # before: 164 served as if 165
+    (["--max-new-tokens", "0"], "--max-new-tokens 0: must be >= 1"),  # before: generate_batch's traceback
+    (["--cpu-prompts", "0", "--threads", "0"], "--cpu-prompts 0, --threads 0: must be >= 1"),  # after the pair
+    (["--epochs", "0"], "--epochs 0: must be >= 1"),  # before: an untrained drafter benchmarked
+    (["--ttt", "0"], "--ttt 0: must be >= 1"),  # before: autograd's traceback in training
+    (["--draft-vocab", "0"], "--draft-vocab 0: must be >= 1"),
+    (["--embed-std", "0"], "--embed-std 0.0: a random target's embedding std is a finite number > 0"),
+    (["--embed-std", "-1"], "--embed-std -1.0: a random target's"),  # before: torch's traceback
+    (["--embed-std", "nan"], "--embed-std nan: a random target's"),
+    (["--shape", "embedded", "--embed-std", "1"], "--embed-std: only a random target has one"),  # before: ignored
+    (["--shape", "embedded", "--outtype", "bf16"],
+     "--shape embedded: its weights are de-quantised to fp32; serve them as --outtype f32"),  # before: after --work
+    (["--out", "{tmp}"], "--out {tmp}: a directory, not a result file"),  # before: IsADirectoryError after serving
+    (["--out", "{tmp}/f/r.json"], "--out {tmp}/f/r.json: {tmp}/f is not a directory"),
+])
+def test_bench_engine_refuses_a_bad_number_or_path_before_making_anything(tmp_path, monkeypatch, args, says):
+    import benchmarks.bench_engine as bench_engine
+    (tmp_path / "f").write_text("a file")
+    args = [x.replace("{tmp}", str(tmp_path)) for x in args]
+    shape = [] if "--shape" in args else ["--shape", "tiny"]
+    monkeypatch.setattr("sys.argv", ["bench_engine.py", *shape, "--backends", "--work", str(tmp_path / "w"), *args])
+    monkeypatch.setattr(bench_engine, "make_pair", lambda a, work: pytest.fail(f"{args} reached make_pair"))
+    with pytest.raises(SystemExit) as stop:
+        bench_engine.main()
+    assert str(stop.value).startswith(says.replace("{tmp}", str(tmp_path))), stop.value
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f"]  # no --work made
+    # negative control: the same numbers made good pass the check
+    good = bench_engine.arguments(["--shape", "tiny", "--prompts", "164", "--embed-std", "0.5", "--ttt", "1"])
+    assert (good.prompts, good.embed_std, good.ttt) == (164, 0.5, 1)
 
 
 def test_a_speedup_past_the_acceptance_length_is_a_timing_fault_not_a_result(capsys):
