@@ -3,7 +3,7 @@
     python3 benchmarks/bench_engine.py --shape embedded      # the embedded SmolLM2-135M target, F32 GGUF
     python3 benchmarks/bench_engine.py --shape 1b            # a random Llama-3.2-1B-shaped target, BF16 GGUF
     python3 benchmarks/bench_engine.py --shape 8b            # a random Llama-3.1-8B-shaped target, BF16 GGUF
-    python3 benchmarks/bench_engine.py --shape tiny --backends cpu   # seconds on a CPU: the script's own check
+    python3 benchmarks/bench_engine.py --shape tiny --backends cpu   # minutes on a CPU: the script's own check
 
 -> ``engine_<shape>_<device>.json`` in the working directory (``<device>``: ``h100``, ``h200``, ... from the
 GPU's name, ``cpu`` without one; ``--out`` names another path).
