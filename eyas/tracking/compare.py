@@ -16,7 +16,8 @@ column per parent (latest first) and one row per key param / stage metric:
   verdict is unknown: the drafter beats the n-gram floor and greedy decoding,
   eyas.eval.checks.serving_verdict);
 - llama.cpp serving each drafter (eyas/eval/llamacpp.py): ``<bench>/engine/accept_len`` and ``speedup``
-  (the target eyas evaluates, as a GGUF) and ``<bench>/engine_quantized/...`` (the target's own GGUF);
+  (the target eyas evaluates, as a GGUF) and ``<bench>/engine_quantized/...`` (the target's own GGUF); a
+  speedup the run flagged (``speedup_flagged``) shows ``(flagged)``: timed under uneven load, not a result;
 - the decoding-modes table (eyas/eval/modes.py): every ``<bench>/served/<row>/accept_len`` an eval child
   logged (greedy chain, greedy tree, sampled chain per temperature; the n-gram rows from either
   eval child), with its 95% interval (``ci95_low`` / ``ci95_high``) in brackets.
@@ -243,6 +244,17 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
+FLAGGED = " (flagged)"
+"""After a speedup its run flagged (``speedup_flagged``: past the bound its acceptance length sets, so timed
+under uneven load; eyas.eval.llamacpp.speedup_beyond_bound): not a result."""
+
+
+def _logged_speedup(pipe: "Pipeline", stage: str, key: str) -> str:
+    """A ``.../speedup`` metric formatted, marked :data:`FLAGGED` where the run logged
+    ``<key>_flagged`` as 1 (eyas.eval.evaluate.report_engine logs it beside the speedup)."""
+    return _fmt(pipe.metric(stage, key)) + (FLAGGED if pipe.metric(stage, key + "_flagged") == 1.0 else "")
+
+
 def _logged_verdict(pipe: "Pipeline", stage: str, key: str) -> str:
     """A ``worth_serving`` verdict as MLflow holds it (a metric: 1.0 / 0.0) as ``yes`` / ``no``;
     ``–`` when the pipeline has no run of ``stage``; ``not logged`` when that run has no such
@@ -284,7 +296,8 @@ def render_markdown(pipes: list[Pipeline], header: str | None = None, all_params
         ("stages reused (numbers from metrics/)", [", ".join(p.reused()) or "–" for p in pipes]),
     ]
     rows += [(f"`{k}`", [_fmt(p.params.get(k)) for p in pipes]) for k in pkeys]
-    rows += [(label, [_logged_verdict(p, stage, key) if key.endswith("/worth_serving") else _fmt(p.metric(stage, key))
+    cell = {"/worth_serving": _logged_verdict, "/speedup": _logged_speedup}
+    rows += [(label, [cell.get(key[key.rfind("/"):], lambda p, s, k: _fmt(p.metric(s, k)))(p, stage, key)
                       for p in pipes]) for label, stage, key in STAGE_METRICS]
     rows += [(label, [_with_ci(p.metric(stage, key), p.metric(stage, key[:-len("accept_len")] + "ci95_low"),
                                p.metric(stage, key[:-len("accept_len")] + "ci95_high")) for p in pipes])

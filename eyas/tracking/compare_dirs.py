@@ -12,7 +12,7 @@ from typing import Any
 
 from eyas import yaml12
 from eyas.pipeline import dvcfiles
-from eyas.tracking.compare import BENCHES, ENGINE_ROWS, WORTH, CompareError, _cell, _fmt, _with_ci
+from eyas.tracking.compare import BENCHES, ENGINE_ROWS, FLAGGED, WORTH, CompareError, _cell, _fmt, _with_ci
 
 # (label, metrics file, path of keys in it)
 DIR_ROWS: list[tuple[str, str, tuple]] = [
@@ -98,7 +98,8 @@ def _engine_number(d: str, fname: str, keys: tuple, alt: tuple[str, tuple], file
 
 def _file_number(d: str, fname: str, files: dict, keys: tuple) -> str:
     """A number read from a metrics file, formatted; ``–`` when the file or a key is absent, or the
-    value is null (what eyas.io.write_json writes for NaN and inf).
+    value is null (what eyas.io.write_json writes for NaN and inf). A ``speedup`` whose block holds
+    ``speedup_flagged: true`` is marked :data:`eyas.tracking.compare.FLAGGED`.
 
     Raises:
         CompareError: any other value (a string, a list, a mapping, a boolean), or a step of the key
@@ -109,7 +110,8 @@ def _file_number(d: str, fname: str, files: dict, keys: tuple) -> str:
         return _fmt(None)
     if not _number(v):
         raise CompareError(f"{d}: {fname}: {'.'.join(keys)} is {v!r}; expected a number")
-    return _fmt(v)
+    flagged = keys[-1] == "speedup" and _file_key(d, fname, files, (*keys[:-1], "speedup_flagged")) is True
+    return _fmt(v) + (FLAGGED if flagged else "")
 
 
 def _not_json(constant: str) -> None:

@@ -70,7 +70,7 @@ def test_bootstrap_ci_hand_worked():
 
 def test_compare_shows_the_served_table(tmp_path, monkeypatch):
     """`eyas compare` (MLflow) and `eyas compare --metrics` (metrics dirs) both show every row
-    of the decoding-modes table and the serving verdict."""
+    of the decoding-modes table and the serving verdict; a speedup the eval flagged is marked."""
     import json
 
     from eyas.params.full import parse_params
@@ -88,7 +88,9 @@ def test_compare_shows_the_served_table(tmp_path, monkeypatch):
     logged = {"eval-accept-len@scratch": {"chat/served/eagle/chain/T0.7/accept_len": 1.8,
                                           "chat/served/eagle/chain/T0.7/ci95_low": 1.5,
                                           "chat/served/eagle/chain/T0.7/ci95_high": 2.1,
-                                          "chat/served/ngram/chain/T0.7/accept_len": 1.3, "chat/worth_serving": 0.0},
+                                          "chat/served/ngram/chain/T0.7/accept_len": 1.3, "chat/worth_serving": 0.0,
+                                          "chat/engine/speedup": 17.29, "chat/engine/speedup_flagged": 1.0,
+                                          "humaneval/engine/speedup": 0.8, "humaneval/engine/speedup_flagged": 0.0},
               "eval-accept-len@finetune": {"chat/served/eagle/tree/T0/accept_len": 2.5,
                                            "chat/served/ngram/chain/T0.7/accept_len": 1.3, "chat/worth_serving": 1.0,
                                            "humaneval/worth_serving": 0.99999999999}}
@@ -107,6 +109,8 @@ def test_compare_shows_the_served_table(tmp_path, monkeypatch):
     # verdict (unknown) says so, and "–" stays for a stage with no run
     assert "| finetune humaneval worth serving (beats the n-gram floor and greedy) | 0.99999999999 (not 0/1) |" in lines
     assert "| scratch humaneval worth serving (beats the n-gram floor and greedy) | not logged |" in lines
+    assert "| scratch chat speedup in llama.cpp (same-precision target) | 17.29 (flagged) |" in lines
+    assert "| scratch humaneval speedup in llama.cpp (same-precision target) | 0.8 |" in lines  # logged unflagged
 
     d = tmp_path / "metrics"
     d.mkdir()

@@ -322,3 +322,21 @@ def test_every_param_that_differs_gets_a_row(tmp_path, monkeypatch):
     assert "| `train.epochs` | 2 | 2 |" in lines  # a recipe key: always its row
     every = compare_dirs(["a", "b"], all_params=True).splitlines()
     assert "| `extract.aux_layers` | – | 2, 5, 9 |" in every
+
+
+def test_a_flagged_speedup_is_marked(tmp_path):
+    """A speedup whose block says ``speedup_flagged: true`` (timed under uneven load: not a result) shows
+    ``(flagged)``; false, or no flag at all (files older than the flag), shows the number alone."""
+    d = tmp_path / "m"
+    d.mkdir()
+    (d / "eval_scratch.json").write_text(json.dumps({
+        "chat": {"speedup": 9.0, "speedup_flagged": True, "engine": {
+            "same_precision": {"speedup": 17.29, "speedup_flagged": True},
+            "quantized": {"speedup": 0.9, "speedup_flagged": False}}},
+        "humaneval": {"speedup": 1.1, "engine": {"same_precision": {"speedup": 0.7}}}}))
+    lines = compare_dirs([str(d)], params_default=tmp_path / "none.yaml", root=tmp_path).splitlines()
+    assert "| scratch chat speedup (median) | 9 (flagged) |" in lines
+    assert "| scratch chat speedup in llama.cpp (same-precision target) | 17.29 (flagged) |" in lines
+    assert "| scratch chat speedup in llama.cpp (quantized target) | 0.9 |" in lines
+    assert "| scratch humaneval speedup (median) | 1.1 |" in lines
+    assert "| scratch humaneval speedup in llama.cpp (same-precision target) | 0.7 |" in lines
