@@ -52,7 +52,8 @@ accepting differently on two backends).
 script serves the kept pair without making it again (other arguments, or a ``made.json`` or GGUF it cannot read,
 are refused, the directory untouched), and ``--backends`` with no backend only makes it: the pair can be made while a build is under way, and served by the build once it is done.
 
-One summary line per figure is printed; the JSON holds every figure and each phase's seconds.
+One summary line per figure is printed; the JSON holds every figure and each phase's seconds. A backend whose
+agreement with eyas fails (``ok`` false) makes the script exit non-zero after the JSON is written.
 """
 
 from __future__ import annotations
@@ -102,7 +103,7 @@ SHAPES = {
 tied: a random target whose head is its embedding answers every prompt with one repeated token."""
 
 DEFAULTS = {  # per shape: GGUF type, prompts, reply tokens, CPU prompts, training passes, draft vocabulary
-    "tiny": {"outtype": "f32", "prompts": 4, "max_new_tokens": 32, "cpu_prompts": 4, "epochs": 20, "draft_vocab": 512},
+    "tiny": {"outtype": "f32", "prompts": 8, "max_new_tokens": 32, "cpu_prompts": 8, "epochs": 20, "draft_vocab": 512},
     "embedded": {"outtype": "f32", "prompts": 16, "max_new_tokens": 96, "cpu_prompts": 8, "epochs": 60,
                  "draft_vocab": 2048},
     "1b": {"outtype": "bf16", "prompts": 16, "max_new_tokens": 96, "cpu_prompts": 2, "epochs": 60,
@@ -437,6 +438,11 @@ def main() -> None:
     print(f"engine {a.shape}: wrote {write_result(out, doc)}; seconds {secs}", flush=True)
     if a.work is None:
         shutil.rmtree(work, ignore_errors=True)
+    off = {b: s["agreement"] for b, s in served.items() if s["agreement"]["ok"] is False}
+    if off:  # the figures stay in the result file; the run is no check passed
+        raise SystemExit(f"engine {a.shape}: llama.cpp's per-prompt counts disagree with eyas' on "
+                         + "; ".join(f"{b} ({g['exact']} of {g['compared']} exact, {len(g['outside_tolerance'])} outside "
+                                     f"the tolerance: {g['tolerance']})" for b, g in off.items()))
 
 
 if __name__ == "__main__":
