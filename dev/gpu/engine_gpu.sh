@@ -20,8 +20,9 @@
 #                                           its build record), the CPU build, libgomp.so.1 and the wheels. Installs both
 #                                           builds and runs $GPU_TESTS.
 #   bash dev/gpu/engine_gpu.sh park         carry .devcarry/p (part.aa alone): parks it for engine, after kept.
-#   bash dev/gpu/engine_gpu.sh decode       carry .devcarry/s (the wheels): the GPU tests of $GPU_TESTS and
-#                                           bench_decode.py's two parts, on a bare machine (a random Llama of the
+#   bash dev/gpu/engine_gpu.sh decode       carry .devcarry/s (the wheels): the GPU tests of $GPU_TESTS,
+#                                           bench_decode.py's two parts (self-distill at batch 256 and 1,024) and
+#                                           dev/bench/profile_decode_gpu.py, on a bare machine (a random Llama of the
 #                                           embedded target's shape stands in for it).
 #   bash dev/gpu/engine_gpu.sh tiny         carry .devcarry/f: llama-src.tar.xz, the CPU build and the wheels (as park-build),
 #                                           and a tiny random Llama (target.gguf, f16, the embedded tokenizer) with an
@@ -168,9 +169,11 @@ case "$mode" in
     most 0 "$@"
     need .devcarry/s '*.whl'
     deps .devcarry/s
-    step 200 python3 -m pytest -q -m gpu -p no:cacheprovider $GPU_TESTS
-    step 150 python3 benchmarks/bench_decode.py --parts step --out-step "$OUT"/decode_step.json
-    step 200 python3 benchmarks/bench_decode.py --parts selfdistill --out-selfdistill "$OUT"/decode_selfdistill.json ;;
+    step 170 python3 -m pytest -q -m gpu -p no:cacheprovider $GPU_TESTS
+    step 150 python3 benchmarks/bench_decode.py --parts selfdistill --batch-sizes 256 1024 \
+      --out-selfdistill "$OUT"/decode_selfdistill.json
+    step 90 python3 dev/bench/profile_decode_gpu.py
+    step 110 python3 benchmarks/bench_decode.py --parts step --out-step "$OUT"/decode_step.json ;;
   *) echo "usage: bash dev/gpu/engine_gpu.sh park-build|engine ['tests bench distill']|kept|park|decode|tiny"; exit 2 ;;
 esac
 [ ${#failed[@]} = 0 ] || { printf "engine_gpu.sh $mode: failed: %s\n" "${failed[@]}" | tee -a "$LOG"; exit 1; }

@@ -22,12 +22,21 @@ host work beyond copying the ids and the start column in:
 - the positions: row ``b`` is left-padded by ``pad[b]`` columns (batched prompts of unequal
   length), so the token at column ``c`` has position ``c - pad[b]`` (HF ``generate``'s
   ``attention_mask.cumsum(-1) - 1``);
-- the attention mask: a 4D additive float mask [B, 1, T, max_len] (0 where a query may attend,
+- the attention mask: a 4D additive float mask [B, 1, T, L] (0 where a query may attend,
   the dtype's minimum elsewhere): column ``c`` is visible to the query at column ``q`` iff
   ``pad[b] <= c <= q`` (a pad query sees its own column only, so no row of the softmax is empty).
   transformers uses a 4D mask as given and builds none of its own
   (``src/transformers/masking_utils.py``, ``_preprocess_mask_arguments``: "If the mask is already
   4D, simply return as-is"), so the step holds no host synchronisation.
+
+Attention reads only the columns a step can see, once. ``L`` is ``start + T`` rounded up to a
+multiple of :data:`LEN_QUANTUM` (part of the step's shape, so a graph is captured per such bucket),
+and during a step the target's attention is :func:`grouped_attention`: the cache's first ``L``
+columns, each key/value head read once by the query heads that share it (grouped-query attention
+without transformers' ``repeat_kv`` copy, ``src/transformers/integrations/sdpa_attention.py``), in
+one ``scaled_dot_product_attention``. transformers' own ``sdpa`` attends over all ``max_len``
+columns with every key/value head copied per query head: at a self-distill batch of 1,024 rows
+that copy, not the weights, is what a step reads.
 
 Rolling back rejected draft tokens is moving ``start``: the columns past it are hidden by the mask
 until a later step overwrites them. A draft tree verified in one step (eyas/eval/tree.py) passes two
@@ -47,6 +56,7 @@ path, unchanged) otherwise; the eval and self-distill record the choice.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import weakref
 
@@ -55,14 +65,17 @@ import torch
 from eyas.target import hf_config, layers
 
 __all__ = ["DECODES", "GraphCaptureError", "StaticDecoder", "additive_mask", "choose", "decoder", "greedy_batch",
-           "release", "unsupported"]
+           "grouped_attention", "release", "unsupported"]
 
 DECODES = ("auto", "dynamic", "static", "graphed")
 # attention implementations that apply a 4D additive float mask as given (transformers
 # integrations/sdpa_attention.py, modeling_llama.py eager_attention_forward)
 _MASKED_ATTENTION = ("sdpa", "eager")
-# cache lengths are rounded up to a multiple of this, so that a few decoders cover prompts of every length
+# cache lengths, and the columns a step attends over, are rounded up to a multiple of this, so that a few
+# decoders cover prompts of every length and a few graphs every step of one
 LEN_QUANTUM = 128
+# the name the static step's attention is registered under (transformers AttentionInterface)
+_GROUPED = "eyas_grouped"
 
 
 class GraphCaptureError(RuntimeError):
@@ -131,6 +144,52 @@ def choose(model, decode: str = "auto") -> str:
 
 def _forward_params(model) -> frozenset:
     return frozenset(inspect.signature(type(model).forward).parameters)
+
+
+def grouped_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                      attention_mask: torch.Tensor, scaling: float | None = None, dropout: float = 0.0, **kwargs):
+    """The static step's attention, in transformers' attention-function signature
+    (``src/transformers/modeling_utils.py``, ``AttentionInterface``): a query head attends over the
+    first ``L`` cache columns of its key/value head, ``L`` the mask's last dimension.
+
+    The query heads that share a key/value head (``h = kv * G + g``, the order of transformers'
+    ``repeat_kv``) are stacked into one query block of ``G * T`` rows, so each key/value head is read
+    once and never copied.
+
+    Args:
+        module: the attention module (unused; the interface passes it).
+        query: [B, H, T, D]. key, value: [B, H_kv, max_len, D], the whole static cache (H divisible by H_kv).
+        attention_mask: [B, 1, T, L] additive float mask (L <= max_len).
+        scaling: the softmax scale (None: ``D ** -0.5``). dropout: must be 0 (a decode).
+    Returns:
+        ``(out [B, T, H, D], None)`` in the query's dtype, as transformers' ``sdpa_attention_forward``.
+    Raises:
+        ValueError: a dropout, a soft cap or attention sinks (this attention has none of them).
+    """
+    if dropout or kwargs.get("softcap") is not None or kwargs.get("s_aux") is not None:
+        raise ValueError("the static step's attention has no dropout, soft cap or attention sinks")
+    B, H, T, D = query.shape
+    Hkv, L = key.shape[1], attention_mask.shape[-1]
+    G = H // Hkv
+    mask = attention_mask.expand(B, G, T, L).reshape(B, 1, G * T, L)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query.reshape(B, Hkv, G * T, D), key[:, :, :L], value[:, :, :L], attn_mask=mask, scale=scaling)
+    return out.reshape(B, H, T, D).transpose(1, 2), None
+
+
+@contextlib.contextmanager
+def _grouped(model):
+    """Within the block, ``model``'s attention is :func:`grouped_attention` (registered with
+    transformers' ``AttentionInterface``); its own implementation is restored after."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(_GROUPED, grouped_attention)
+    was = model.config._attn_implementation
+    model.config._attn_implementation = _GROUPED
+    try:
+        yield
+    finally:
+        model.config._attn_implementation = was
 
 
 class _Graph:
@@ -207,29 +266,35 @@ class StaticDecoder:
         """Token positions [B, T] of the query columns ``q`` [T]: ``q - pad`` (0 on pad columns)."""
         return (q[None, :] - self.pad[:, None]).clamp_min(0)
 
-    def _mask(self, q: torch.Tensor) -> torch.Tensor:
-        """The additive mask [B, 1, T, max_len] of the query columns ``q`` [T] (module docstring)."""
-        c = self._cols[None, None, :]
+    def visible(self, end: int) -> int:
+        """The columns a step ending before column ``end`` attends over: ``end`` rounded up to a
+        multiple of :data:`LEN_QUANTUM`, at most ``max_len``."""
+        return min(self.max_len, -(-end // LEN_QUANTUM) * LEN_QUANTUM)
+
+    def _mask(self, q: torch.Tensor, L: int) -> torch.Tensor:
+        """The additive mask [B, 1, T, L] of the query columns ``q`` [T] (module docstring)."""
+        c = self._cols[None, None, :L]
         qq = q[None, :, None]
         return additive_mask(((c <= qq) & (c >= self.pad[:, None, None])) | (c == qq), self.dtype)[:, None]
 
-    def _tree_mask(self, visible: torch.Tensor) -> torch.Tensor:
-        """The additive mask [B, 1, T, max_len] of a tree step: the columns before ``start`` (not
+    def _tree_mask(self, visible: torch.Tensor, L: int) -> torch.Tensor:
+        """The additive mask [B, 1, T, L] of a tree step: the columns before ``start`` (not
         pads), and among the step's own columns those ``visible`` [T, T] marks for each query."""
         T = visible.shape[0]
-        rel = self._cols - self.start                                                 # [max_len]
-        own = visible.gather(1, rel.clamp(0, T - 1).expand(T, -1)) & (rel >= 0) & (rel < T)  # [T, max_len]
-        prefix = (rel < 0)[None, None, :] & (self._cols[None, None, :] >= self.pad[:, None, None])
+        cols = self._cols[:L]
+        rel = cols - self.start                                                       # [L]
+        own = visible.gather(1, rel.clamp(0, T - 1).expand(T, -1)) & (rel >= 0) & (rel < T)  # [T, L]
+        prefix = (rel < 0)[None, None, :] & (cols[None, None, :] >= self.pad[:, None, None])
         return additive_mask(prefix | own[None], self.dtype)[:, None]
 
-    def _step(self, ids: torch.Tensor, aux_ids: tuple | None, last_only: bool, tree=None):
+    def _step(self, ids: torch.Tensor, aux_ids: tuple | None, last_only: bool, L: int, tree=None):
         """The step (what a graph records): -> (logits [B, T or 1, V], argmax [B, T or 1], aux
-        [B, T, n_aux*H] or None). ``tree``: None, or (visible [T, T] bool, depth [T] int64), a
-        tree step (:meth:`forward`)."""
+        [B, T, n_aux*H] or None). ``L``: the columns attended over (:meth:`visible`). ``tree``:
+        None, or (visible [T, T] bool, depth [T] int64), a tree step (:meth:`forward`)."""
         model = self.model
         q = self.start + torch.arange(ids.shape[1], device=self.device)
-        mask, pos = (self._mask(q), self._positions(q)) if tree is None else \
-            (self._tree_mask(tree[0]), self._positions(self.start + tree[1]))
+        mask, pos = (self._mask(q, L), self._positions(q)) if tree is None else \
+            (self._tree_mask(tree[0], L), self._positions(self.start + tree[1]))
         for layer in self.cache.layers:  # looked up each step: a layer's first write may rebind it
             if hasattr(layer, "cumulative_length"):
                 layer.cumulative_length.copy_(self.start)
@@ -238,7 +303,7 @@ class StaticDecoder:
             kw["cache_position"] = q
         if last_only and self._logits_to_keep:
             kw["logits_to_keep"] = 1
-        with layers.capture_aux(model, list(aux_ids or ())) as aux_of:
+        with layers.capture_aux(model, list(aux_ids or ())) as aux_of, _grouped(model):
             out = model(input_ids=ids, output_hidden_states=bool(aux_ids), **kw)
         logits = out.logits[:, -1:] if last_only else out.logits
         return logits, logits.argmax(-1), (aux_of(out.hidden_states) if aux_ids else None)
@@ -278,10 +343,11 @@ class StaticDecoder:
             raise ValueError(f"StaticDecoder: a tree of visibility {tuple(inputs[1].shape)} and depths "
                              f"{tuple(inputs[2].shape)} for {ids.shape[1]} tokens")
         self.start.fill_(start)
-        key = (ids.shape[1], tuple(aux_ids) if aux_ids else None, last_only, tree is not None)
+        key = (ids.shape[1], tuple(aux_ids) if aux_ids else None, last_only, tree is not None,
+               self.visible(start + ids.shape[1]))
         if not (self.graphs and graph):
             inputs = [x.to(self.device, non_blocking=True) for x in inputs]
-            return self._step(inputs[0], key[1], last_only, None if tree is None else inputs[1:])
+            return self._step(inputs[0], key[1], last_only, key[4], None if tree is None else inputs[1:])
         g = self._steps.get(key)
         if g is None:
             g = self._steps[key] = self._capture(inputs, key)
@@ -293,7 +359,7 @@ class StaticDecoder:
 
     def _capture(self, inputs: list[torch.Tensor], key: tuple) -> _Graph:
         static = [x.to(self.device).clone() for x in inputs]
-        args = (static[0], key[1], key[2], static[1:] or None)
+        args = (static[0], key[1], key[2], key[4], static[1:] or None)
         try:
             side = torch.cuda.Stream(self.device)
             side.wait_stream(torch.cuda.current_stream(self.device))
@@ -308,8 +374,8 @@ class StaticDecoder:
         except Exception as e:
             raise GraphCaptureError(
                 f"capturing the target's decode step in a CUDA graph failed (batch {self.batch_size}, "
-                f"{key[0]} tokens per row, aux layers {key[1]}, last_only {key[2]}, tree {key[3]}, cache "
-                f"{self.max_len} columns): {type(e).__name__}: {e}. decode 'static' runs the same step without "
+                f"{key[0]} tokens per row, aux layers {key[1]}, last_only {key[2]}, tree {key[3]}, {key[4]} of the "
+                f"cache's {self.max_len} columns): {type(e).__name__}: {e}. decode 'static' runs the same step without "
                 f"graphs") from e
         # graphs share one memory pool; each graph's outputs stay referenced here, so no later
         # capture reuses their memory, and steps never run concurrently

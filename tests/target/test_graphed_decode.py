@@ -141,16 +141,81 @@ def test_static_batch_negative_controls(target, prompts, reference, monkeypatch)
     monkeypatch.undo()
     real_mask = StaticDecoder._mask
 
-    def pads_visible(self, q):
+    def pads_visible(self, q, L):
         pad, self.pad = self.pad, torch.zeros_like(self.pad)
         try:
-            return real_mask(self, q)
+            return real_mask(self, q, L)
         finally:
             self.pad = pad
 
     monkeypatch.setattr(StaticDecoder, "_mask", pads_visible)
     out = generate_batch(target, prompts, 20, 0, [], decode="static")
     assert out != reference and out[3] == reference[3]  # the longest prompt has no pads: unchanged
+
+
+def _attention_by_hand(query, key, value, mask, scale):
+    """Attention written out: every query head h reads key/value head h // G (transformers' repeat_kv order)."""
+    G = query.shape[1] // key.shape[1]
+    k = key.repeat_interleave(G, dim=1)[:, :, :mask.shape[-1]]
+    v = value.repeat_interleave(G, dim=1)[:, :, :mask.shape[-1]]
+    return torch.softmax(query @ k.transpose(-1, -2) * scale + mask, dim=-1) @ v   # [B, H, T, D]
+
+
+def test_grouped_attention_reads_the_visible_columns_of_each_shared_head():
+    """grouped_attention over the first L = 7 of 10 cache columns equals attention written out by
+    hand, for 6 query heads over 2 key/value heads; columns past L change nothing. Controls: the
+    query heads grouped in the other order (h = g * H_kv + kv), or the mask's columns shifted, differ."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(shape, generator=g, dtype=torch.float64) for shape in
+               ((2, 6, 3, 8), (2, 2, 10, 8), (2, 2, 10, 8)))
+    allowed = torch.rand((2, 1, 3, 7), generator=g) < 0.7
+    allowed[..., 0] = True
+    mask = graphed.additive_mask(allowed, torch.float64)
+    want = _attention_by_hand(q, k, v, mask, 0.3).transpose(1, 2)
+    got, weights = graphed.grouped_attention(None, q, k, v, mask, scaling=0.3)
+    assert weights is None and got.shape == (2, 3, 6, 8)
+    torch.testing.assert_close(got, want)
+    k2, v2 = k.clone(), v.clone()
+    k2[:, :, 7:], v2[:, :, 7:] = 1e3, -1e3
+    torch.testing.assert_close(graphed.grouped_attention(None, q, k2, v2, mask, scaling=0.3)[0], want)
+    swapped = q.reshape(2, 3, 2, 3, 8).transpose(1, 2).reshape(2, 6, 3, 8)  # head kv * G + g -> g * H_kv + kv
+    assert not torch.allclose(graphed.grouped_attention(None, swapped, k, v, mask, scaling=0.3)[0], want)
+    shifted = graphed.additive_mask(torch.roll(allowed, 1, dims=-1), torch.float64)
+    assert not torch.allclose(graphed.grouped_attention(None, q, k, v, shifted, scaling=0.3)[0], want)
+    with pytest.raises(ValueError, match="no dropout, soft cap or attention sinks"):
+        graphed.grouped_attention(None, q, k, v, mask, dropout=0.1)
+
+
+def test_steps_attend_over_the_visible_columns_only(target, monkeypatch):
+    """A decoder three column buckets long decodes a prompt of LEN_QUANTUM - 5 tokens and 12 more
+    one by one, across the bucket at LEN_QUANTUM (its steps attend over fewer columns than the cache
+    holds): each step's logits equal the full sequence's causal forward without a cache, and greedy
+    equals transformers' dynamic-cache greedy token for token. Control: steps that attend over the
+    first bucket whatever their columns give other logits once they pass it."""
+    m = target.model
+    p = torch.randint(0, VOCAB, (graphed.LEN_QUANTUM - 5,), generator=torch.Generator().manual_seed(3)).tolist()
+    want = greedy_generate(target, p, max_new_tokens=20, stop_ids=[], decode="dynamic")
+    seq = p + want[:12]
+    full = m(input_ids=torch.tensor([seq])).logits[0]                                   # [len(seq), V]
+
+    def steps() -> torch.Tensor:
+        dec = StaticDecoder(m, 1, 3 * graphed.LEN_QUANTUM, graphs=False)
+        dec.reset()
+        dec.forward([p], 0, graph=False)
+        return torch.stack([dec.forward([[seq[c]]], c)[0][0, -1] for c in range(len(p), len(seq))])
+
+    torch.testing.assert_close(steps(), full[len(p):], rtol=1e-4, atol=1e-4)
+    graphed.release(m)
+    kept = graphed.decoder(m, 1, 3 * graphed.LEN_QUANTUM, graphs=False)
+    assert kept.visible(len(p)) == graphed.LEN_QUANTUM and kept.visible(len(p) + 10) == 2 * graphed.LEN_QUANTUM
+    assert greedy_generate(target, p, max_new_tokens=20, stop_ids=[], decode="static") == want
+    assert graphed.decoder(m, 1, len(p) + 20, graphs=False) is kept
+    graphed.release(m)
+    monkeypatch.setattr(StaticDecoder, "visible", lambda self, end: graphed.LEN_QUANTUM)
+    cut = steps()
+    past = len(p) + 5  # the first step at column LEN_QUANTUM
+    torch.testing.assert_close(cut[:5], full[len(p):past], rtol=1e-4, atol=1e-4)
+    assert not torch.allclose(cut[5:], full[past:], rtol=1e-3, atol=1e-3)
 
 
 def test_static_chain_equals_dynamic(target, prompts, reference):
