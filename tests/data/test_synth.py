@@ -129,20 +129,22 @@ def test_overlap_matches_brute_force_containment():
 # ------------------------------------------------------------------------------- sampled decode
 
 
-def test_generate_batch_samples_with_its_seed():
-    """Self-distill's batched decode, sampled: a seed repeats its draw and another seed draws another; a
-    nucleus so small that only the argmax is left gives the greedy reply (HF keeps one token at least)."""
+@pytest.mark.parametrize("decode", ["dynamic", "static"])
+def test_generate_batch_samples_with_its_seed(decode):
+    """Self-distill's batched decode, sampled (transformers' generate, and the static-cache decode the
+    CUDA graphs replay): a seed repeats its draw and another seed draws another; a nucleus so small that
+    only the argmax is left gives the greedy reply (HF keeps one token at least)."""
     from eyas.data.distill import generate_batch
     from tests.tiny import tiny_target
 
     model = tiny_target().model
     prompts = [[1, 2, 3], [4, 5], [6]]
-    greedy = generate_batch(model, prompts, 12, 0, [])
-    a = generate_batch(model, prompts, 12, 0, [], temperature=1.0, top_p=1.0, seed=3)
-    assert generate_batch(model, prompts, 12, 0, [], temperature=1.0, top_p=1.0, seed=3) == a
-    assert generate_batch(model, prompts, 12, 0, [], temperature=1.0, top_p=1.0, seed=4) != a
+    greedy = generate_batch(model, prompts, 12, 0, [], decode=decode)
+    a = generate_batch(model, prompts, 12, 0, [], decode=decode, temperature=1.0, top_p=1.0, seed=3)
+    assert generate_batch(model, prompts, 12, 0, [], decode=decode, temperature=1.0, top_p=1.0, seed=3) == a
+    assert generate_batch(model, prompts, 12, 0, [], decode=decode, temperature=1.0, top_p=1.0, seed=4) != a
     assert a != greedy
-    assert generate_batch(model, prompts, 12, 0, [], temperature=1.0, top_p=1e-9, seed=3) == greedy
+    assert generate_batch(model, prompts, 12, 0, [], decode=decode, temperature=1.0, top_p=1e-9, seed=3) == greedy
 
 
 # ------------------------------------------------------------------------------- one user turn
