@@ -58,6 +58,10 @@ Which decode a caller gets is :func:`choose`: ``"auto"`` is ``"graphed"`` on CUD
 static step supports (:func:`unsupported`: full attention in every layer, an ``sdpa`` or ``eager``
 attention implementation) and ``"dynamic"`` (transformers' own ``DynamicCache`` decoding, the CPU
 path, unchanged) otherwise; the eval and self-distill record the choice.
+
+One module past 500 lines: the step, its capture, the decoders kept per target and the batched decode
+over them share the step's static buffers and one rule (a graph's outputs are valid until the next step;
+sampling reads them after it); the sampling distribution sits beside the loop that draws from it.
 """
 
 from __future__ import annotations
