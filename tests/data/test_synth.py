@@ -340,6 +340,7 @@ def test_stage_end_to_end_on_the_embedded_target(tmp_path):
     assert m["generated"] == 8 + m["surplus"] + sum(m["dropped"].values())
     assert m["benchmark_texts"]["humaneval"] == 164 and m["benchmark_texts"]["chat"] > 0
     assert m["seconds_per_1m_kept_user_tokens"] > 0
+    assert m["backend"] == "hf" and m["decode"] == "dynamic"  # the decode generate_batch ran (a CPU: generate)
     users = [[x["content"] for x in c["messages"] if x["role"] == "user"][0] for c in rows]
     assert all(u.strip() == u and u for u in users)
     assert all(c["messages"][-1] == {"role": "assistant", "content": ""} for c in rows)
