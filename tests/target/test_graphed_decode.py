@@ -495,14 +495,14 @@ def test_graphed_tree_equals_dynamic_on_cuda(tiny_greedy):
 @cuda
 def test_graphed_sampled_batch_equals_static_on_cuda(prompts):
     """Batched sampling on CUDA: the graph replays' logits, drawn from outside the graph with a CUDA
-    generator, give the eager step's tokens and transformers' generate's with the same seed."""
+    generator, give the eager step's tokens with the same seed (transformers' generate draws from
+    the global generator: equal on the CPU, tests/data/test_distill.py), another seed other tokens."""
     t = tiny_target()
     t.model.cuda()
     kw = dict(temperature=0.8, top_p=0.95, seed=5)
     ref = generate_batch(t, prompts, 20, 0, [], decode="static", **kw)
     assert generate_batch(t, prompts, 20, 0, [], decode="auto", **kw) == ref  # auto: graphed on CUDA
     assert generate_batch(t, prompts, 20, 0, [], decode="graphed", **kw) == ref
-    assert generate_batch(t, prompts, 20, 0, [], decode="dynamic", **kw) == ref
     assert generate_batch(t, prompts, 20, 0, [], decode="graphed", **{**kw, "seed": 6}) != ref
 
 
