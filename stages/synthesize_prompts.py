@@ -69,6 +69,7 @@ def decoder(p, tokenizer):
                                 top_p=top_p, seed=seed)
         return generate, stop_ids, {"backend": "server", **{k: info[k] for k in ("api", "model", "revision")}}
     from eyas.data.distill import generate_batch
+    from eyas.target import graphed
 
     target = load_target(t.path, t.gguf_file, t.dtype, t.trust_remote_code, tokenizer=tokenizer, revision=t.revision)
     stop_ids = target.stop_ids
@@ -77,7 +78,9 @@ def decoder(p, tokenizer):
     def generate(prompts, max_new_tokens, *, temperature, top_p, seed):
         return generate_batch(target.model, prompts, max_new_tokens, pad_id, stop_ids, temperature=temperature,
                               top_p=top_p, seed=seed)
-    return generate, stop_ids, {"backend": "hf", "dtype": t.dtype}
+    # the decode generate_batch runs (graphed on CUDA, greedy and sampled alike): rounds it did not write are
+    # not reused, and the metrics name it
+    return generate, stop_ids, {"backend": "hf", "dtype": t.dtype, "decode": graphed.choose(target.model)}
 
 
 def run(p, out_dir: Path = OUT_DIR, metrics_path: Path = METRICS, work_dir: Path = WORK) -> dict:

@@ -28,10 +28,11 @@ target never made. The decoded ``content`` is kept for reading only.
 The core works on token ids (:func:`generate_batch`), so it is testable on a tokenizer-free tiny
 model: prompts are LEFT-padded into a batch (with the attention mask, so pads are invisible) and
 decoded greedily, on a CPU by transformers' ``generate``, on CUDA by a static KV cache whose one-token
-steps replay a CUDA graph (:func:`eyas.target.graphed.greedy_batch`; ``generate`` there is bound by
+steps replay a CUDA graph (:func:`eyas.target.graphed.decode_batch`; ``generate`` there is bound by
 kernel launches); the result must equal unbatched greedy decoding
 (:func:`eyas.eval.speculative.greedy_generate`) token for token. A sampled call (the user turns of
-synthesized prompts, :mod:`eyas.data.synth`) runs transformers' ``generate`` on any device.
+synthesized prompts, :mod:`eyas.data.synth`) takes the same decodes: on CUDA the graphed one, each
+token drawn outside the graph from the step's logits as transformers' ``generate`` samples.
 """
 
 from __future__ import annotations
@@ -82,14 +83,18 @@ def generate_batch(model, prompts_ids: list[list[int]], max_new_tokens: int, pad
             ``"static"``, a cache preallocated to prompt + ``max_new_tokens`` whose decode step
             transformers compiles on CUDA (dev/bench/bench_generate.py compares them).
         decode: :func:`eyas.target.graphed.choose`: ``"auto"`` (the default) is ``"graphed"`` on
-            CUDA (:func:`eyas.target.graphed.greedy_batch`: a static KV cache, each decode step
+            CUDA (:func:`eyas.target.graphed.decode_batch`: a static KV cache, each decode step
             replayed from a CUDA graph) and ``"dynamic"`` (transformers' ``generate``) elsewhere;
-            ``"static"`` is the graphed loop without graphs (any device). Greedy only: a sampled call
-            (``temperature`` > 0) runs ``"dynamic"`` (``"auto"`` picks it).
+            ``"static"`` is the graphed loop without graphs (any device). Greedy and sampled alike.
         temperature: 0 (the default): greedy, what self-distill runs; > 0: sampled at this
-            temperature (transformers' ``do_sample``, top-k off) with nucleus ``top_p`` in (0, 1],
-            the global torch generator seeded with ``seed`` first (transformers samples with
-            ``torch.multinomial`` on it), as synthesized prompts are written (eyas.data.synth).
+            temperature with nucleus ``top_p`` in (0, 1] (top-k off), as synthesized prompts are
+            written (eyas.data.synth), the way transformers' ``generate`` samples (``do_sample``;
+            ``TemperatureLogitsWarper`` then ``TopPLogitsWarper``, ``src/transformers/generation/
+            logits_process.py``, then ``torch.multinomial``): ``"static"``/``"graphed"`` draw with a
+            ``torch.Generator`` on the target's device seeded with ``seed``
+            (:func:`eyas.target.graphed.decode_batch`); ``"dynamic"`` seeds the global generator
+            with ``seed`` (``torch.manual_seed``) and runs ``generate``. On a CPU both give the same
+            tokens (up to the rounding of the logits).
     Returns:
         per prompt, in input order, the generated ids (prompt excluded), up to and including the
         first stop id when one was generated:
@@ -97,8 +102,8 @@ def generate_batch(model, prompts_ids: list[list[int]], max_new_tokens: int, pad
     Raises:
         ValueError: ``stop_ids`` is None (say ``[]`` for none), an empty prompt, ``max_new_tokens`` < 1, an
             unknown ``decode`` (or one the target cannot run, :func:`eyas.target.graphed.choose`),
-            ``cache_implementation`` with a decode other than ``"dynamic"``, ``temperature`` < 0, a sampled
-            call (``temperature`` > 0) with decode ``"static"``/``"graphed"`` or ``top_p`` outside (0, 1].
+            ``cache_implementation`` with a decode other than ``"dynamic"``, ``temperature`` < 0 or NaN,
+            a sampled call (``temperature`` > 0) with ``top_p`` outside (0, 1].
         eyas.target.graphed.GraphCaptureError: the CUDA graph capture failed.
     """
     from eyas.target import graphed
@@ -113,23 +118,23 @@ def generate_batch(model, prompts_ids: list[list[int]], max_new_tokens: int, pad
         raise ValueError(f"generate_batch: decode {decode!r} is not one of {graphed.DECODES}")
     if not prompts_ids:
         return []
-    decode = _checked_decode(prompts_ids, max_new_tokens, cache_implementation, decode, temperature, top_p)
+    _check_args(prompts_ids, max_new_tokens, cache_implementation, decode, temperature, top_p)
     mode = graphed.choose(model, decode)
     if mode != "dynamic":
-        return graphed.greedy_batch(model, prompts_ids, max_new_tokens, pad_id, stop_ids, graphs=mode == "graphed")
+        return graphed.decode_batch(model, prompts_ids, max_new_tokens, pad_id, stop_ids, graphs=mode == "graphed",
+                                    temperature=temperature, top_p=top_p, seed=seed)
     return _generate_dynamic(model, prompts_ids, max_new_tokens, pad_id, stop_ids, cache_implementation,
                              temperature=temperature, top_p=top_p, seed=seed)
 
 
-def _checked_decode(prompts_ids: list[list[int]], max_new_tokens: int, cache_implementation: str | None,
-                    decode: str, temperature: float, top_p: float) -> str:
-    """:func:`generate_batch`'s arguments checked against each other; the decode to run (``"dynamic"`` for
-    a sampled call, else ``decode``).
+def _check_args(prompts_ids: list[list[int]], max_new_tokens: int, cache_implementation: str | None,
+                decode: str, temperature: float, top_p: float) -> None:
+    """:func:`generate_batch`'s arguments checked against each other.
 
     Raises:
         ValueError: an empty prompt, ``max_new_tokens`` < 1, ``cache_implementation`` with a decode other
-            than ``"dynamic"``, ``temperature`` < 0 or NaN, a sampled call with decode ``"static"`` /
-            ``"graphed"`` or ``top_p`` outside (0, 1]; each message starts ``generate_batch:``.
+            than ``"dynamic"``, ``temperature`` < 0 or NaN, a sampled call (``temperature`` > 0) with
+            ``top_p`` outside (0, 1]; each message starts ``generate_batch:``.
     """
     if any(len(p) == 0 for p in prompts_ids):
         raise ValueError("generate_batch: empty prompt")
@@ -140,14 +145,8 @@ def _checked_decode(prompts_ids: list[list[int]], max_new_tokens: int, cache_imp
                          f"generate's (decode 'dynamic'), not decode {decode!r}'s")
     if not temperature >= 0:  # a NaN too
         raise ValueError(f"generate_batch: temperature must be >= 0 (0 = greedy), got {temperature}")
-    if temperature > 0:
-        if decode in ("static", "graphed"):
-            raise ValueError(f"generate_batch: decode {decode!r} is greedy only (eyas.target.graphed.greedy_batch); "
-                             f"a sampled call (temperature {temperature}) runs decode 'dynamic' or 'auto'")
-        if not 0 < top_p <= 1:
-            raise ValueError(f"generate_batch: top_p must be in (0, 1], got {top_p}")
-        decode = "dynamic"  # transformers' generate samples; the static-cache loop is argmax
-    return decode
+    if temperature > 0 and not 0 < top_p <= 1:
+        raise ValueError(f"generate_batch: top_p must be in (0, 1], got {top_p}")
 
 
 def _generate_dynamic(model, prompts_ids: list[list[int]], max_new_tokens: int, pad_id: int, stop_ids: list[int],

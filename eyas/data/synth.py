@@ -8,6 +8,15 @@ distribution, which a drafter of that target is asked to draft for. For more tha
 answers (greedy, as self-distill does) and then writes the next user turn the same way. Code requests
 come the same way under a code system prompt (``data.synth.code_system_prompts``).
 
+The user turns are sampled (``data.synth.temperature``, ``top_p``), each batch of prompts from its own
+seed (derived from ``data.synth.seed``, the round, the turn and the batch), so a rerun with the same
+decode on the same kind of device draws the same turns. Through the target itself (``distill.backend:
+hf``) both kinds of turn run :func:`eyas.data.distill.generate_batch`: on CUDA the graphed static-cache
+decode, each sampled token drawn after the graph's step from its logits as transformers' ``generate`` samples
+(:func:`eyas.target.graphed.decode_batch`); on a CPU transformers' ``generate``. Through an engine
+(``server``, :func:`eyas.data.remote.generate_ids`) vLLM and llama-server sample with the seed; SGLang
+takes none.
+
 Every user turn passes, in this order (the first failure is the reason it is counted under, in
 ``stats["dropped"]``):
 

@@ -18,8 +18,10 @@ probability ``p_i(x)`` and the residual is ``p_i`` without ``x`` (vLLM's rule fo
 draft probabilities).
 
 ``p`` and ``q`` are the softmax of the logits divided by the temperature, restricted to the top-p
-nucleus and renormalised (transformers' ``TemperatureLogitsWarper`` and ``TopPLogitsWarper``, as HF
-``generate`` samples). Temperature 0 is greedy decoding: :func:`eyas.eval.speculative.speculative_generate`.
+nucleus and renormalised (:func:`eyas.target.graphed.target_probs`: transformers'
+``TemperatureLogitsWarper`` and ``TopPLogitsWarper``, as HF ``generate`` samples, and as the batched
+sampled decode of synthesized prompts draws). Temperature 0 is greedy decoding:
+:func:`eyas.eval.speculative.speculative_generate`.
 Randomness comes only from the ``torch.Generator`` passed in (CPU), so a seed reproduces a run.
 """
 
@@ -28,31 +30,12 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 
 import torch
-from transformers import TemperatureLogitsWarper, TopPLogitsWarper
 
 from eyas.drafter.model import Eagle3Drafter
 from eyas.eval.speculative import EagleProposer, _aux_layers, _model, as_proposer, stop_set, target_cache
+from eyas.target.graphed import target_probs
 
 __all__ = ["SampledEagleProposer", "sampled_generate", "target_probs", "verify_chain_sampled"]
-
-
-def target_probs(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
-    """Sampling distribution of ``logits`` [..., V] at ``temperature`` > 0 and ``top_p`` in (0, 1]:
-    float32 probabilities [..., V], zero outside the nucleus (HF ``generate``'s warpers).
-
-    Raises:
-        ValueError: ``temperature`` <= 0 (greedy has no distribution to sample) or ``top_p``
-            outside (0, 1].
-    """
-    if not temperature > 0:
-        raise ValueError(f"target_probs: temperature must be > 0 (0 is greedy decoding), got {temperature}")
-    if not 0 < top_p <= 1:
-        raise ValueError(f"target_probs: top_p must be in (0, 1], got {top_p}")
-    shape = logits.shape
-    scores = TemperatureLogitsWarper(temperature)(None, logits.reshape(-1, shape[-1]).float())
-    if top_p < 1:
-        scores = TopPLogitsWarper(top_p)(None, scores)
-    return torch.softmax(scores, dim=-1).reshape(shape)
 
 
 def _sample(probs: torch.Tensor, generator: torch.Generator) -> int:

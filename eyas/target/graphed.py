@@ -48,10 +48,20 @@ the graphs record against transformers' dynamic-cache decoding. Capture warms up
 first (PyTorch's recipe); a capture that raises is re-raised as :class:`GraphCaptureError` naming the
 shape (never a silent eager fallback).
 
+Sampling is not part of the step: a batched sampled decode (:func:`decode_batch`, synthesized
+prompts) reads the step's last-position logits after it ran (after the replay, from the graph's
+static output) and draws each token eagerly, with its own generator, from :func:`target_probs`
+(temperature and top-p as transformers' ``generate``), so one graph serves greedy and sampled
+decoding and no random state is captured.
+
 Which decode a caller gets is :func:`choose`: ``"auto"`` is ``"graphed"`` on CUDA for a target the
 static step supports (:func:`unsupported`: full attention in every layer, an ``sdpa`` or ``eager``
 attention implementation) and ``"dynamic"`` (transformers' own ``DynamicCache`` decoding, the CPU
 path, unchanged) otherwise; the eval and self-distill record the choice.
+
+One module past 500 lines: the step, its capture, the decoders kept per target and the batched decode
+over them share the step's static buffers and one rule (a graph's outputs are valid until the next step;
+sampling reads them after it); the sampling distribution sits beside the loop that draws from it.
 """
 
 from __future__ import annotations
@@ -64,8 +74,8 @@ import torch
 
 from eyas.target import hf_config, layers
 
-__all__ = ["DECODES", "GraphCaptureError", "StaticDecoder", "additive_mask", "choose", "decoder", "greedy_batch",
-           "grouped_attention", "release", "unsupported"]
+__all__ = ["DECODES", "GraphCaptureError", "StaticDecoder", "additive_mask", "choose", "decode_batch", "decoder",
+           "grouped_attention", "release", "target_probs", "unsupported"]
 
 DECODES = ("auto", "dynamic", "static", "graphed")
 # attention implementations that apply a 4D additive float mask as given (transformers
@@ -429,47 +439,105 @@ def _pow2(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
 
+def target_probs(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
+    """Sampling distribution of ``logits`` [..., V] at ``temperature`` > 0 and ``top_p`` in (0, 1]:
+    float32 probabilities [..., V] (a new tensor; ``logits`` is only read), zero outside the nucleus.
+
+    As transformers' ``generate`` samples (``src/transformers/generation/utils.py``, ``_sample``; the
+    warpers in ``src/transformers/generation/logits_process.py``): the logits in float32 divided by the
+    temperature (``TemperatureLogitsWarper``), then nucleus filtering (``TopPLogitsWarper``: sorted
+    ascending, the tokens whose cumulative probability is <= ``1 - top_p`` removed, the most likely
+    token always kept; skipped at ``top_p`` 1, as ``generate`` skips it), then the softmax.
+
+    Raises:
+        ValueError: ``temperature`` <= 0 (greedy has no distribution to sample) or ``top_p``
+            outside (0, 1].
+    """
+    from transformers import TemperatureLogitsWarper, TopPLogitsWarper
+
+    if not temperature > 0:
+        raise ValueError(f"target_probs: temperature must be > 0 (0 is greedy decoding), got {temperature}")
+    if not 0 < top_p <= 1:
+        raise ValueError(f"target_probs: top_p must be in (0, 1], got {top_p}")
+    shape = logits.shape
+    scores = TemperatureLogitsWarper(temperature)(None, logits.reshape(-1, shape[-1]).float())
+    if top_p < 1:
+        scores = TopPLogitsWarper(top_p)(None, scores)
+    return torch.softmax(scores, dim=-1).reshape(shape)
+
+
 @torch.no_grad()
-def greedy_batch(model, prompts_ids: list[list[int]], max_new_tokens: int, pad_id: int, stop_ids, *,
-                 graphs: bool, check_every: int = 8) -> list[list[int]]:
-    """Greedy continuations of several prompts in one batch over the static cache: an eager
-    prefill of the left-padded prompts, then one (graphed) one-token step per new token for every
-    row, until every row has generated a stop id or ``max_new_tokens``.
+def decode_batch(model, prompts_ids: list[list[int]], max_new_tokens: int, pad_id: int, stop_ids, *,
+                 graphs: bool, temperature: float = 0.0, top_p: float = 1.0, seed: int = 0,
+                 check_every: int = 8) -> list[list[int]]:
+    """Greedy or sampled continuations of several prompts in one batch over the static cache: an
+    eager prefill of the left-padded prompts, then one (graphed) one-token step per new token for
+    every row, until every row has generated a stop id or ``max_new_tokens``.
 
     The batch is padded with one-token prompts to a power of two, or to the rows of a kept decoder
     that has more (:func:`decoder`: a stage's batches share one cache and its graphs). Whether every
     row has stopped is read every ``check_every`` steps (a host synchronisation); rows that stopped
     keep decoding and are cut at their stop id.
 
+    Each new token is chosen from the step's last-position logits [B, V] (model dtype): greedy
+    (``temperature`` 0) is their argmax, computed inside the step. Sampled (``temperature`` > 0),
+    the prompts' rows draw it outside the step, eagerly from the logits the step (or its graph's
+    static output) returned, as transformers' ``generate`` samples: ``torch.multinomial`` over
+    :func:`target_probs` (temperature, then nucleus ``top_p``) of the ``n`` prompt rows [n, V], with
+    a ``torch.Generator`` on the target's device seeded with ``seed`` (the global generator is
+    neither read nor advanced). Each step draws for the ``n`` prompt rows only, so the tokens depend
+    on the prompts, ``seed`` and the device, not on the padded batch or a kept decoder's rows; on a CPU
+    they are those of ``generate`` after ``torch.manual_seed(seed)`` (the same draws from the same
+    probabilities, up to the rounding of the logits). The pad rows take their argmax.
+
     Args:
         model: a transformers causal LM. prompts_ids: non-empty id lists. max_new_tokens: >= 1.
         pad_id: the id at pad columns (masked). stop_ids: ids that end a row (may be empty).
         graphs: replay the decode step from CUDA graphs.
+        temperature: 0 greedy, > 0 sampled. top_p: the nucleus, in (0, 1] (read when sampled).
+        seed: the sampling generator's seed (``torch.Generator.manual_seed``'s range).
     Returns:
         per prompt, the generated ids up to and including the first stop id
         (:func:`eyas.data.distill.generate_batch`'s contract).
+    Raises:
+        ValueError: ``temperature`` < 0 or NaN, or a sampled call's ``top_p`` outside (0, 1]
+            (:func:`target_probs`), before any forward.
+        GraphCaptureError: the capture of a step shape failed.
     """
+    if not temperature >= 0:
+        raise ValueError(f"decode_batch: temperature must be >= 0 (0 = greedy), got {temperature}")
+    sampled = temperature > 0
+    if sampled:
+        target_probs(torch.zeros(1), temperature, top_p)  # the argument checks, before any forward
     model = _inner(model)
     n, T0 = len(prompts_ids), max(len(p) for p in prompts_ids)
     dec = decoder(model, _pow2(n), T0 + max_new_tokens, graphs, more_rows=True)
     B = dec.batch_size
+    gen = torch.Generator(device=dec.device).manual_seed(seed) if sampled else None
+
+    def pick(step: int, logits: torch.Tensor, argmax: torch.Tensor) -> None:
+        """Column ``step`` of ``out``: the argmax [B, 1]; sampled, the prompt rows drawn from the
+        logits [B, 1, V] (read here, after the step: the graph records no sampling)."""
+        out[:, step] = argmax[:, 0]
+        if sampled:
+            probs = target_probs(logits[:n, -1], temperature, top_p)                     # [n, V] float32
+            out[:n, step] = torch.multinomial(probs, 1, generator=gen)[:, 0]
+
     rows = list(prompts_ids) + [[pad_id]] * (B - n)
     ids = torch.full((B, T0), pad_id, dtype=torch.int64)
     for i, p in enumerate(rows):
         ids[i, T0 - len(p):] = torch.tensor(p, dtype=torch.int64)
     dec.reset([T0 - len(p) for p in rows])
-    _, nxt, _ = dec.forward(ids, 0, last_only=True, graph=False)
     out = torch.empty((B, max_new_tokens), dtype=torch.int64, device=dec.device)
-    out[:, 0] = nxt[:, 0]
+    pick(0, *dec.forward(ids, 0, last_only=True, graph=False)[:2])
     stop = torch.tensor(sorted(set(stop_ids)), dtype=torch.int64, device=dec.device)
     done = torch.isin(out[:n, 0], stop)
     steps = 1
     while steps < max_new_tokens:
         if steps % check_every == 0 and bool(done.all()):
             break
-        _, nxt, _ = dec.forward(out[:, steps - 1:steps], T0 + steps - 1, last_only=True)
-        out[:, steps] = nxt[:, 0]
-        done |= torch.isin(nxt[:n, 0], stop)
+        pick(steps, *dec.forward(out[:, steps - 1:steps], T0 + steps - 1, last_only=True)[:2])
+        done |= torch.isin(out[:n, steps], stop)
         steps += 1
     stop_set = set(stop_ids)
     result = []

@@ -461,26 +461,32 @@ def test_generate_batch_refuses_stop_ids_none_by_name():
         generate_batch(tiny_target().model, [[1, 2, 3]], 4, pad_id=0, stop_ids=None)
 
 
-def test_generate_batch_sampled_runs_generate_and_refuses_the_greedy_only_decodes():
-    """A sampled call (temperature > 0) goes through transformers' generate: the static-cache decodes
-    (argmax only) are refused by name rather than run greedy, as are a negative temperature and a top_p
-    outside (0, 1]; and the model's own generation_config eos does not leak into a sampled call either (a
-    seed repeats its draw with that eos set to a token the draw holds)."""
+def test_generate_batch_sampled_runs_every_decode_and_refuses_bad_sampling_args():
+    """A sampled call (temperature > 0) runs the static-cache decode as well as transformers' generate,
+    the same tokens for one seed (decode "graphed" is refused off CUDA, as for greedy: it would otherwise
+    run without graphs); a negative or NaN temperature and a top_p outside (0, 1] are refused by name with
+    every decode; and the model's own generation_config eos does not leak into a sampled call either (a
+    seed repeats its draw with that eos set to a token the draw holds). Negative control: before the
+    sampled static decode, decode "static" with temperature > 0 raised 'greedy only'."""
     from tests.tiny import VOCAB, tiny_target
 
     model = tiny_target().model
     prompts = [[1, 2, 3], [4, 5]]
-    for decode in ("static", "graphed"):
-        with pytest.raises(ValueError, match=rf"decode '{decode}' is greedy only .*\(temperature 1\.0"):
-            generate_batch(model, prompts, 4, pad_id=0, stop_ids=[], decode=decode, temperature=1.0)
-    with pytest.raises(ValueError, match=r"temperature must be >= 0 \(0 = greedy\), got -0\.5"):
-        generate_batch(model, prompts, 4, pad_id=0, stop_ids=[], temperature=-0.5)
-    with pytest.raises(ValueError, match=r"top_p must be in \(0, 1\], got 0\.0"):
-        generate_batch(model, prompts, 4, pad_id=0, stop_ids=[], temperature=1.0, top_p=0.0)
     a = generate_batch(model, prompts, 16, pad_id=0, stop_ids=[], decode="dynamic", temperature=1.0, seed=5)
     assert all(len(r) == 16 and all(0 <= i < VOCAB for i in r) for r in a)
+    assert generate_batch(model, prompts, 16, pad_id=0, stop_ids=[], decode="static", temperature=1.0, seed=5) == a
+    with pytest.raises(ValueError, match=r"decode 'graphed' needs the target on CUDA"):
+        generate_batch(model, prompts, 4, pad_id=0, stop_ids=[], decode="graphed", temperature=1.0)
+    for decode in ("auto", "dynamic", "static"):
+        for temperature in (-0.5, float("nan")):
+            with pytest.raises(ValueError, match=rf"temperature must be >= 0 \(0 = greedy\), got {temperature}"):
+                generate_batch(model, prompts, 4, pad_id=0, stop_ids=[], decode=decode, temperature=temperature)
+        for top_p in (0.0, 1.5, float("nan")):
+            with pytest.raises(ValueError, match=rf"generate_batch: top_p must be in \(0, 1\], got {top_p}"):
+                generate_batch(model, prompts, 4, pad_id=0, stop_ids=[], decode=decode, temperature=1.0, top_p=top_p)
     model.generation_config.eos_token_id = a[0][2]
-    assert generate_batch(model, prompts, 16, pad_id=0, stop_ids=[], temperature=1.0, seed=5) == a
+    for decode in ("auto", "static"):
+        assert generate_batch(model, prompts, 16, pad_id=0, stop_ids=[], decode=decode, temperature=1.0, seed=5) == a
 
 
 @pytest.mark.parametrize("decode", ["dynamic", "static"])

@@ -129,20 +129,22 @@ def test_overlap_matches_brute_force_containment():
 # ------------------------------------------------------------------------------- sampled decode
 
 
-def test_generate_batch_samples_with_its_seed():
-    """Self-distill's batched decode, sampled: a seed repeats its draw and another seed draws another; a
-    nucleus so small that only the argmax is left gives the greedy reply (HF keeps one token at least)."""
+@pytest.mark.parametrize("decode", ["dynamic", "static"])
+def test_generate_batch_samples_with_its_seed(decode):
+    """Self-distill's batched decode, sampled (transformers' generate, and the static-cache decode the
+    CUDA graphs replay): a seed repeats its draw and another seed draws another; a nucleus so small that
+    only the argmax is left gives the greedy reply (HF keeps one token at least)."""
     from eyas.data.distill import generate_batch
     from tests.tiny import tiny_target
 
     model = tiny_target().model
     prompts = [[1, 2, 3], [4, 5], [6]]
-    greedy = generate_batch(model, prompts, 12, 0, [])
-    a = generate_batch(model, prompts, 12, 0, [], temperature=1.0, top_p=1.0, seed=3)
-    assert generate_batch(model, prompts, 12, 0, [], temperature=1.0, top_p=1.0, seed=3) == a
-    assert generate_batch(model, prompts, 12, 0, [], temperature=1.0, top_p=1.0, seed=4) != a
+    greedy = generate_batch(model, prompts, 12, 0, [], decode=decode)
+    a = generate_batch(model, prompts, 12, 0, [], decode=decode, temperature=1.0, top_p=1.0, seed=3)
+    assert generate_batch(model, prompts, 12, 0, [], decode=decode, temperature=1.0, top_p=1.0, seed=3) == a
+    assert generate_batch(model, prompts, 12, 0, [], decode=decode, temperature=1.0, top_p=1.0, seed=4) != a
     assert a != greedy
-    assert generate_batch(model, prompts, 12, 0, [], temperature=1.0, top_p=1e-9, seed=3) == greedy
+    assert generate_batch(model, prompts, 12, 0, [], decode=decode, temperature=1.0, top_p=1e-9, seed=3) == greedy
 
 
 # ------------------------------------------------------------------------------- one user turn
@@ -338,6 +340,7 @@ def test_stage_end_to_end_on_the_embedded_target(tmp_path):
     assert m["generated"] == 8 + m["surplus"] + sum(m["dropped"].values())
     assert m["benchmark_texts"]["humaneval"] == 164 and m["benchmark_texts"]["chat"] > 0
     assert m["seconds_per_1m_kept_user_tokens"] > 0
+    assert m["backend"] == "hf" and m["decode"] == "dynamic"  # the decode generate_batch ran (a CPU: generate)
     users = [[x["content"] for x in c["messages"] if x["role"] == "user"][0] for c in rows]
     assert all(u.strip() == u and u for u in users)
     assert all(c["messages"][-1] == {"role": "assistant", "content": ""} for c in rows)

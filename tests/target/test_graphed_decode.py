@@ -2,8 +2,10 @@
 
 On the CPU, the static-cache step (the very function the CUDA graphs record, run eagerly: decode
 ``"static"``) equals transformers' dynamic-cache decoding token for token: batched greedy with left
-padding and per-row stops, the chain eval (verify steps with rejected drafts rolled back, the aux
-features the drafter reads), speculative sampling; on the tiny target and on the embedded SmolLM2.
+padding and per-row stops, batched sampling (transformers' generate's draws with the same seed, and
+the target's own distribution over 2,048 draws), the chain eval (verify steps with rejected drafts rolled
+back, the aux features the drafter reads), speculative sampling; on the tiny target and on the embedded
+SmolLM2.
 Negative controls: positions off by one, pads left visible, a roll-back that does not move the
 write column all break the equality. On CUDA (``-m gpu``): graph replays equal eager decoding, one
 capture per step shape, and a capture that fails raises :class:`GraphCaptureError`.
@@ -285,6 +287,118 @@ def test_static_sampling_equals_dynamic(target, prompts):
     assert runs[0]["committed_per_step"] == runs[1]["committed_per_step"]
 
 
+# --- batched sampled decode ------------------------------------------------------------------------
+
+def _nucleus_by_hand(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
+    """The sampling distribution [V] float64 of ``logits`` [V], written apart from eyas (no sort, no
+    cumsum): softmax(logits / T), and below ``top_p`` 1 only the tokens whose more likely tokens hold
+    less than ``top_p`` of the mass (the most likely token always), renormalised. (transformers'
+    TopPLogitsWarper removes a token when the mass of it and every less likely token is <= 1 - top_p:
+    the same set.)"""
+    p = torch.softmax(logits.double() / temperature, dim=-1)
+    if top_p == 1:
+        return p
+    above = (p[None, :] * (p[None, :] > p[:, None])).sum(-1)   # [V]: the mass of the tokens more likely than each
+    assert ((above - top_p).abs() > 1e-5)[above > 0].all(), "a token on the nucleus' edge: pick other logits"
+    p = torch.where(above < top_p, p, 0.0)
+    return p / p.sum()
+
+
+@pytest.mark.parametrize("temperature", [0.6, 1.0, 2.5])
+def test_target_probs_is_the_nucleus_written_out(temperature):
+    """target_probs (transformers' TemperatureLogitsWarper and TopPLogitsWarper) equals the nucleus
+    written out by hand on random logits, at top_p 1, 0.9, 0.5, 0.05 and 1e-9 (the argmax alone). Control:
+    the nucleus cut before the temperature is applied is another distribution (top_p 0.9 and 0.5)."""
+    logits = torch.randn((4, 64), generator=torch.Generator().manual_seed(11)) * 3
+    for top_p in (1.0, 0.9, 0.5, 0.05, 1e-9):
+        got = graphed.target_probs(logits, temperature, top_p)
+        assert got.dtype == torch.float32 and got.shape == logits.shape
+        want = torch.stack([_nucleus_by_hand(x, temperature, top_p) for x in logits])
+        assert torch.equal(got > 0, want > 0)
+        torch.testing.assert_close(got.double(), want, rtol=0, atol=1e-6)
+        if top_p == 1e-9:
+            assert torch.equal(got.argmax(-1), logits.argmax(-1)) and ((got > 0).sum(-1) == 1).all()
+        if top_p in (0.9, 0.5) and temperature != 1:
+            cut_first = torch.stack([_nucleus_by_hand(x, 1.0, top_p) for x in logits])
+            cut_first = torch.where(cut_first > 0, torch.softmax(logits.double() / temperature, -1), 0.0)
+            cut_first /= cut_first.sum(-1, keepdim=True)
+            assert not torch.allclose(cut_first, want, atol=1e-3)
+
+
+@pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.7, 0.9), (1.5, 0.5)])
+def test_static_sampled_batch_equals_generate(target, prompts, reference, temperature, top_p):
+    """Batched sampling over the static cache (the step the graphs record, the draw after it) gives
+    token for token what transformers' generate samples with the same seed (do_sample, top-k off,
+    torch.manual_seed): prompts of lengths 1..30 left-padded, a batch padded 6 -> 8 rows, rows stopping
+    at stop ids. Another seed draws other tokens; the global torch generator is neither read nor moved."""
+    stops = [reference[1][3], reference[3][5]]
+    kw = dict(temperature=temperature, top_p=top_p)
+    for seed in (0, 7):
+        want = generate_batch(target, prompts, 20, VOCAB - 1, stops, decode="dynamic", seed=seed, **kw)
+        state = torch.get_rng_state()
+        got = generate_batch(target, prompts, 20, VOCAB - 1, stops, decode="static", seed=seed, **kw)
+        assert torch.equal(torch.get_rng_state(), state)
+        assert got == want
+        assert got != reference
+    assert generate_batch(target, prompts, 20, VOCAB - 1, stops, decode="static", seed=1, **kw) != got
+
+
+def test_static_sampled_nucleus_of_one_or_cold_is_greedy(target, prompts, reference):
+    """A nucleus so small that only the argmax is left (transformers keeps one token at least), or a
+    temperature so low that the softmax is the argmax's point mass, samples the greedy replies token
+    for token, stop ids included."""
+    stops = [reference[1][3], reference[3][5]]
+    greedy = [next((r[: j + 1] for j, x in enumerate(r) if x in stops), r) for r in reference]
+    for temperature, top_p in ((1.0, 1e-9), (1e-5, 1.0), (2.0, 1e-9)):
+        assert generate_batch(target, prompts, 20, 0, stops, decode="static", temperature=temperature,
+                              top_p=top_p, seed=3) == greedy
+
+
+def test_static_sampled_seed_repeats_whatever_rows_the_batch_is_padded_to(target, prompts):
+    """A seed repeats its draw whether the batch runs in a decoder of its own padded size (4 rows for 3
+    prompts) or in a kept wider one (16 rows): only the prompts' rows draw (negative control: drawing for
+    every row of the decoder ties the tokens to its width)."""
+    graphed.release(target.model)
+    kw = dict(decode="static", temperature=1.0, top_p=0.95, seed=12)
+    a = generate_batch(target, prompts[:3], 20, 0, [], **kw)
+    assert graphed.decoder(target.model, 4, 1, graphs=False, more_rows=True).batch_size == 4
+    generate_batch(target, prompts + prompts + prompts[:4], 4, 0, [], decode="static")  # a kept 16-row decoder
+    assert graphed.decoder(target.model, 4, 1, graphs=False, more_rows=True).batch_size == 16
+    assert generate_batch(target, prompts[:3], 20, 0, [], **kw) == a
+    assert generate_batch(target, prompts[:3], 20, 0, [], **{**kw, "seed": 13}) != a
+    graphed.release(target.model)
+
+
+def test_static_sampled_first_tokens_follow_the_targets_distribution(target):
+    """One prompt in 2,048 rows, one new token each at temperature 2 and top_p 0.8: the tokens' frequencies
+    are the distribution written out by hand (:func:`_nucleus_by_hand`) from a plain forward of the target.
+
+    The bound on the total variation TV = 1/2 sum |f_i - p_i| of N = 2,048 draws: its mean is at most
+    1/2 sum sqrt(p_i (1 - p_i) / N) (Jensen on each |f_i - p_i|), and one draw moves TV by at most 1/N,
+    so by McDiarmid's inequality TV exceeds its mean by eps with probability at most exp(-2 N eps^2):
+    eps = sqrt(ln(1e6) / (2N)) = 0.058 leaves a false failure at most once in a million runs. Control:
+    the same frequencies against the distribution without the temperature (at T 1, same top_p) exceed
+    the bound by far, so the check can fail."""
+    N, temperature, top_p = 2048, 2.0, 0.8
+    prompt = torch.randint(0, VOCAB, (8,), generator=torch.Generator().manual_seed(24)).tolist()
+    graphed.release(target.model)
+    try:
+        out = generate_batch(target, [prompt] * N, 1, 0, [], decode="static", temperature=temperature,
+                             top_p=top_p, seed=4)
+    finally:
+        graphed.release(target.model)  # the 2,048-row cache
+    assert all(len(o) == 1 for o in out)
+    freq = torch.bincount(torch.tensor([o[0] for o in out]), minlength=VOCAB).double() / N
+    logits = target.model(input_ids=torch.tensor([prompt])).logits[0, -1].detach()
+    p = _nucleus_by_hand(logits, temperature, top_p)
+    bound = 0.5 * (p * (1 - p) / N).sqrt().sum() + (torch.log(torch.tensor(1e6)) / (2 * N)).sqrt()
+    assert (freq[p == 0] == 0).all()                                  # nothing outside the nucleus
+    assert 0.5 * (freq - p).abs().sum() < bound
+    no_temperature = _nucleus_by_hand(logits, 1.0, top_p)
+    assert 0.5 * (freq - no_temperature).abs().sum() > 2 * bound
+    assert (p > 0).sum() >= 5                                          # a spread, not a near point mass
+
+
 def _chat_prompts(tokenizer) -> list[list[int]]:
     from eyas.data.conversations import render_prompt
 
@@ -375,6 +489,21 @@ def test_graphed_tree_equals_dynamic_on_cuda(tiny_greedy):
         runs = {d: tree_generate(t, drafter, p, **kw, decode=d) for d in ("graphed", "dynamic")}
         assert runs["graphed"]["tokens"] == runs["dynamic"]["tokens"]
         assert runs["graphed"]["accepted_per_step"] == runs["dynamic"]["accepted_per_step"]
+
+
+@pytest.mark.gpu
+@cuda
+def test_graphed_sampled_batch_equals_static_on_cuda(prompts):
+    """Batched sampling on CUDA: the graph replays' logits, drawn from outside the graph with a CUDA
+    generator, give the eager step's tokens with the same seed (transformers' generate draws from
+    the global generator: equal on the CPU, tests/data/test_distill.py), another seed other tokens."""
+    t = tiny_target()
+    t.model.cuda()
+    kw = dict(temperature=0.8, top_p=0.95, seed=5)
+    ref = generate_batch(t, prompts, 20, 0, [], decode="static", **kw)
+    assert generate_batch(t, prompts, 20, 0, [], decode="auto", **kw) == ref  # auto: graphed on CUDA
+    assert generate_batch(t, prompts, 20, 0, [], decode="graphed", **kw) == ref
+    assert generate_batch(t, prompts, 20, 0, [], decode="graphed", **{**kw, "seed": 6}) != ref
 
 
 @pytest.mark.gpu
