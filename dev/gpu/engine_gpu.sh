@@ -18,7 +18,7 @@
 #                                           (dev/bench/bench_distill_backends.py).
 #   bash dev/gpu/engine_gpu.sh kept         carry .devcarry/c: the CUDA build park-build brought back (cuda.xz.a* and
 #                                           its build record), the CPU build, libgomp.so.1 and the wheels. Installs both
-#                                           builds and runs $GPU_TESTS.
+#                                           builds, runs $GPU_TESTS and the decode benchmarks (as decode).
 #   bash dev/gpu/engine_gpu.sh park         carry .devcarry/p (part.aa alone): parks it for engine, after kept.
 #   bash dev/gpu/engine_gpu.sh decode       carry .devcarry/s (the wheels): the GPU tests of $GPU_TESTS,
 #                                           bench_decode.py's two parts (self-distill at batch 256 and 1,024) and
@@ -71,6 +71,12 @@ step() {  # step LIMIT_S CMD...: run CMD under its own time limit (its output to
 # or MLflow, absent here, would stop the collection)
 GPU_TESTS="tests/target/test_graphed_decode.py tests/training/test_prefetch.py tests/training/test_loop.py
   tests/drafter/test_triton_ttt.py tests/drafter/test_head_loss.py"
+decode_benches() {  # bench_decode.py's two parts (self-distill at batch 256 and 1,024) and the step's profile
+  step 150 python3 benchmarks/bench_decode.py --parts selfdistill --batch-sizes 256 1024 \
+    --out-selfdistill "$OUT"/decode_selfdistill.json
+  step 90 python3 dev/bench/profile_decode_gpu.py
+  step 110 python3 benchmarks/bench_decode.py --parts step --out-step "$OUT"/decode_step.json
+}
 deps() {  # the carried wheels eyas imports here
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/eyas-deps "$1"/*.whl >>"$LOG" 2>&1 \
     || { echo "engine_gpu.sh $mode: the wheels of $1 did not install (pip's words in $LOG)"; exit 1; }
@@ -137,7 +143,8 @@ case "$mode" in
     need .devcarry/c 'cuda.xz.aa' llama-server-cuda.eyas-build.json llama-server.xz llama-server.eyas-build.json '*.whl'
     deps .devcarry/c
     install_kept .devcarry/c
-    PYTHONPATH=/tmp/eyas-deps:$PWD step 200 python3 -m pytest -q -m gpu -p no:cacheprovider $GPU_TESTS ;;
+    PYTHONPATH=/tmp/eyas-deps:$PWD step 200 python3 -m pytest -q -m gpu -p no:cacheprovider $GPU_TESTS
+    decode_benches ;;
   park)
     most 0 "$@"
     need .devcarry/p part.aa
@@ -170,10 +177,7 @@ case "$mode" in
     need .devcarry/s '*.whl'
     deps .devcarry/s
     step 170 python3 -m pytest -q -m gpu -p no:cacheprovider $GPU_TESTS
-    step 150 python3 benchmarks/bench_decode.py --parts selfdistill --batch-sizes 256 1024 \
-      --out-selfdistill "$OUT"/decode_selfdistill.json
-    step 90 python3 dev/bench/profile_decode_gpu.py
-    step 110 python3 benchmarks/bench_decode.py --parts step --out-step "$OUT"/decode_step.json ;;
+    decode_benches ;;
   *) echo "usage: bash dev/gpu/engine_gpu.sh park-build|engine ['tests bench distill']|kept|park|decode|tiny"; exit 2 ;;
 esac
 [ ${#failed[@]} = 0 ] || { printf "engine_gpu.sh $mode: failed: %s\n" "${failed[@]}" | tee -a "$LOG"; exit 1; }
