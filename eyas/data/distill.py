@@ -100,10 +100,12 @@ def generate_batch(model, prompts_ids: list[list[int]], max_new_tokens: int, pad
         first stop id when one was generated:
         the same contract as :func:`eyas.eval.speculative.greedy_generate`.
     Raises:
-        ValueError: ``stop_ids`` is None (say ``[]`` for none), an empty prompt, ``max_new_tokens`` < 1, an
-            unknown ``decode`` (or one the target cannot run, :func:`eyas.target.graphed.choose`),
-            ``cache_implementation`` with a decode other than ``"dynamic"``, ``temperature`` < 0 or NaN,
-            a sampled call (``temperature`` > 0) with ``top_p`` outside (0, 1].
+        ValueError: ``stop_ids`` is None (say ``[]`` for none), an empty prompt, an id outside the target's
+            vocabulary (in a prompt, or ``pad_id``), ``max_new_tokens`` < 1, an unknown ``decode`` (or one the
+            target cannot run, :func:`eyas.target.graphed.choose`), ``cache_implementation`` with a decode
+            other than ``"dynamic"``, ``temperature`` < 0 or NaN, a sampled call (``temperature`` > 0) with
+            ``top_p`` outside (0, 1], a ``seed`` outside :data:`eyas.target.graphed.SEED_RANGE`; each
+            naming the argument and its value (:func:`eyas.target.graphed.check_batch_args`).
         eyas.target.graphed.GraphCaptureError: the CUDA graph capture failed.
     """
     from eyas.target import graphed
@@ -118,7 +120,7 @@ def generate_batch(model, prompts_ids: list[list[int]], max_new_tokens: int, pad
         raise ValueError(f"generate_batch: decode {decode!r} is not one of {graphed.DECODES}")
     if not prompts_ids:
         return []
-    _check_args(prompts_ids, max_new_tokens, cache_implementation, decode, temperature, top_p)
+    _check_args(model, prompts_ids, max_new_tokens, pad_id, cache_implementation, decode, temperature, top_p, seed)
     mode = graphed.choose(model, decode)
     if mode != "dynamic":
         return graphed.decode_batch(model, prompts_ids, max_new_tokens, pad_id, stop_ids, graphs=mode == "graphed",
@@ -127,26 +129,24 @@ def generate_batch(model, prompts_ids: list[list[int]], max_new_tokens: int, pad
                              temperature=temperature, top_p=top_p, seed=seed)
 
 
-def _check_args(prompts_ids: list[list[int]], max_new_tokens: int, cache_implementation: str | None,
-                decode: str, temperature: float, top_p: float) -> None:
-    """:func:`generate_batch`'s arguments checked against each other.
+def _check_args(model, prompts_ids: list[list[int]], max_new_tokens: int, pad_id: int,
+                cache_implementation: str | None, decode: str, temperature: float, top_p: float, seed: int) -> None:
+    """:func:`generate_batch`'s arguments checked against each other and the target, before any forward.
 
     Raises:
-        ValueError: an empty prompt, ``max_new_tokens`` < 1, ``cache_implementation`` with a decode other
-            than ``"dynamic"``, ``temperature`` < 0 or NaN, a sampled call (``temperature`` > 0) with
-            ``top_p`` outside (0, 1]; each message starts ``generate_batch:``.
+        ValueError: what :func:`eyas.target.graphed.check_batch_args` refuses (an empty prompt, an id outside
+            the target's vocabulary in a prompt or as ``pad_id``, ``max_new_tokens`` < 1, ``temperature`` < 0
+            or NaN, a sampled call's ``top_p`` outside (0, 1], a ``seed`` torch cannot take), or
+            ``cache_implementation`` with a decode other than ``"dynamic"``; each message starts
+            ``generate_batch:``.
     """
-    if any(len(p) == 0 for p in prompts_ids):
-        raise ValueError("generate_batch: empty prompt")
-    if max_new_tokens < 1:
-        raise ValueError(f"generate_batch: max_new_tokens must be >= 1, got {max_new_tokens}")
+    from eyas.target import graphed
+
+    graphed.check_batch_args(model, prompts_ids, max_new_tokens, pad_id, temperature=temperature, top_p=top_p,
+                             seed=seed, caller="generate_batch")
     if cache_implementation is not None and decode != "dynamic":
         raise ValueError(f"generate_batch: cache_implementation {cache_implementation!r} is transformers' "
                          f"generate's (decode 'dynamic'), not decode {decode!r}'s")
-    if not temperature >= 0:  # a NaN too
-        raise ValueError(f"generate_batch: temperature must be >= 0 (0 = greedy), got {temperature}")
-    if temperature > 0 and not 0 < top_p <= 1:
-        raise ValueError(f"generate_batch: top_p must be in (0, 1], got {top_p}")
 
 
 def _generate_dynamic(model, prompts_ids: list[list[int]], max_new_tokens: int, pad_id: int, stop_ids: list[int],
@@ -166,12 +166,14 @@ def _generate_dynamic(model, prompts_ids: list[list[int]], max_new_tokens: int, 
     dev = next(model.parameters()).device
     # a fresh config, not the model's generation_config: no repetition penalty, no min_length, ...
     # exactly argmax decoding (what eval's greedy reference does), or sampling with temperature and top_p alone
-    sampled = {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": 0} if temperature > 0 else {}
+    # an int temperature as its float (transformers' TemperatureLogitsWarper refuses an int)
+    sampled = ({"do_sample": True, "temperature": float(temperature), "top_p": top_p, "top_k": 0}
+               if temperature > 0 else {})
     gc = GenerationConfig(**{"do_sample": False, **sampled}, num_beams=1, max_new_tokens=max_new_tokens,
                           pad_token_id=pad_id, eos_token_id=list(stop_ids) or None,
                           cache_implementation=cache_implementation)
     if sampled:
-        torch.manual_seed(seed)
+        torch.manual_seed(int(seed))
     # generate fills the fields a passed config leaves unset from the model's own generation_config
     # (transformers generation/utils.py, _prepare_generation_config): its eos would stop a row that
     # `stop_ids` does not stop, and the pads after it would come back as tokens; a blank one meanwhile

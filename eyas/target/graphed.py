@@ -68,14 +68,15 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import numbers
 import weakref
 
 import torch
 
 from eyas.target import hf_config, layers
 
-__all__ = ["DECODES", "GraphCaptureError", "StaticDecoder", "additive_mask", "choose", "decode_batch", "decoder",
-           "grouped_attention", "release", "target_probs", "unsupported"]
+__all__ = ["DECODES", "SEED_RANGE", "GraphCaptureError", "StaticDecoder", "additive_mask", "check_batch_args", "choose",
+           "decode_batch", "decoder", "grouped_attention", "release", "target_probs", "unsupported"]
 
 DECODES = ("auto", "dynamic", "static", "graphed")
 # attention implementations that apply a 4D additive float mask as given (transformers
@@ -418,12 +419,15 @@ def decoder(model, batch_size: int, max_len: int, graphs: bool, *, more_rows: bo
     too: the caller pads its batch to ``decoder.batch_size``), else a new one of ``max_len`` rounded up to
     a multiple of :data:`LEN_QUANTUM`, replacing (and freeing before it allocates) the kept decoder of
     its kind: one of batch 1 and one wider are kept per target, for as long as the target lives
-    (:func:`release` frees them sooner)."""
+    (:func:`release` frees them sooner). A kept decoder of another device or dtype than the target's
+    parameters now (a target moved or cast since) does not fit."""
     model = _inner(model)
     mine = _DECODERS.setdefault(model, {})
     slot = (batch_size == 1, graphs)
     d = mine.get(slot)
-    if d is None or d.max_len < max_len or not (d.batch_size == batch_size or more_rows and d.batch_size > batch_size):
+    p = next(model.parameters())
+    if d is None or (d.device, d.dtype) != (p.device, p.dtype) or d.max_len < max_len \
+            or not (d.batch_size == batch_size or more_rows and d.batch_size > batch_size):
         mine.pop(slot, None)
         d = None
         d = mine[slot] = StaticDecoder(model, batch_size, -(-max_len // LEN_QUANTUM) * LEN_QUANTUM, graphs=graphs)
@@ -449,6 +453,8 @@ def target_probs(logits: torch.Tensor, temperature: float, top_p: float) -> torc
     ascending, the tokens whose cumulative probability is <= ``1 - top_p`` removed, the most likely
     token always kept; skipped at ``top_p`` 1, as ``generate`` skips it), then the softmax.
 
+    ``temperature`` may be an int (``2`` is ``2.0``).
+
     Raises:
         ValueError: ``temperature`` <= 0 (greedy has no distribution to sample) or ``top_p``
             outside (0, 1].
@@ -459,11 +465,55 @@ def target_probs(logits: torch.Tensor, temperature: float, top_p: float) -> torc
         raise ValueError(f"target_probs: temperature must be > 0 (0 is greedy decoding), got {temperature}")
     if not 0 < top_p <= 1:
         raise ValueError(f"target_probs: top_p must be in (0, 1], got {top_p}")
+    temperature = float(temperature)  # TemperatureLogitsWarper refuses an int
     shape = logits.shape
     scores = TemperatureLogitsWarper(temperature)(None, logits.reshape(-1, shape[-1]).float())
     if top_p < 1:
         scores = TopPLogitsWarper(top_p)(None, scores)
     return torch.softmax(scores, dim=-1).reshape(shape)
+
+
+# the seeds torch.Generator.manual_seed takes, [low, high)
+SEED_RANGE = (-2 ** 63, 2 ** 64)
+
+
+def check_batch_args(model, prompts_ids: list[list[int]], max_new_tokens: int, pad_id: int, *,
+                     temperature: float, top_p: float, seed: int, caller: str) -> None:
+    """The arguments of a batched decode (:func:`decode_batch`, :func:`eyas.data.distill.generate_batch`)
+    checked before any forward, so that a bad one is named instead of failing inside the target (an id
+    outside the embedding is an ``IndexError`` on a CPU and a device-side assert on CUDA, after which the
+    process can use CUDA no more).
+
+    Args:
+        model: a transformers causal LM (its input embeddings' rows are the vocabulary).
+        prompts_ids, max_new_tokens, pad_id, temperature, top_p, seed: as :func:`decode_batch` takes them.
+        caller: the function named at the start of each message.
+    Raises:
+        ValueError: an empty prompt or one holding an id outside ``[0, vocabulary)`` (naming the prompt's
+            index, the id and its position), ``pad_id`` outside it, ``max_new_tokens`` < 1, ``temperature``
+            < 0 or NaN, a sampled call's ``top_p`` outside (0, 1], ``seed`` not an int in
+            :data:`SEED_RANGE` (``torch.Generator.manual_seed``'s range: negative seeds wrap to
+            ``2**64 + seed``).
+    """
+    V = _inner(model).get_input_embeddings().num_embeddings
+    for i, p in enumerate(prompts_ids):
+        if len(p) == 0:
+            raise ValueError(f"{caller}: prompt {i} is empty")
+        if not 0 <= min(p) <= max(p) < V:
+            j = next(j for j, t in enumerate(p) if not 0 <= t < V)
+            raise ValueError(f"{caller}: prompt {i} holds id {p[j]} at position {j}, outside the target's "
+                             f"vocabulary [0, {V})")
+    if not 0 <= pad_id < V:
+        raise ValueError(f"{caller}: pad_id {pad_id} is outside the target's vocabulary [0, {V}) (every pad column "
+                         f"is embedded, though masked)")
+    if not max_new_tokens >= 1:
+        raise ValueError(f"{caller}: max_new_tokens must be >= 1, got {max_new_tokens}")
+    if not temperature >= 0:  # a NaN too
+        raise ValueError(f"{caller}: temperature must be >= 0 (0 = greedy), got {temperature}")
+    if temperature > 0 and not 0 < top_p <= 1:
+        raise ValueError(f"{caller}: top_p must be in (0, 1], got {top_p}")
+    if not (isinstance(seed, numbers.Integral) and SEED_RANGE[0] <= seed < SEED_RANGE[1]):
+        raise ValueError(f"{caller}: seed must be an int in [-2**63, 2**64), got {seed!r}")
 
 
 @torch.no_grad()
@@ -491,29 +541,35 @@ def decode_batch(model, prompts_ids: list[list[int]], max_new_tokens: int, pad_i
     probabilities, up to the rounding of the logits). The pad rows take their argmax.
 
     Args:
-        model: a transformers causal LM. prompts_ids: non-empty id lists. max_new_tokens: >= 1.
-        pad_id: the id at pad columns (masked). stop_ids: ids that end a row (may be empty).
+        model: a transformers causal LM. prompts_ids: non-empty lists of ids in the target's vocabulary
+            (none: no reply). max_new_tokens: >= 1.
+        pad_id: the id at pad columns (masked; in the vocabulary). stop_ids: ids that end a row (any
+            iterable of ints, read once; may be empty).
         graphs: replay the decode step from CUDA graphs.
-        temperature: 0 greedy, > 0 sampled. top_p: the nucleus, in (0, 1] (read when sampled).
-        seed: the sampling generator's seed (``torch.Generator.manual_seed``'s range).
+        temperature: 0 greedy, > 0 sampled (an int is its float). top_p: the nucleus, in (0, 1] (read when
+            sampled). seed: the sampling generator's seed, an int in :data:`SEED_RANGE`.
+        check_every: steps between the reads of whether every row has stopped (>= 1).
     Returns:
         per prompt, the generated ids up to and including the first stop id
         (:func:`eyas.data.distill.generate_batch`'s contract).
     Raises:
-        ValueError: ``temperature`` < 0 or NaN, or a sampled call's ``top_p`` outside (0, 1]
-            (:func:`target_probs`), before any forward.
+        ValueError: a bad argument (:func:`check_batch_args`, naming it and its value), ``check_every``
+            < 1, before any forward.
         GraphCaptureError: the capture of a step shape failed.
     """
-    if not temperature >= 0:
-        raise ValueError(f"decode_batch: temperature must be >= 0 (0 = greedy), got {temperature}")
-    sampled = temperature > 0
-    if sampled:
-        target_probs(torch.zeros(1), temperature, top_p)  # the argument checks, before any forward
     model = _inner(model)
+    check_batch_args(model, prompts_ids, max_new_tokens, pad_id, temperature=temperature, top_p=top_p, seed=seed,
+                     caller="decode_batch")
+    if not check_every >= 1:
+        raise ValueError(f"decode_batch: check_every must be >= 1, got {check_every}")
+    if not prompts_ids:
+        return []
+    stop_ids = [int(t) for t in stop_ids]  # read once: a generator or a tensor is a list of ints from here on
+    sampled = temperature > 0
     n, T0 = len(prompts_ids), max(len(p) for p in prompts_ids)
     dec = decoder(model, _pow2(n), T0 + max_new_tokens, graphs, more_rows=True)
     B = dec.batch_size
-    gen = torch.Generator(device=dec.device).manual_seed(seed) if sampled else None
+    gen = torch.Generator(device=dec.device).manual_seed(int(seed)) if sampled else None
 
     def pick(step: int, logits: torch.Tensor, argmax: torch.Tensor) -> None:
         """Column ``step`` of ``out``: the argmax [B, 1]; sampled, the prompt rows drawn from the

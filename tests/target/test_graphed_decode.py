@@ -399,6 +399,85 @@ def test_static_sampled_first_tokens_follow_the_targets_distribution(target):
     assert (p > 0).sum() >= 5                                          # a spread, not a near point mass
 
 
+BAD_BATCH_ARGS = [  # (the bad argument, the message naming it)
+    (dict(prompts_ids=[[1, 2], []]), r"prompt 1 is empty"),
+    (dict(prompts_ids=[[1, 2], [3, VOCAB]]), rf"prompt 1 holds id {VOCAB} at position 1, outside the target's "
+                                             rf"vocabulary \[0, {VOCAB}\)"),
+    (dict(prompts_ids=[[-1, 2]]), r"prompt 0 holds id -1 at position 0, outside"),
+    (dict(pad_id=VOCAB + 5), rf"pad_id {VOCAB + 5} is outside the target's vocabulary \[0, {VOCAB}\)"),
+    (dict(pad_id=-1), r"pad_id -1 is outside"),
+    (dict(max_new_tokens=0), r"max_new_tokens must be >= 1, got 0"),
+    (dict(temperature=float("nan")), r"temperature must be >= 0 \(0 = greedy\), got nan"),
+    (dict(temperature=1.0, top_p=0.0), r"top_p must be in \(0, 1\], got 0.0"),
+    (dict(seed=2 ** 64), rf"seed must be an int in \[-2\*\*63, 2\*\*64\), got {2 ** 64}"),
+    (dict(seed=1.5), r"seed must be an int in \[-2\*\*63, 2\*\*64\), got 1.5"),
+    (dict(seed=None), r"seed must be an int .* got None"),
+]
+
+
+@pytest.mark.parametrize("bad,message", BAD_BATCH_ARGS)
+def test_decode_batch_refuses_bad_arguments_by_name(target, bad, message):
+    """Each bad argument is refused by name and value, before any forward: an empty prompt (it used to be
+    decoded from its pad column alone), an id the embedding has no row for (it used to raise the
+    embedding's bare IndexError, on CUDA a device-side assert that ends the process's CUDA use), a
+    max_new_tokens of 0, a seed torch.Generator cannot take (it used to raise an overflow or a type error
+    naming no argument)."""
+    kw = {**dict(prompts_ids=[[1, 2, 3], [4]], max_new_tokens=4, pad_id=0, stop_ids=[], graphs=False), **bad}
+    for temperature in ((kw.pop("temperature"),) if "temperature" in kw else (0.0, 1.0)):
+        with pytest.raises(ValueError, match="decode_batch: " + message):
+            graphed.decode_batch(target.model, **kw, temperature=temperature)
+        with pytest.raises(ValueError, match="generate_batch: " + message):
+            generate_batch(target.model, kw["prompts_ids"], kw["max_new_tokens"], kw["pad_id"], [], decode="dynamic",
+                           temperature=temperature, **{k: kw[k] for k in ("top_p", "seed") if k in kw})
+
+
+def test_decode_batch_seeds_across_torchs_range(target):
+    """The seed's edges torch takes (-2**63 and 2**64 - 1; negative seeds wrap to 2**64 + seed) sample over
+    the static cache what transformers' generate samples after ``torch.manual_seed`` of the same seed."""
+    for seed in (-2 ** 63, -1, 2 ** 64 - 1):
+        kw = dict(temperature=1.0, seed=seed)
+        assert (generate_batch(target, [[1, 2, 3], [4]], 6, 0, [], decode="static", **kw)
+                == generate_batch(target, [[1, 2, 3], [4]], 6, 0, [], decode="dynamic", **kw))
+
+
+def test_decode_batch_reads_stop_ids_once_whatever_their_kind(target):
+    """A generator or a tensor of stop ids cuts the rows as the same list does (negative control: the
+    generator was read twice, the second time empty, and a tensor's elements never equal an int: the
+    tokens after the stop came back)."""
+    prompts = [[1, 2, 3], [4]]
+    stop = graphed.decode_batch(target.model, prompts, 6, 0, [], graphs=False)[0][2]
+    want = graphed.decode_batch(target.model, prompts, 6, 0, [stop], graphs=False)
+    assert want[0][-1] == stop and len(want[0]) == 3
+    assert graphed.decode_batch(target.model, prompts, 6, 0, (t for t in [stop]), graphs=False) == want
+    assert graphed.decode_batch(target.model, prompts, 6, 0, torch.tensor([stop]), graphs=False) == want
+
+
+def test_an_integer_temperature_samples_as_its_float(target, prompts):
+    """``temperature=2`` (an int, as a caller writes it) samples what ``2.0`` samples, over either cache
+    (transformers' TemperatureLogitsWarper refuses an int: it used to raise from every sampled static
+    decode and from generate at any int but 1); :func:`graphed.target_probs` takes it too."""
+    logits = torch.randn(3, VOCAB, generator=torch.Generator().manual_seed(2))
+    torch.testing.assert_close(graphed.target_probs(logits, 2, 1), graphed.target_probs(logits, 2.0, 1.0))
+    for temperature in (1, 2):
+        for decode in ("static", "dynamic"):
+            kw = dict(decode=decode, top_p=0.9, seed=4)
+            assert (generate_batch(target, prompts, 8, 0, [], temperature=temperature, **kw)
+                    == generate_batch(target, prompts, 8, 0, [], temperature=float(temperature), **kw))
+
+
+def test_a_kept_decoder_follows_the_targets_dtype():
+    """A target cast to another dtype after a static decode decodes in its new dtype: the kept decoder
+    (float32 cache) is replaced by one of the target's dtype, and the replies equal transformers' dynamic
+    decode in that dtype (it used to fail writing bfloat16 keys into the float32 cache)."""
+    t = tiny_target()
+    prompts = [[1, 2, 3], [4, 5]]
+    generate_batch(t, prompts, 8, 0, [], decode="static")
+    t.model.to(torch.bfloat16)
+    assert (generate_batch(t, prompts, 8, 0, [], decode="static")
+            == generate_batch(t, prompts, 8, 0, [], decode="dynamic"))
+    assert graphed.decoder(t.model, 2, 8, graphs=False).cache.layers[0].keys.dtype == torch.bfloat16
+
+
 def _chat_prompts(tokenizer) -> list[list[int]]:
     from eyas.data.conversations import render_prompt
 
