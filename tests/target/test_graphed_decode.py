@@ -5,7 +5,9 @@ On the CPU, the static-cache step (the very function the CUDA graphs record, run
 padding and per-row stops, batched sampling (transformers' generate's draws with the same seed, and
 the target's own distribution over 2,048 draws), the chain eval (verify steps with rejected drafts rolled
 back, the aux features the drafter reads), speculative sampling; on the tiny target and on the embedded
-SmolLM2.
+SmolLM2; for MHA, MQA, Qwen3's q/k norms, eager attention and bfloat16, the target's attention
+implementation given back after every step (one that raised too). Bad arguments of the batched decode are
+refused by name before any forward.
 Negative controls: positions off by one, pads left visible, a roll-back that does not move the
 write column all break the equality. On CUDA (``-m gpu``): graph replays equal eager decoding, one
 capture per step shape, and a capture that fails raises :class:`GraphCaptureError`.
@@ -186,6 +188,64 @@ def test_grouped_attention_reads_the_visible_columns_of_each_shared_head():
     assert not torch.allclose(graphed.grouped_attention(None, q, k, v, shifted, scaling=0.3)[0], want)
     with pytest.raises(ValueError, match="no dropout, soft cap or attention sinks"):
         graphed.grouped_attention(None, q, k, v, mask, dropout=0.1)
+
+
+def _small_target(arch: str, heads: int, kv_heads: int, implementation: str, dtype=torch.float32):
+    """A 2-layer random Llama or Qwen3 (q/k norms) of ``heads`` query and ``kv_heads`` key/value heads,
+    attention ``implementation``, in ``dtype``."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+    config, cls = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen3": (Qwen3Config, Qwen3ForCausalLM)}[arch]
+    torch.manual_seed(0)
+    cfg = config(vocab_size=VOCAB, hidden_size=48, intermediate_size=64, num_hidden_layers=2, head_dim=12,
+                 num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=512,
+                 bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    cfg._attn_implementation = implementation
+    model = cls(cfg).eval()
+    model.lm_head.weight.data *= 30.0
+    return model.to(dtype)
+
+
+@pytest.mark.parametrize("arch,heads,kv_heads,implementation,dtype", [
+    ("llama", 4, 4, "sdpa", torch.float32),       # MHA: one query head per key/value head
+    ("llama", 6, 1, "eager", torch.float32),      # MQA, a target set to eager attention
+    ("qwen3", 6, 2, "sdpa", torch.float32),       # q/k norms before the cache
+    ("llama", 4, 2, "sdpa", torch.bfloat16),
+])
+def test_static_equals_dynamic_across_head_layouts(prompts, arch, heads, kv_heads, implementation, dtype):
+    """Whatever the grouping of query heads per key/value head (G = 1, 6, 3, 2), the attention the target
+    was set to and its dtype: the batched static step (grouped_attention swapped in) decodes what unbatched
+    greedy over transformers' dynamic cache decodes, token for token, and the target's attention
+    implementation is its own again after every step. (In bfloat16 the reference is unbatched: there
+    transformers' own batched generate breaks an exact tie of two logits otherwise.)"""
+    m = _small_target(arch, heads, kv_heads, implementation, dtype)
+    want = [greedy_generate(m, p, max_new_tokens=24, stop_ids=[], decode="dynamic") for p in prompts]
+    assert generate_batch(m, prompts, 24, 0, [], decode="static") == want
+    assert m.config._attn_implementation == implementation
+    assert len({tuple(w) for w in want}) == len(prompts)  # the replies differ: the comparison can fail
+
+
+def test_a_step_that_raises_gives_the_target_its_attention_back(target, prompts, reference, monkeypatch):
+    """A forward raising in the middle of a static decode (after the attention of its first layer) leaves the
+    target's attention implementation as it was, and the next decode over the same kept decoder equals
+    greedy (negative control: without the restore the target is left on the static step's attention)."""
+    m = target.model
+    assert m.config._attn_implementation == "sdpa"
+    mlp = m.model.layers[1].mlp
+    calls = []
+
+    def fails(self, x):
+        calls.append(1)
+        if len(calls) == 3:  # the prefill and one decode step ran
+            raise RuntimeError("stop")
+        return type(mlp).forward(self, x)
+
+    monkeypatch.setattr(mlp, "forward", fails.__get__(mlp))
+    with pytest.raises(RuntimeError, match="stop"):
+        generate_batch(target, prompts, 20, 0, [], decode="static")
+    assert m.config._attn_implementation == "sdpa"
+    monkeypatch.undo()
+    assert generate_batch(target, prompts, 20, 0, [], decode="static") == reference
 
 
 def test_steps_attend_over_the_visible_columns_only(target, monkeypatch):
