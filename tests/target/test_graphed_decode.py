@@ -280,6 +280,56 @@ def test_steps_attend_over_the_visible_columns_only(target, monkeypatch):
     assert not torch.allclose(cut[5:], full[past:], rtol=1e-3, atol=1e-3)
 
 
+def _tree_across_a_bucket(m, max_len: int, start: int) -> None:
+    """A prompt of ``start`` tokens, a 6-token draft tree verified in one step at ``start`` (its columns
+    cross the bucket at LEN_QUANTUM), its deepest path moved into place, one more step, then greedy steps up
+    to the cache's last column: every node's logits, and every later step's, equal a plain forward of the
+    tokens before it (asserts)."""
+    g = torch.Generator().manual_seed(4)
+    prefix = torch.randint(0, VOCAB, (start,), generator=g).tolist()
+    toks = torch.randint(0, VOCAB, (6,), generator=g).tolist()
+    parent = [-1, 0, 0, 1, 2, 4]
+    paths = []
+    for i in range(6):
+        path = [i]
+        while parent[path[0]] >= 0:
+            path.insert(0, parent[path[0]])
+        paths.append(path)
+    visible = torch.tensor([[j in paths[i] for j in range(6)] for i in range(6)])
+    depth = torch.tensor([len(q) - 1 for q in paths])
+
+    def plain(seq: list[int]) -> torch.Tensor:
+        return m(input_ids=torch.tensor([seq])).logits[0, -1]
+
+    dec = StaticDecoder(m, 1, max_len, graphs=False)
+    dec.reset()
+    dec.forward([prefix], 0, graph=False)
+    nodes = dec.forward([toks], start, tree=(visible, depth))[0][0]
+    for i in range(6):
+        torch.testing.assert_close(nodes[i], plain(prefix + [toks[k] for k in paths[i]]), rtol=1e-4, atol=1e-4)
+    dec.move_columns(start, paths[5])
+    seq = prefix + [toks[k] for k in paths[5]] + [int(nodes[5].argmax())]
+    while True:
+        logits = dec.forward([seq[-1:]], len(seq) - 1)[0][0, -1]
+        torch.testing.assert_close(logits, plain(seq), rtol=1e-4, atol=1e-4)
+        if len(seq) == max_len:
+            break
+        seq.append(int(logits.argmax()))
+
+
+def test_a_tree_step_across_a_bucket_and_the_steps_after_its_moved_path(target, monkeypatch):
+    """A tree step whose columns cross the bucket at LEN_QUANTUM attends over the next bucket, its path
+    moved into place, and the steps after it up to the last column of a cache whose length is not a
+    multiple of LEN_QUANTUM: each equals a plain forward. Control: a tree step attending over the bucket
+    its first column lies in misses the nodes past it."""
+    _tree_across_a_bucket(target.model, graphed.LEN_QUANTUM + 6, graphed.LEN_QUANTUM - 3)
+    _tree_across_a_bucket(target.model, 2 * graphed.LEN_QUANTUM, graphed.LEN_QUANTUM - 1)
+    visible = StaticDecoder.visible
+    monkeypatch.setattr(StaticDecoder, "visible", lambda self, end: visible(self, min(end, graphed.LEN_QUANTUM)))
+    with pytest.raises(AssertionError):
+        _tree_across_a_bucket(target.model, 2 * graphed.LEN_QUANTUM, graphed.LEN_QUANTUM - 3)
+
+
 def test_static_chain_equals_dynamic(target, prompts, reference):
     """Chain decoding with rejections every second step: the same tokens and verify steps as
     over the dynamic cache, and both equal plain greedy."""
