@@ -56,7 +56,7 @@ decoding and no random state is captured.
 
 Which decode a caller gets is :func:`choose`: ``"auto"`` is ``"graphed"`` on CUDA for a target the
 static step supports (:func:`unsupported`: full attention in every layer, an ``sdpa`` or ``eager``
-attention implementation) and ``"dynamic"`` (transformers' own ``DynamicCache`` decoding, the CPU
+attention implementation called through transformers' ``AttentionInterface``) and ``"dynamic"`` (transformers' own ``DynamicCache`` decoding, the CPU
 path, unchanged) otherwise; the eval and self-distill record the choice.
 
 One module past 500 lines: the step, its capture, the decoders kept per target and the batched decode
@@ -103,8 +103,12 @@ def unsupported(model) -> str | None:
 
     The step needs every layer to be a full-attention ``StaticLayer`` (no sliding window, no
     linear attention: transformers ``StaticCache`` builds the layers from the config), an attention
-    implementation that applies a given 4D float mask (``sdpa``, ``eager``), and a way to set the
-    write position (``StaticLayer.cumulative_length``, or a forward taking ``cache_position``).
+    implementation that applies a given 4D float mask (``sdpa``, ``eager``), modeling code that calls
+    its attention through transformers' ``AttentionInterface`` and passes the mask to it as given (the
+    step swaps in :func:`grouped_attention`; transformers ``PreTrainedModel.is_backend_compatible``,
+    ``src/transformers/modeling_utils.py``: not so for ALiBi models such as Bloom, MPT or Falcon-RW, whose
+    bias is built from a 2D mask or spans the whole cache), and a way to set the write position
+    (``StaticLayer.cumulative_length``, or a forward taking ``cache_position``).
     """
     from transformers import StaticCache
     from transformers.cache_utils import StaticLayer
@@ -112,6 +116,9 @@ def unsupported(model) -> str | None:
     impl = getattr(model.config, "_attn_implementation", None)
     if impl not in _MASKED_ATTENTION:
         return f"attention implementation {impl!r} (the static step needs one of {_MASKED_ATTENTION})"
+    if not getattr(model, "is_backend_compatible", lambda: False)():
+        return (f"{type(model).__name__} does not route its attention through transformers' AttentionInterface "
+                f"(is_backend_compatible() is False)")
     try:
         cache = StaticCache(config=model.config, max_cache_len=8)
     except Exception as e:  # noqa: BLE001 - any refusal of the config is a reason to decode dynamically

@@ -100,6 +100,35 @@ def test_choose():
     assert graphed.unsupported(sliding) is None
 
 
+def _no_attention_interface_targets():
+    """Tiny targets whose attention does not go through transformers' AttentionInterface: MPT (its ALiBi
+    bias spans the whole cache, so a step attending over fewer columns broke it), Bloom and Falcon with
+    ALiBi (their bias is built from a 2D attention mask, so the static step's 4D mask broke them)."""
+    from transformers import BloomConfig, BloomForCausalLM, FalconConfig, FalconForCausalLM, MptConfig, MptForCausalLM
+
+    torch.manual_seed(0)
+    return [MptForCausalLM(MptConfig(vocab_size=64, d_model=32, n_heads=4, n_layers=2, max_seq_len=512)),
+            BloomForCausalLM(BloomConfig(vocab_size=64, hidden_size=32, n_layer=2, n_head=4)),
+            FalconForCausalLM(FalconConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                           alibi=True))]
+
+
+def test_a_target_outside_the_attention_interface_is_refused_by_name():
+    """The static step swaps the target's attention for :func:`graphed.grouped_attention` through transformers'
+    AttentionInterface; a target whose modeling code does not use it (``is_backend_compatible()`` False) is
+    refused by name, so "auto" decodes it dynamically on CUDA too, and its replies stay transformers' own.
+    Negative control: before, these passed :func:`graphed.unsupported` and the static decode raised from
+    inside the target ("too many values to unpack", a size mismatch past the first column bucket)."""
+    for m in _no_attention_interface_targets():
+        name = type(m).__name__
+        assert graphed.unsupported(m.eval()) == (f"{name} does not route its attention through transformers' "
+                                                 "AttentionInterface (is_backend_compatible() is False)")
+        with pytest.raises(ValueError, match=rf"decode 'static': {name} cannot use the static-cache step: {name} "
+                                             "does not route its attention"):
+            generate_batch(m, [[1, 2, 3], [4] * 100], 40, 0, [], decode="static")
+        assert len(generate_batch(m, [[1, 2, 3]], 4, 0, [], decode="auto")[0]) == 4
+
+
 def test_decoders_are_reused_while_they_fit(target):
     m = target.model
     graphed.release(m)
