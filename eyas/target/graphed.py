@@ -56,8 +56,9 @@ decoding and no random state is captured.
 
 Which decode a caller gets is :func:`choose`: ``"auto"`` is ``"graphed"`` on CUDA for a target the
 static step supports (:func:`unsupported`: full attention in every layer, an ``sdpa`` or ``eager``
-attention implementation called through transformers' ``AttentionInterface``) and ``"dynamic"`` (transformers' own ``DynamicCache`` decoding, the CPU
-path, unchanged) otherwise; the eval and self-distill record the choice.
+attention implementation called through transformers' ``AttentionInterface``) and ``"dynamic"``
+(transformers' own ``DynamicCache`` decoding, the CPU path, unchanged) otherwise; the eval and
+self-distill record the choice.
 
 One module past 500 lines: the step, its capture, the decoders kept per target and the batched decode
 over them share the step's static buffers and one rule (a graph's outputs are valid until the next step;
@@ -73,7 +74,7 @@ import weakref
 
 import torch
 
-from eyas.target import hf_config, layers
+from eyas.target import layers
 
 __all__ = ["DECODES", "SEED_RANGE", "GraphCaptureError", "StaticDecoder", "additive_mask", "check_batch_args", "choose",
            "decode_batch", "decoder", "grouped_attention", "release", "target_probs", "unsupported"]
@@ -176,11 +177,12 @@ def grouped_attention(module, query: torch.Tensor, key: torch.Tensor, value: tor
 
     Args:
         module: the attention module (unused; the interface passes it).
-        query: [B, H, T, D]. key, value: [B, H_kv, max_len, D], the whole static cache (H divisible by H_kv).
+        query: [B, H, T, D]. key: [B, H_kv, max_len, D], value: [B, H_kv, max_len, D_v], the whole static
+            cache (H divisible by H_kv; D_v may differ from D, as in multi-head latent attention).
         attention_mask: [B, 1, T, L] additive float mask (L <= max_len).
         scaling: the softmax scale (None: ``D ** -0.5``). dropout: must be 0 (a decode).
     Returns:
-        ``(out [B, T, H, D], None)`` in the query's dtype, as transformers' ``sdpa_attention_forward``.
+        ``(out [B, T, H, D_v], None)`` in the query's dtype, as transformers' ``sdpa_attention_forward``.
     Raises:
         ValueError: a dropout, a soft cap or attention sinks (this attention has none of them).
     """
@@ -192,7 +194,7 @@ def grouped_attention(module, query: torch.Tensor, key: torch.Tensor, value: tor
     mask = attention_mask.expand(B, G, T, L).reshape(B, 1, G * T, L)
     out = torch.nn.functional.scaled_dot_product_attention(
         query.reshape(B, Hkv, G * T, D), key[:, :, :L], value[:, :, :L], attn_mask=mask, scale=scaling)
-    return out.reshape(B, H, T, D).transpose(1, 2), None
+    return out.reshape(B, H, T, value.shape[-1]).transpose(1, 2), None
 
 
 @contextlib.contextmanager
@@ -252,11 +254,12 @@ class StaticDecoder:
         self.device, self.dtype = p.device, p.dtype
         c = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") else model.config
         self.cache = StaticCache(config=c, max_cache_len=max_len)
-        if hasattr(self.cache, "early_initialization"):  # allocated now, on the main stream (not in a warm-up)
-            self.cache.early_initialization(batch_size, hf_config.num_key_value_heads(c), hf_config.head_dim(c),
-                                            self.dtype, self.device)
         params = _forward_params(model)
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        if hasattr(self.cache.layers[0], "lazy_initialization"):  # allocated now, on the main stream (not in a warm-up)
+            for layer, kv in zip(self.cache.layers, self._written_shapes(model)):
+                layer.lazy_initialization(*(torch.zeros((batch_size, x[1], 0, x[3]), dtype=self.dtype,
+                                                        device=self.device) for x in kv))
         self._cache_position = "cache_position" in params
         self._logits_to_keep = "logits_to_keep" in params
         self.pad = torch.zeros(batch_size, dtype=torch.int64, device=self.device)
@@ -265,6 +268,19 @@ class StaticDecoder:
         self._steps: dict[tuple, _Graph] = {}
         self._pool = None
         self.captures = 0
+
+    def _written_shapes(self, model) -> list[tuple[torch.Size, torch.Size]]:
+        """Per layer, the shapes [1, heads, 1, head_dim] of the keys and of the values ``model`` writes to its
+        cache, read off a one-token forward into a transformers ``DynamicCache``: not always the config's
+        ``head_dim`` (DeepSeek-V3's multi-head latent attention writes keys of ``qk_nope_head_dim +
+        qk_rope_head_dim`` and values of ``v_head_dim`` columns; its ``head_dim`` is the rope part)."""
+        from transformers import DynamicCache
+
+        cache = DynamicCache()
+        with torch.no_grad():
+            model(input_ids=torch.zeros((1, 1), dtype=torch.int64, device=self.device), use_cache=True,
+                  **{self._cache_kw: cache})
+        return [(layer.keys.shape, layer.values.shape) for layer in cache.layers]
 
     @property
     def model(self):

@@ -254,6 +254,28 @@ def test_static_equals_dynamic_across_head_layouts(prompts, arch, heads, kv_head
     assert len({tuple(w) for w in want}) == len(prompts)  # the replies differ: the comparison can fail
 
 
+def test_static_equals_dynamic_for_multi_head_latent_attention(prompts):
+    """DeepSeek-V3's multi-head latent attention writes keys of ``qk_nope_head_dim + qk_rope_head_dim`` and
+    values of ``v_head_dim`` columns, neither its config's ``head_dim`` (the rope part): the static cache takes
+    the shapes the target writes and the static decode equals unbatched dynamic greedy token for token
+    (negative control: the cache sized from the config's head_dim refused the first write, index_copy_)."""
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+    torch.manual_seed(0)
+    cfg = DeepseekV3Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=4, q_lora_rank=None, kv_lora_rank=16,
+                           qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=6, n_routed_experts=4,
+                           num_experts_per_tok=2, first_k_dense_replace=1, moe_intermediate_size=16,
+                           n_shared_experts=1, n_group=1, topk_group=1, max_position_embeddings=512,
+                           bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    cfg._attn_implementation = "sdpa"
+    m = DeepseekV3ForCausalLM(cfg).eval()
+    m.lm_head.weight.data *= 30.0
+    want = [greedy_generate(m, p, max_new_tokens=16, stop_ids=[], decode="dynamic") for p in prompts]
+    assert generate_batch(m, prompts, 16, 0, [], decode="static") == want
+    assert len({tuple(w) for w in want}) == len(prompts)
+
+
 def test_a_step_that_raises_gives_the_target_its_attention_back(target, prompts, reference, monkeypatch):
     """A forward raising in the middle of a static decode (after the attention of its first layer) leaves the
     target's attention implementation as it was, and the next decode over the same kept decoder equals
