@@ -577,7 +577,7 @@ def decode_batch(model, prompts_ids: list[list[int]], max_new_tokens: int, pad_i
         (:func:`eyas.data.distill.generate_batch`'s contract).
     Raises:
         ValueError: a bad argument (:func:`check_batch_args`, naming it and its value), ``check_every``
-            < 1, before any forward.
+            < 1, ``stop_ids`` None (``[]`` is none), before any forward.
         GraphCaptureError: the capture of a step shape failed.
     """
     model = _inner(model)
@@ -585,6 +585,8 @@ def decode_batch(model, prompts_ids: list[list[int]], max_new_tokens: int, pad_i
                      caller="decode_batch")
     if not check_every >= 1:
         raise ValueError(f"decode_batch: check_every must be >= 1, got {check_every}")
+    if stop_ids is None:
+        raise ValueError("decode_batch: stop_ids is None: pass the target's stop set (Target.stop_ids), or [] for none")
     if not prompts_ids:
         return []
     stop_ids = [int(t) for t in stop_ids]  # read once: a generator or a tensor is a list of ints from here on

@@ -604,13 +604,16 @@ def test_decode_batch_seeds_across_torchs_range(target):
 def test_decode_batch_reads_stop_ids_once_whatever_their_kind(target):
     """A generator or a tensor of stop ids cuts the rows as the same list does (negative control: the
     generator was read twice, the second time empty, and a tensor's elements never equal an int: the
-    tokens after the stop came back)."""
+    tokens after the stop came back); None is refused by name (it raised "'NoneType' object is not
+    iterable")."""
     prompts = [[1, 2, 3], [4]]
     stop = graphed.decode_batch(target.model, prompts, 6, 0, [], graphs=False)[0][2]
     want = graphed.decode_batch(target.model, prompts, 6, 0, [stop], graphs=False)
     assert want[0][-1] == stop and len(want[0]) == 3
     assert graphed.decode_batch(target.model, prompts, 6, 0, (t for t in [stop]), graphs=False) == want
     assert graphed.decode_batch(target.model, prompts, 6, 0, torch.tensor([stop]), graphs=False) == want
+    with pytest.raises(ValueError, match=r"decode_batch: stop_ids is None: pass the target's stop set .* or \[\]"):
+        graphed.decode_batch(target.model, prompts, 6, 0, None, graphs=False)
 
 
 def test_an_integer_temperature_samples_as_its_float(target, prompts):
