@@ -229,7 +229,8 @@ def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 class StaticDecoder:
     """A target's forward over a transformers ``StaticCache`` at the columns the caller names,
-    optionally replayed from CUDA graphs (module docstring).
+    optionally replayed from CUDA graphs (module docstring). The cache is allocated at construction,
+    each layer's keys and values shaped as the target writes them (:meth:`_written_shapes`).
 
     Args:
         model: a transformers causal LM (its own device and dtype; weights not copied).
