@@ -592,6 +592,12 @@ def test_decode_batch_refuses_bad_arguments_by_name(target, bad, message):
                            temperature=temperature, **{k: kw[k] for k in ("top_p", "seed") if k in kw})
 
 
+def test_decode_batch_refuses_a_check_every_below_one(target):
+    """check_every 0 used to raise ZeroDivisionError from the loop, after the prefill."""
+    with pytest.raises(ValueError, match=r"decode_batch: check_every must be >= 1, got 0"):
+        graphed.decode_batch(target.model, [[1, 2]], 4, 0, [], graphs=False, check_every=0)
+
+
 def test_decode_batch_seeds_across_torchs_range(target):
     """The seed's edges torch takes (-2**63 and 2**64 - 1; negative seeds wrap to 2**64 + seed) sample over
     the static cache what transformers' generate samples after ``torch.manual_seed`` of the same seed."""
