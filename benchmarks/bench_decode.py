@@ -11,7 +11,9 @@ Two parts (``--parts``), each a results file and a one-line summary per figure:
   ``--max-prompt-tokens`` budget and sorted by length as :func:`eyas.data.distill.regenerate` sorts
   them, ``--batches`` evenly spaced runs of them per batch size, the longest one first and untimed
   (the graphed decode's cache and captures are made there). Figures: generated tokens per second, and
-  how many replies are identical token for token. On a machine without the embedded target's package
+  how many replies are identical token for token; with ``--sampled T P`` also a sampled row at the
+  largest batch size (the user turns of synthesized prompts; the decodes draw from different
+  generators, so no replies are compared). On a machine without the embedded target's package
   (or chitchat's) a random Llama of its shape (random-id prompts) stands in; the results say which.
 - ``step`` -> ``decode_step.json``: one decode step at batch 1 after a ``--ctx``-token prompt (the
   forward and its argmax read on the host, as the eval's greedy loop does), and one verify step of
@@ -88,20 +90,23 @@ def selfdistill(a) -> dict:
            "model": name, "prompts": source, "dtype": a.dtype, "max_new_tokens": a.max_new_tokens,
            "max_prompt_tokens": a.max_prompt_tokens, "timed_batches": a.batches - 1, "rows": []}
     fast = "graphed" if a.device == "cuda" else "static"  # off CUDA: the same loop without graphs
-    for bs in a.batch_sizes:
+    runs = [(bs, {}) for bs in a.batch_sizes]
+    if a.sampled:  # synthesized prompts' user turns: sampled at the largest batch
+        runs.append((max(a.batch_sizes), {"temperature": a.sampled[0], "top_p": a.sampled[1]}))
+    for bs, sampling in runs:
         step = (len(prompts) - bs) // max(1, a.batches - 1)
         # the longest batch first, untimed: the graphed decode's cache and graphs then fit every batch
         batches = [prompts[k * step:k * step + bs] for k in range(a.batches)][::-1]
-        row, replies = {"batch_size": bs, "prompt_tokens_max": [len(b[-1]) for b in batches]}, {}
+        row, replies = {"batch_size": bs, **sampling, "prompt_tokens_max": [len(b[-1]) for b in batches]}, {}
         for decode in ("dynamic", fast):
             sync()
             t0 = time.perf_counter()
-            generate_batch(model, batches[0], a.max_new_tokens, pad, stop_ids, decode=decode)  # warm-up
+            generate_batch(model, batches[0], a.max_new_tokens, pad, stop_ids, decode=decode, **sampling)  # warm-up
             sync()
             warm = time.perf_counter() - t0
             out, t0 = [], time.perf_counter()
             for b in batches[1:]:
-                out += generate_batch(model, b, a.max_new_tokens, pad, stop_ids, decode=decode)
+                out += generate_batch(model, b, a.max_new_tokens, pad, stop_ids, decode=decode, **sampling)
             sync()
             sec = time.perf_counter() - t0
             n = sum(len(r) for r in out)
@@ -109,13 +114,14 @@ def selfdistill(a) -> dict:
             row[decode] = {"warmup_seconds": round(warm, 2), "seconds": round(sec, 3), "generated_tokens": n,
                            "tokens_per_second": round(n / sec, 1)}
         row["speedup"] = round(row[fast]["tokens_per_second"] / row["dynamic"]["tokens_per_second"], 2)
-        same = sum(x == y for x, y in zip(replies[fast], replies["dynamic"]))
-        row["identical_replies"] = f"{same}/{len(replies['dynamic'])}"
+        if not sampling:  # sampled, the two decodes draw from different generators
+            same = sum(x == y for x, y in zip(replies[fast], replies["dynamic"]))
+            row["identical_replies"] = f"{same}/{len(replies['dynamic'])}"
         graphed.release(model)  # the next batch size's cache in its own memory
         doc["rows"].append(row)
-        print(f"self-distill batch {bs}: generate {row['dynamic']['tokens_per_second']:,.0f} tok/s, {fast} "
-              f"{row[fast]['tokens_per_second']:,.0f} tok/s ({row['speedup']}x), identical replies "
-              f"{row['identical_replies']}", flush=True)
+        print(f"self-distill batch {bs}{' sampled' if sampling else ''}: generate "
+              f"{row['dynamic']['tokens_per_second']:,.0f} tok/s, {fast} {row[fast]['tokens_per_second']:,.0f} tok/s "
+              f"({row['speedup']}x), identical replies {row.get('identical_replies', 'n/a (sampled)')}", flush=True)
         write_result(a.out_selfdistill, doc)
     return doc
 
@@ -202,6 +208,8 @@ def main() -> None:
     ap.add_argument("--parts", nargs="+", default=["selfdistill", "step"], choices=["selfdistill", "step"])
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[64, 256])
     ap.add_argument("--batches", type=int, default=3, help="batches per batch size, the first one untimed")
+    ap.add_argument("--sampled", type=float, nargs=2, metavar=("TEMPERATURE", "TOP_P"),
+                    help="also a sampled row at the largest batch size (synthesized prompts' user turns)")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--max-prompt-tokens", type=int, default=192)
     ap.add_argument("--dtype", default="float32", help="the embedded target's dtype (the stages' default)")
@@ -216,6 +224,8 @@ def main() -> None:
     a = ap.parse_args()
     if a.batches < 2:
         ap.error("--batches >= 2 (one untimed, the rest timed)")
+    if a.sampled and not (a.sampled[0] > 0 and 0 < a.sampled[1] <= 1):
+        ap.error(f"--sampled TEMPERATURE > 0 and TOP_P in (0, 1], got {a.sampled}")
     if "selfdistill" in a.parts:
         selfdistill(a)
     if "step" in a.parts:

@@ -71,8 +71,9 @@ step() {  # step LIMIT_S CMD...: run CMD under its own time limit (its output to
 # or MLflow, absent here, would stop the collection)
 GPU_TESTS="tests/target/test_graphed_decode.py tests/training/test_prefetch.py tests/training/test_loop.py
   tests/drafter/test_triton_ttt.py tests/drafter/test_head_loss.py"
-decode_benches() {  # bench_decode.py's two parts (self-distill at batch 256 and 1,024) and the step's profile
-  step 150 python3 benchmarks/bench_decode.py --parts selfdistill --batch-sizes 256 1024 \
+decode_benches() {  # bench_decode.py's two parts (self-distill at batch 256 and 1,024, and sampled as synthesized
+  # prompts' user turns are, temperature 1 and top_p 1, data.synth's defaults) and the step's profile
+  step 200 python3 benchmarks/bench_decode.py --parts selfdistill --batch-sizes 256 1024 --sampled 1.0 1.0 \
     --out-selfdistill "$OUT"/decode_selfdistill.json
   step 90 python3 dev/bench/profile_decode_gpu.py
   step 110 python3 benchmarks/bench_decode.py --parts step --out-step "$OUT"/decode_step.json
