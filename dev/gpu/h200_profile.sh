@@ -47,7 +47,8 @@
 # `keep NAME` returns models/NAME in parts (a drafter is ~58 MB at 16,384 draft ids; $OUT returns 8 files of 16 MiB,
 # 64 MiB in all: one drafter per call): save them here under .devcarry/keep_NAME/ (git-ignored: they last as long as
 # this machine). The rest of session 1's time is the margin for a call cut short (a machine taken back).
-# Session 2, the evals with llama.cpp's CUDA build (~1,500 device seconds, estimated: not yet run):
+# Session 2, the evals with llama.cpp's CUDA build (~1,350-1,650 device seconds, estimated: not yet run; if both
+# evals need a second call, D2 may have to move to a third session with its .devcarry/keep_finetune):
 #   A  as in session 1 (three park calls)
 #   B  carry .devcarry/b   bash dev/gpu/device.sh profile setup target-gguf   (~50 s: target-gguf took 34-61 s)
 #   D1 carry .devcarry/keep_scratch    bash dev/gpu/device.sh profile restore scratch && \
