@@ -1,4 +1,4 @@
-"""llama.cpp serves a drafter whose eyas eval already ran: the engine's figures beside eyas' own, on the CPU.
+"""llama.cpp serves a drafter whose eyas eval already ran: the engine's figures beside eyas' own.
 
     python3 benchmarks/engine_check.py scratch --out metrics/engine_scratch.json [--benchmarks humaneval]
 
@@ -8,12 +8,12 @@ whose ``metrics/eval_NAME.json`` was written by ``eval-accept-len@NAME``, with t
 does (eyas.eval.evaluate.fit_benchmarks, params ``eval``), serves each benchmark with
 llama-server ``--spec-type draft-eagle3`` exactly as the stage's engine block does
 (eyas.eval.evaluate.engine_part: the F32 target, and the target's own GGUF when
-``serve.quantized_target``; ``serve.threads`` CPU threads) and holds the engine's per-prompt counts to
-the ones the eval recorded (eyas.eval.evaluate.report_engine, eyas.eval.llamacpp.agreement).
+``serve.quantized_target``; the build params ``serve.device`` picks, the CPU one with ``serve.threads``
+threads) and holds the engine's per-prompt counts to the ones the eval recorded
+(eyas.eval.evaluate.report_engine, eyas.eval.llamacpp.agreement).
 
-So the GPU profile needs no llama.cpp time on the GPU machine: its eval runs with ``serve.engine: none``
-(dev/levers/eval.yaml) and this script serves the drafter afterwards, on any machine with
-llama-server (scripts/build_llama_server.sh) or beside the next training on the GPU machine's idle cores.
+So an eval run with ``serve.engine: none`` (e.g. to fit a time limit) gets its engine figures afterwards,
+on any machine with the build it names (scripts/build_llama_server.sh, ``--cuda`` for the CUDA one).
 
 Writes ``--out`` (atomically): ``drafter``, ``eval`` (the metrics file read), ``k``, ``threads``,
 ``eyas_eval`` (per benchmark eyas' acceptance, lossless, prompts, verify steps, new tokens) and per

@@ -38,9 +38,13 @@
 #
 # Each mode first checks its arguments and its carry (and engine what park-build or park and kept left on the
 # machine), and stops with exit 2 naming what is missing before it installs anything; a step that fails lets the
-# later steps run (each one's exit is shown) and the script then exits 1 naming the failed steps.
+# later steps run (each one's exit is shown) and the script then exits 1 naming the failed steps. The builds
+# install through dev/gpu/llama_builds.sh, as dev/gpu/h200_profile.sh installs them for the GPU profile (which
+# parks the CUDA build park-build brings back: its header's .devcarry/d).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
+# shellcheck source=dev/gpu/llama_builds.sh
+. "$(dirname -- "${BASH_SOURCE[0]}")"/llama_builds.sh  # llama_install and the other llama_* functions
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" || { echo "engine_gpu.sh: OUT $OUT is no directory for the results"; exit 2; }
 LOG=$OUT/log.txt
 mode=${1:-}
@@ -85,10 +89,8 @@ deps() {  # the carried wheels eyas imports here
 }
 build_cuda() {  # build_cuda CARRY LIMIT_S: the carried CPU build installed (the script then skips it), the CUDA
   # build started from the carried sources in the background ($build: its process id); $bin: the scripts dir
-  bin=$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')
-  xz -dc "$1"/llama-server.xz > "$bin"/llama-server && chmod 755 "$bin"/llama-server \
-    && cp "$1"/llama-server.eyas-build.json "$bin"/ || exit 1
-  ldconfig -p | grep -q libgomp.so.1 || { cp "$1"/libgomp.so.1 /usr/local/lib/ && ldconfig; } || exit 1
+  bin=$(llama_bin) || exit 1
+  llama_install "$1" llama-server | tee -a "$LOG" && llama_libgomp "$1"/libgomp.so.1 || exit 1
   mkdir -p "$HOME"/src && tar xJf "$1"/llama-src.tar.xz -C "$HOME"/src
   step "$2" bash scripts/build_llama_server.sh --cuda --sources "$HOME"/src/llama_cpp_python-0.3.36 &
   build=$!
@@ -105,11 +107,10 @@ embedded() {  # embedded HEAD PART2|none: the embedded target's GGUF where eyas 
     || { echo "engine_gpu.sh $mode: $1 and $2 make $(stat -c %s "$f") bytes, not the embedded GGUF's 98362432"; exit 2; }
 }
 install_kept() {  # install_kept CARRY: the CPU build and the CUDA build park-build brought back, installed ($bin)
-  bin=$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')
-  xz -dc "$1"/llama-server.xz > "$bin"/llama-server && cat "$1"/cuda.xz.a? | xz -dc > "$bin"/llama-server-cuda \
-    && chmod 755 "$bin"/llama-server "$bin"/llama-server-cuda && cp "$1"/*.eyas-build.json "$bin"/ || exit 1
-  ldconfig -p | grep -q libgomp.so.1 || { cp "$1"/libgomp.so.1 /usr/local/lib/ && ldconfig; } || exit 1
-  "$bin"/llama-server-cuda --list-devices | tee -a "$LOG"
+  bin=$(llama_bin) || exit 1
+  { llama_install "$1" llama-server && llama_install "$1" llama-server-cuda && llama_libgomp "$1"/libgomp.so.1 \
+    && llama_cuda_device; } | tee -a "$LOG"
+  [ "${PIPESTATUS[0]}" = 0 ] || exit 1
 }
 keep_build() {  # the CUDA build back to the workstation in parts of 15 MiB (a later call carries them: cuda.xz.a*)
   xz -T0 -c "$bin"/llama-server-cuda | split -b 15M - "$OUT"/cuda.xz.
@@ -164,8 +165,7 @@ case "$mode" in
     need .devcarry/b part.ab
     [ -d /tmp/eyas-deps/chitchat_dataset ] || need .devcarry/b chitchat.tar.xz
     [ -d /tmp/eyas-deps ] || stop "no wheels installed in /tmp/eyas-deps: park-build or kept first"
-    [ -x "$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')"/llama-server-cuda ] \
-      || stop "no llama-server-cuda installed: park-build or kept first"
+    llama_installed llama-server-cuda >/dev/null || stop "no llama-server-cuda installed: park-build or kept first"
     embedded "$HOME"/gg/part.aa .devcarry/b/part.ab
     [ -d /tmp/eyas-deps/chitchat_dataset ] || tar xJf .devcarry/b/chitchat.tar.xz -C /tmp/eyas-deps || exit 1
     [[ " $parts " != *" tests "* ]] || step 230 python3 -m pytest -q -m gpu -p no:cacheprovider tests/eval/test_llamacpp.py

