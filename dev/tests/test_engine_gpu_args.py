@@ -72,23 +72,26 @@ def test_a_missing_carry_is_named_before_anything_is_installed(tmp_path, venv):
     # kept: each part of its carry named in turn (before: the wheels skipped in silence, then xz's "No such file",
     # the installed llama-server already emptied by the redirection)
     have = ["llama-server.xz", "llama-server.eyas-build.json", "eyas-0.whl"]
-    _carry(tmp_path, "c", *have)
+    _carry(tmp_path, "engine-kept", *have)
     r = _run(tmp_path, venv, "kept")
-    assert r.returncode == 2 and "kept: no .devcarry/c/cuda.xz.aa: carry it" in r.stdout, r.stdout + r.stderr
-    _carry(tmp_path, "c", "cuda.xz.aa", "cuda.xz.ab")
+    assert r.returncode == 2 and "kept: no .devcarry/engine-kept/cuda.xz.aa: carry it" in r.stdout, r.stdout + r.stderr
+    _carry(tmp_path, "engine-kept", "cuda.xz.aa", "cuda.xz.ab")
     r = _run(tmp_path, venv, "kept")
-    assert r.returncode == 2 and "kept: no .devcarry/c/llama-server-cuda.eyas-build.json" in r.stdout, r.stdout
-    os.remove(tmp_path / "repo" / ".devcarry" / "c" / "eyas-0.whl")
-    _carry(tmp_path, "c", "llama-server-cuda.eyas-build.json")
+    assert r.returncode == 2 and "kept: no .devcarry/engine-kept/llama-server-cuda.eyas-build.json" in r.stdout, \
+        r.stdout
+    os.remove(tmp_path / "repo" / ".devcarry" / "engine-kept" / "eyas-0.whl")
+    _carry(tmp_path, "engine-kept", "llama-server-cuda.eyas-build.json")
     r = _run(tmp_path, venv, "kept")
-    assert r.returncode == 2 and "kept: no .devcarry/c/*.whl" in r.stdout, r.stdout
+    assert r.returncode == 2 and "kept: no .devcarry/engine-kept/*.whl" in r.stdout, r.stdout
     _untouched(tmp_path, venv)
     # negative control: the whole carry gets past the checks, to the first install: the fake wheels refused by pip
-    _carry(tmp_path, "c", "eyas-0.whl")
+    _carry(tmp_path, "engine-kept", "eyas-0.whl")
     r = _run(tmp_path, venv, "kept")
-    assert r.returncode == 1 and "kept: the wheels of .devcarry/c did not install" in r.stdout, r.stdout + r.stderr
-    for mode, says in (("park-build", "no .devcarry/a/part.aa"), ("tiny", "no .devcarry/f/llama-src.tar.xz"),
-                       ("park", "no .devcarry/p/part.aa"), ("decode", "no .devcarry/s/*.whl")):
+    assert r.returncode == 1 and "kept: the wheels of .devcarry/engine-kept did not install" in r.stdout, \
+        r.stdout + r.stderr
+    for mode, says in (("park-build", "no .devcarry/engine-build/part.aa"),
+                       ("tiny", "no .devcarry/engine-tiny/llama-src.tar.xz"),
+                       ("park", "no .devcarry/engine-park/part.aa"), ("decode", "no .devcarry/engine-decode/*.whl")):
         r = _run(tmp_path, venv, mode)
         assert r.returncode == 2 and r.stdout.startswith(f"engine_gpu.sh {mode}: {says}"), r.stdout + r.stderr
     _untouched(tmp_path, venv)
@@ -100,8 +103,8 @@ def test_engine_names_what_the_earlier_calls_left_missing(tmp_path, venv):
     (tmp_path / "home" / "gg").mkdir(parents=True)
     (tmp_path / "home" / "gg" / "part.aa").write_bytes(b"parked")
     r = _run(tmp_path, venv, "engine", "tests")  # before: cat's "No such file", after writing half the GGUF
-    assert r.returncode == 2 and "engine: no .devcarry/b/part.ab: carry it" in r.stdout, r.stdout + r.stderr
+    assert r.returncode == 2 and "engine: no .devcarry/engine-rest/part.ab: carry it" in r.stdout, r.stdout + r.stderr
     if not Path("/tmp/eyas-deps").exists():  # (a machine where park-build or kept ran has them)
-        _carry(tmp_path, "b", "part.ab", "chitchat.tar.xz")
+        _carry(tmp_path, "engine-rest", "part.ab", "chitchat.tar.xz")
         r = _run(tmp_path, venv, "engine")
         assert r.returncode == 2 and "engine: no wheels installed in /tmp/eyas-deps" in r.stdout, r.stdout
