@@ -290,6 +290,30 @@ def test_dvc_exp_run_set_readings(tmp_path):
     assert "git checkout -- params.yaml" in out
 
 
+@pytest.mark.slow
+def test_a_failed_identify_inputs_keeps_its_committed_outputs(tmp_path):
+    """With the real `dvc repro`: a stage declaring the outputs as dvc.yaml's identify-inputs declares
+    them, whose command fails (as a bad params value fails it), leaves data/inputs/*.json (git-tracked)
+    as they were. Negative control: the same outputs without ``persist`` are deleted by DVC before
+    the stage runs, and the failed run loses them."""
+    outs = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]["identify-inputs"]["outs"]
+    assert {next(iter(o)) for o in outs} == {"data/inputs/target.json", "data/inputs/source.json"}
+    for declared, kept in ((outs, True), ([{k: {**v, "persist": False}} for o in outs for k, v in o.items()], False)):
+        (tmp_path / str(kept)).mkdir()
+        repo, env = _dvc_repo(tmp_path / str(kept))
+        (repo / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"identify-inputs": {
+            "cmd": "python -c \"raise SystemExit('bad params')\"", "always_changed": True, "outs": declared}}}))
+        (repo / "data" / "inputs").mkdir(parents=True)
+        for o in outs:
+            (repo / next(iter(o))).write_text('{"committed": true}\n')
+        r = subprocess.run([sys.executable, "-m", "dvc", "repro"], cwd=repo, env=env, capture_output=True, text=True,
+                           timeout=300)
+        assert r.returncode != 0 and "bad params" in r.stdout + r.stderr, r.stdout + r.stderr
+        for o in outs:
+            f = repo / next(iter(o))
+            assert f.exists() is kept and (not kept or f.read_text() == '{"committed": true}\n'), f
+
+
 @pytest.mark.parametrize("shard", [None, "40KB"])
 def test_local_target_weights_are_part_of_its_identity(tmp_path, monkeypatch, shard):
     """A local HF target whose weights are replaced under the same config.json gets another
