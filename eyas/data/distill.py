@@ -112,41 +112,21 @@ def generate_batch(model, prompts_ids: list[list[int]], max_new_tokens: int, pad
     from eyas.target.model import Target
 
     model = model.model if isinstance(model, Target) else model
-    if stop_ids is None:
-        raise ValueError("generate_batch: stop_ids is None: pass the target's stop set (Target.stop_ids), or [] "
-                         "for none")
-    stop_ids = [int(t) for t in stop_ids]  # read once: a generator or a tensor is a list of ints from here on
     if decode not in graphed.DECODES:
         raise ValueError(f"generate_batch: decode {decode!r} is not one of {graphed.DECODES}")
+    stop_ids = graphed.check_batch_args(model, prompts_ids, max_new_tokens, pad_id, stop_ids, temperature=temperature,
+                                        top_p=top_p, seed=seed, caller="generate_batch")
+    if cache_implementation is not None and decode != "dynamic":
+        raise ValueError(f"generate_batch: cache_implementation {cache_implementation!r} is transformers' "
+                         f"generate's (decode 'dynamic'), not decode {decode!r}'s")
     if not prompts_ids:
         return []
-    _check_args(model, prompts_ids, max_new_tokens, pad_id, cache_implementation, decode, temperature, top_p, seed)
     mode = graphed.choose(model, decode)
     if mode != "dynamic":
         return graphed.decode_batch(model, prompts_ids, max_new_tokens, pad_id, stop_ids, graphs=mode == "graphed",
                                     temperature=temperature, top_p=top_p, seed=seed)
     return _generate_dynamic(model, prompts_ids, max_new_tokens, pad_id, stop_ids, cache_implementation,
                              temperature=temperature, top_p=top_p, seed=seed)
-
-
-def _check_args(model, prompts_ids: list[list[int]], max_new_tokens: int, pad_id: int,
-                cache_implementation: str | None, decode: str, temperature: float, top_p: float, seed: int) -> None:
-    """:func:`generate_batch`'s arguments checked against each other and the target, before any forward.
-
-    Raises:
-        ValueError: what :func:`eyas.target.graphed.check_batch_args` refuses (an empty prompt, an id outside
-            the target's vocabulary in a prompt or as ``pad_id``, ``max_new_tokens`` < 1, ``temperature`` < 0
-            or NaN, a sampled call's ``top_p`` outside (0, 1], a ``seed`` torch cannot take), or
-            ``cache_implementation`` with a decode other than ``"dynamic"``; each message starts
-            ``generate_batch:``.
-    """
-    from eyas.target import graphed
-
-    graphed.check_batch_args(model, prompts_ids, max_new_tokens, pad_id, temperature=temperature, top_p=top_p,
-                             seed=seed, caller="generate_batch")
-    if cache_implementation is not None and decode != "dynamic":
-        raise ValueError(f"generate_batch: cache_implementation {cache_implementation!r} is transformers' "
-                         f"generate's (decode 'dynamic'), not decode {decode!r}'s")
 
 
 def _generate_dynamic(model, prompts_ids: list[list[int]], max_new_tokens: int, pad_id: int, stop_ids: list[int],

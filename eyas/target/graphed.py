@@ -501,8 +501,8 @@ def target_probs(logits: torch.Tensor, temperature: float, top_p: float) -> torc
 SEED_RANGE = (-2 ** 63, 2 ** 64)
 
 
-def check_batch_args(model, prompts_ids: list[list[int]], max_new_tokens: int, pad_id: int, *,
-                     temperature: float, top_p: float, seed: int, caller: str) -> None:
+def check_batch_args(model, prompts_ids: list[list[int]], max_new_tokens: int, pad_id: int, stop_ids, *,
+                     temperature: float, top_p: float, seed: int, caller: str) -> list[int]:
     """The arguments of a batched decode (:func:`decode_batch`, :func:`eyas.data.distill.generate_batch`)
     checked before any forward, so that a bad one is named instead of failing inside the target (an id
     outside the embedding is an ``IndexError`` on a CPU and a device-side assert on CUDA, after which the
@@ -510,15 +510,20 @@ def check_batch_args(model, prompts_ids: list[list[int]], max_new_tokens: int, p
 
     Args:
         model: a transformers causal LM (its input embeddings' rows are the vocabulary).
-        prompts_ids, max_new_tokens, pad_id, temperature, top_p, seed: as :func:`decode_batch` takes them.
+        prompts_ids, max_new_tokens, pad_id, stop_ids, temperature, top_p, seed: as :func:`decode_batch`
+            takes them.
         caller: the function named at the start of each message.
+    Returns:
+        the stop ids as a list of ints (read once: a generator or a tensor of them is read here only).
     Raises:
-        ValueError: an empty prompt or one holding an id outside ``[0, vocabulary)`` (naming the prompt's
-            index, the id and its position), ``pad_id`` outside it, ``max_new_tokens`` < 1, ``temperature``
-            < 0 or NaN, a sampled call's ``top_p`` outside (0, 1], ``seed`` not an int in
-            :data:`SEED_RANGE` (``torch.Generator.manual_seed``'s range: negative seeds wrap to
-            ``2**64 + seed``).
+        ValueError: ``stop_ids`` None (``[]`` is none), an empty prompt or one holding an id outside
+            ``[0, vocabulary)`` (naming the prompt's index, the id and its position), ``pad_id`` outside it,
+            ``max_new_tokens`` < 1, ``temperature`` < 0 or NaN, a sampled call's ``top_p`` outside (0, 1],
+            ``seed`` not an int in :data:`SEED_RANGE` (``torch.Generator.manual_seed``'s range: negative
+            seeds wrap to ``2**64 + seed``).
     """
+    if stop_ids is None:
+        raise ValueError(f"{caller}: stop_ids is None: pass the target's stop set (Target.stop_ids), or [] for none")
     V = _inner(model).get_input_embeddings().num_embeddings
     for i, p in enumerate(prompts_ids):
         if len(p) == 0:
@@ -538,6 +543,7 @@ def check_batch_args(model, prompts_ids: list[list[int]], max_new_tokens: int, p
         raise ValueError(f"{caller}: top_p must be in (0, 1], got {top_p}")
     if not (isinstance(seed, numbers.Integral) and SEED_RANGE[0] <= seed < SEED_RANGE[1]):
         raise ValueError(f"{caller}: seed must be an int in [-2**63, 2**64), got {seed!r}")
+    return [int(t) for t in stop_ids]
 
 
 @torch.no_grad()
@@ -582,15 +588,12 @@ def decode_batch(model, prompts_ids: list[list[int]], max_new_tokens: int, pad_i
         GraphCaptureError: the capture of a step shape failed.
     """
     model = _inner(model)
-    check_batch_args(model, prompts_ids, max_new_tokens, pad_id, temperature=temperature, top_p=top_p, seed=seed,
-                     caller="decode_batch")
+    stop_ids = check_batch_args(model, prompts_ids, max_new_tokens, pad_id, stop_ids, temperature=temperature,
+                                top_p=top_p, seed=seed, caller="decode_batch")
     if not check_every >= 1:
         raise ValueError(f"decode_batch: check_every must be >= 1, got {check_every}")
-    if stop_ids is None:
-        raise ValueError("decode_batch: stop_ids is None: pass the target's stop set (Target.stop_ids), or [] for none")
     if not prompts_ids:
         return []
-    stop_ids = [int(t) for t in stop_ids]  # read once: a generator or a tensor is a list of ints from here on
     sampled = temperature > 0
     n, T0 = len(prompts_ids), max(len(p) for p in prompts_ids)
     dec = decoder(model, _pow2(n), T0 + max_new_tokens, graphs, more_rows=True)
